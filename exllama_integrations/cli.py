@@ -1,0 +1,117 @@
+"""The ``exllama-integrations`` command: demo, generate, chat."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import ExLlamaIntegrationsError
+
+DEMO_QUESTION = "What is the capital of France?"
+
+
+def _sampling_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="auto", help="auto, exllamav3, exllama, transformers (default: auto)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--repetition-penalty", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--max-seq-len", type=int, help="context/cache length to allocate")
+
+
+def _llm(model_dir: str, args: argparse.Namespace, chat: bool) -> Any:
+    from .langchain import ExLlamaLLM
+
+    return ExLlamaLLM(
+        model_dir=model_dir,
+        backend=args.backend,
+        max_seq_len=args.max_seq_len,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=args.stop,
+        use_chat_template=chat,
+    )
+
+
+def _run_chain(llm: Any, template: str, inputs: dict[str, str]) -> None:
+    """Stream prompt | llm | parser to the terminal, then the backend and speed."""
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import PromptTemplate
+
+    class Stats(BaseCallbackHandler):
+        info: dict[str, Any] = {}
+
+        def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+            Stats.info = response.generations[0][0].generation_info or {}
+
+    chain = PromptTemplate.from_template(template) | llm | StrOutputParser()
+    for piece in chain.stream(inputs, config={"callbacks": [Stats()]}):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    info = Stats.info
+    rt = llm.exllama_runtime
+    tps = info.get("tokens_per_second")
+    sys.stdout.write("\n\n")
+    print(
+        f"[backend={rt.backend_name} model={rt.model_name} prompt_tokens={info.get('prompt_tokens')} "
+        f"completion_tokens={info.get('completion_tokens')} finish={info.get('finish_reason')} "
+        f"tokens/s={tps:.1f}]" if tps else f"[backend={rt.backend_name} model={rt.model_name}]",
+        file=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``exllama-integrations`` command."""
+    parser = argparse.ArgumentParser(prog="exllama-integrations", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the runtime does")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="prepare the demo model (SmolLM2-135M-Instruct) and answer a question")
+    d.add_argument("prompt", nargs="?", default=DEMO_QUESTION)
+    _sampling_flags(d)
+
+    g = sub.add_parser("generate", help="complete a prompt with any model directory")
+    g.add_argument("--model-dir", required=True)
+    g.add_argument("--chat", action="store_true", help="send the prompt as a user turn through the chat template")
+    g.add_argument("prompt")
+    _sampling_flags(g)
+
+    sub.add_parser("prepare-demo", help="download and convert the demo model, print its directory")
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        if args.command == "prepare-demo":
+            from .demo_model import demo_model_dir
+
+            print(demo_model_dir())
+        elif args.command == "demo":
+            from .demo_model import demo_model_dir
+
+            llm = _llm(str(demo_model_dir()), args, chat=True)
+            _run_chain(llm, "{question}", {"question": args.prompt})
+        else:
+            _run_chain(_llm(args.model_dir, args, chat=args.chat), "{text}", {"text": args.prompt})
+    except ExLlamaIntegrationsError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""LangChain ``BaseLLM`` over an ExLlama runtime."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseLLM
+from langchain_core.outputs import Generation, GenerationChunk, LLMResult
+
+from ..errors import InvalidSettingsError
+from ..runtime import GenerationChunk as RuntimeChunk
+from ..runtime import GenerationResult
+from ._utils import ExLlamaRuntimeMixin
+
+_HF_TASKS = ("text-generation",)
+# HuggingFacePipeline pipeline_kwargs that map onto our fields one to one.
+_HF_SAME = ("max_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "typical_p", "min_p", "seed")
+
+
+def _lc_chunk(chunk: RuntimeChunk) -> GenerationChunk:
+    info = None
+    if chunk.finish_reason is not None:
+        assert chunk.usage is not None and chunk.timings is not None
+        info = {
+            "finish_reason": chunk.finish_reason,
+            "prompt_tokens": chunk.usage.prompt_tokens,
+            "completion_tokens": chunk.usage.completion_tokens,
+            "total_tokens": chunk.usage.total_tokens,
+            "time_to_first_token": chunk.timings.time_to_first_token,
+            "tokens_per_second": chunk.timings.tokens_per_second,
+        }
+        if chunk.stop_string is not None:
+            info["stop_string"] = chunk.stop_string
+    if chunk.logprobs:
+        info = dict(info or {})
+        info["logprobs"] = [
+            {"token_id": lp.token_id, "logprob": lp.logprob, "top_logprobs": [list(t) for t in lp.top]}
+            for lp in chunk.logprobs
+        ]
+    return GenerationChunk(text=chunk.text, generation_info=info)
+
+
+def _generation(result: GenerationResult, prefix: str = "") -> Generation:
+    return Generation(text=prefix + result.text, generation_info=result.info())
+
+
+class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
+    """ExLlama as a LangChain LLM: real token streaming, native token counts, shared loaded model.
+
+    Example:
+        .. code-block:: python
+
+            from langchain_core.prompts import PromptTemplate
+            from langchain_core.output_parsers import StrOutputParser
+            from exllama_integrations.langchain import ExLlamaLLM
+
+            llm = ExLlamaLLM(model_dir="/models/Llama-3-8B-exl3", temperature=0, max_new_tokens=64)
+            chain = PromptTemplate.from_template("Q: {q}\\nA:") | llm | StrOutputParser()
+            for piece in chain.stream({"q": "What is the capital of France?"}):
+                print(piece, end="", flush=True)
+            llm.get_num_tokens("How many tokens is this?")  # the model's own tokenizer
+    """
+
+    return_full_text: bool = False
+    """Prepend the prompt to the output (HuggingFacePipeline's ``return_full_text``)."""
+    use_chat_template: bool = False
+    """Send each prompt as one user turn through the model's chat template (for instruct models)."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "exllama"
+
+    @property
+    def _identifying_params(self) -> Mapping[str, Any]:
+        return self._identifying()
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "exllama"
+        params["ls_model_name"] = self.model_name
+        s = self._generate_params(stop, **kwargs)
+        params["ls_max_tokens"] = s.max_new_tokens
+        params["ls_temperature"] = s.temperature
+        return params
+
+    # ----------------------------------------------------------------- token counting
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` by the model's own tokenizer."""
+        return self.exllama_runtime.encode(text)
+
+    def get_num_tokens(self, text: str) -> int:
+        """Number of tokens in ``text`` by the model's own tokenizer."""
+        return self.exllama_runtime.count_tokens(text)
+
+    # ----------------------------------------------------------------- generation
+
+    def _stream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[GenerationChunk]:
+        settings = self._generate_params(stop, **kwargs)
+        if self.return_full_text:
+            yield self._emit(GenerationChunk(text=prompt), run_manager)
+        text, add_special = self._prompt(prompt)
+        with self.exllama_runtime.stream(text, settings, add_special_tokens=add_special) as stream:
+            for chunk in stream:
+                yield self._emit(_lc_chunk(chunk), run_manager)
+
+    def _prompt(self, prompt: str) -> tuple[str, bool]:
+        """The text to generate from, and whether the tokenizer adds its special tokens (BOS)."""
+        if not self.use_chat_template:
+            return prompt, True
+        return self.exllama_runtime.chat_prompt([{"role": "user", "content": prompt}]), False
+
+    @staticmethod
+    def _emit(chunk: GenerationChunk, run_manager: CallbackManagerForLLMRun | None) -> GenerationChunk:
+        if run_manager is not None and chunk.text:
+            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        return chunk
+
+    async def _astream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[GenerationChunk]:
+        settings = self._generate_params(stop, **kwargs)
+        if self.return_full_text:
+            first = GenerationChunk(text=prompt)
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(first.text, chunk=first)
+            yield first
+        text, add_special = self._prompt(prompt)
+        async for chunk in self.exllama_runtime.astream(text, settings, add_special_tokens=add_special):
+            lc = _lc_chunk(chunk)
+            if run_manager is not None and lc.text:
+                await run_manager.on_llm_new_token(lc.text, chunk=lc)
+            yield lc
+
+    def _generate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        if len(prompts) == 1:
+            final: GenerationChunk | None = None
+            for chunk in self._stream(prompts[0], stop, run_manager, **kwargs):
+                final = chunk if final is None else final + chunk
+            assert final is not None
+            gens = [[Generation(text=final.text, generation_info=final.generation_info)]]
+        else:
+            # Several prompts: one dynamic batch on backends that batch (exllamav3).
+            settings = self._generate_params(stop, **kwargs)
+            prefix = prompts if self.return_full_text else [""] * len(prompts)
+            results = self.exllama_runtime.batch([self._prompt(p)[0] for p in prompts], settings,
+                                                 add_special_tokens=not self.use_chat_template)
+            gens = [[_generation(r, p)] for r, p in zip(results, prefix)]
+        return LLMResult(generations=gens, llm_output=self._llm_output(gens))
+
+    async def _agenerate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        async def one(prompt: str, manager: AsyncCallbackManagerForLLMRun | None) -> Generation:
+            final: GenerationChunk | None = None
+            async for chunk in self._astream(prompt, stop, manager, **kwargs):
+                final = chunk if final is None else final + chunk
+            assert final is not None
+            return Generation(text=final.text, generation_info=final.generation_info)
+
+        manager = run_manager if len(prompts) == 1 else None
+        gens = [[g] for g in await asyncio.gather(*(one(p, manager) for p in prompts))]
+        return LLMResult(generations=gens, llm_output=self._llm_output(gens))
+
+    def _llm_output(self, gens: list[list[Generation]]) -> dict[str, Any]:
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        for g in gens:
+            info = g[0].generation_info or {}
+            for k in usage:
+                usage[k] += int(info.get(k, 0))
+        return {"token_usage": usage, "model_name": self.model_name}
+
+    # ----------------------------------------------------------------- HuggingFacePipeline drop-in
+
+    @classmethod
+    def from_model_id(
+        cls,
+        model_id: str,
+        task: str = "text-generation",
+        backend: str = "default",
+        device: int | str | None = None,
+        device_map: str | None = None,
+        model_kwargs: dict[str, Any] | None = None,
+        pipeline_kwargs: dict[str, Any] | None = None,
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> ExLlamaLLM:
+        """Build from HuggingFacePipeline.from_model_id's arguments: swap the class name, keep the call.
+
+        ``model_id`` is a local model directory (weights cannot come from a hub). ``device=-1``
+        or ``"cpu"`` selects the CPU reference backend; a GPU index keeps ExLlama. ``pipeline_kwargs``
+        (max_new_tokens, temperature, top_p, top_k, do_sample, repetition_penalty, return_full_text)
+        become our fields; ``do_sample=False`` (transformers' default) means greedy.
+        ``batch_size`` is accepted and unused: ExLlama batches dynamically.
+
+        Raises:
+            InvalidSettingsError: a task other than text-generation, trust_remote_code, or an
+                argument with no ExLlama meaning.
+        """
+        if task not in _HF_TASKS:
+            raise InvalidSettingsError(
+                f"task {task!r} is not supported; ExLlamaLLM does text-generation (causal LMs) only."
+            )
+        mk = dict(model_kwargs or {})
+        if mk.pop("trust_remote_code", False):
+            raise InvalidSettingsError("trust_remote_code is never enabled; the model must be a built-in architecture.")
+        pk = dict(pipeline_kwargs or {})
+        fields: dict[str, Any] = {}
+        do_sample = pk.pop("do_sample", None)
+        for key in _HF_SAME:
+            if key in pk:
+                fields["typical" if key == "typical_p" else key] = pk.pop(key)
+        if "return_full_text" in pk:
+            fields["return_full_text"] = bool(pk.pop("return_full_text"))
+        if not do_sample:
+            fields["temperature"] = 0.0
+        pk.pop("pad_token_id", None)
+        pk.pop("eos_token_id", None)
+        if pk:
+            raise InvalidSettingsError(f"pipeline_kwargs not supported by ExLlamaLLM: {', '.join(sorted(pk))}.")
+        dtype = mk.pop("torch_dtype", mk.pop("dtype", None))
+        if dtype is not None:
+            fields["dtype"] = str(dtype).replace("torch.", "")
+        if backend not in ("default", "auto"):
+            fields["backend"] = backend
+        if device in (-1, "cpu"):
+            fields["backend"] = "transformers"
+        elif isinstance(device, int) and device >= 0:
+            fields["device"] = f"cuda:{device}"
+        elif isinstance(device, str):
+            fields["device"] = device
+        del device_map, batch_size  # ExLlama places layers and batches itself
+        return cls(model_dir=model_id, **fields, **kwargs)

@@ -1,0 +1,102 @@
+"""Per-step sampling on a logits tensor, for backends that hand us logits (CPU reference, ExLlama v1).
+
+One implementation, transformers' logits processors, so that settings mean the same on each.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .base import BackendRequest, TokenLogprob, TokenStep
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..settings import GenerationSettings
+
+
+def logits_processors(settings: GenerationSettings) -> Any:
+    """transformers' LogitsProcessorList for these settings (penalty first, then the warpers)."""
+    from transformers import (
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+        TypicalLogitsWarper,
+    )
+
+    procs = LogitsProcessorList()
+    if settings.repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(settings.repetition_penalty))
+    if settings.greedy:
+        return procs
+    if settings.temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(settings.temperature))
+    if settings.top_k > 0:
+        procs.append(TopKLogitsWarper(settings.top_k))
+    if settings.top_p < 1.0:
+        procs.append(TopPLogitsWarper(settings.top_p))
+    if settings.min_p > 0.0:
+        procs.append(MinPLogitsWarper(settings.min_p))
+    if settings.typical < 1.0:
+        procs.append(TypicalLogitsWarper(settings.typical))
+    return procs
+
+
+def sample_loop(
+    request: BackendRequest,
+    prefill: Callable[[list[int]], torch.Tensor],
+    step: Callable[[int], torch.Tensor],
+) -> Iterator[TokenStep]:
+    """Decode token by token: ``prefill(prompt_ids)`` and ``step(token)`` return last-position logits [1, vocab].
+
+    Sampling runs on the CPU in fp32 (a [1, vocab] row is cheap to move and keeps results identical
+    across devices); the constraint's mask is applied after the repetition penalty, before the warpers'
+    draw, so a constrained token can never be sampled.
+    """
+    import torch
+
+    s = request.settings
+    procs = logits_processors(s)
+    rng = None
+    if not s.greedy:
+        rng = torch.Generator(device="cpu")
+        rng.manual_seed(s.seed if s.seed is not None else random.getrandbits(63))
+    constraint = request.constraint
+    seen = torch.tensor([request.prompt_ids], dtype=torch.long)
+    logits = None
+    for i in range(request.max_new_tokens):
+        if request.cancel.is_set():
+            return
+        logits = prefill(request.prompt_ids) if i == 0 else step(token)
+        raw = logits.float().cpu()
+        scores = procs(seen, raw.clone()) if len(procs) else raw.clone()
+        if constraint is not None:
+            constraint.mask_logits(scores)
+        if s.greedy:
+            token = int(torch.argmax(scores, dim=-1)[0])
+        else:
+            probs = torch.softmax(scores, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=rng)[0, 0])
+        if constraint is not None:
+            constraint.accept(token)
+        lp = [step_logprobs(raw, token, s.logprobs)] if s.logprobs is not None else None
+        yield TokenStep([token], lp)
+        if len(procs):
+            seen = torch.cat([seen, torch.tensor([[token]])], dim=1)
+
+
+def step_logprobs(raw: torch.Tensor, token: int, k: int) -> TokenLogprob:
+    """Log-probability of ``token`` and the top ``k`` under the model's distribution."""
+    import torch
+
+    lp = torch.log_softmax(raw.float(), dim=-1)[0]
+    top: tuple[tuple[int, float], ...] = ()
+    if k:
+        vals, idx = torch.topk(lp, k)
+        top = tuple((int(i), float(v)) for i, v in zip(idx, vals))
+    return TokenLogprob(token, float(lp[token]), top)

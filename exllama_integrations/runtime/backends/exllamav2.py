@@ -1,0 +1,119 @@
+"""ExLlamaV2 backend, with the fix for its wrong logits on stacks without flash-attn.
+
+Root cause (found reading exllamav2 0.3.2's ``attn.py``, confirmed on the H200 against the oracle):
+without flash-attn and xformers, attention falls back to torch SDPA, and that branch picks its mask
+with ``if layer_idx in block_diag_layers or causal: mask = get_block_diag_mask()``. For an ordinary
+(non-packed) batch ``get_block_diag_mask()`` returns None, so prompt tokens attend to *later* tokens
+during prefill: every prompt state is wrong and the first generated token already differs. Its
+matmul fallback builds the proper causal mask, so this backend loads with ``config.no_sdpa = True``
+unless flash-attn is installed (then flash-attn is used, as upstream intends).
+
+Decoding is a per-token ``model.forward`` with an ``ExLlamaV2Cache``; sampling uses the shared
+logits processors so settings mean the same as on the other backends.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import logging
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ...errors import BackendUnavailableError, InvalidSettingsError, ModelLoadError
+from ..model_dir import ModelDirectory
+from ._torch_sampling import sample_loop
+from .base import Backend, BackendOptions, BackendRequest, TokenStep, cuda_available, require, unsupported
+
+if TYPE_CHECKING:
+    from ..tokenizer import NativeTokenizer
+
+logger = logging.getLogger(__name__)
+
+_SUPPORTED = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+
+
+class ExLlamaV2Backend(Backend):
+    """exllamav2 on CUDA: fp16, GPTQ and EXL2 weights; SDPA fallback replaced by causal matmul attention."""
+
+    name = "exllamav2"
+    extra = "exllamav2"
+    concurrent = False
+
+    @classmethod
+    def check_available(cls) -> None:
+        if importlib.util.find_spec("exllamav2") is None:
+            require("exllamav2", "exllamav2", "the exllamav2 backend")
+        if not cuda_available():
+            raise BackendUnavailableError("exllamav2 needs a CUDA GPU, and torch sees none here.")
+
+    @classmethod
+    def check_model(cls, model: ModelDirectory) -> None:
+        archs = model.architectures
+        if not archs or archs[0] not in _SUPPORTED:
+            raise unsupported(cls.name, model, f"only {', '.join(sorted(_SUPPORTED))} are verified on exllamav2.")
+        if model.quantization not in (None, "gptq", "exl2"):
+            raise unsupported(cls.name, model, f"exllamav2 does not load {model.quantization}-quantized weights.")
+
+    def __init__(self, model: ModelDirectory, tokenizer: NativeTokenizer, options: BackendOptions) -> None:
+        import torch
+        from exllamav2 import ExLlamaV2, ExLlamaV2Cache, ExLlamaV2Config
+        from exllamav2.attn import has_flash_attn
+
+        if options.get("lora_dir"):
+            raise InvalidSettingsError("LoRA on the exllamav2 backend is not wired yet; use backend='exllama'.")
+        self._lock = threading.Lock()
+        self._model = self._cache = None
+        try:
+            config = ExLlamaV2Config(str(model.path))
+            if not has_flash_attn:
+                config.no_sdpa = True  # see the module docstring: its SDPA path is not causal
+            ctx = options.max_seq_len or min(model.context_length, 4096)
+            config.max_seq_len = ctx
+            self._model = ExLlamaV2(config)
+            self._cache = ExLlamaV2Cache(self._model, max_seq_len=ctx, lazy=True)
+            self._model.load_autosplit(self._cache, progress=False)
+        except (AssertionError, ValueError, KeyError, RuntimeError, torch.cuda.OutOfMemoryError) as e:
+            self.close()
+            raise ModelLoadError(f"exllamav2 could not load {model.name!r}: {type(e).__name__}: {e}") from None
+        self._context = ctx
+        self.attention = "flash-attn" if has_flash_attn else "matmul (no_sdpa)"
+
+    @property
+    def context_length(self) -> int:
+        return self._context
+
+    def info(self) -> dict[str, Any]:
+        return {"backend": self.name, "attention": self.attention}
+
+    def generate(self, request: BackendRequest) -> Iterator[TokenStep]:
+        import torch
+
+        model, cache = self._model, self._cache
+        if model is None:
+            return
+
+        def prefill(ids: list[int]) -> torch.Tensor:
+            cache.current_seq_len = 0
+            return model.forward(torch.tensor([ids]), cache, last_id_only=True)[:, -1, :]
+
+        def step(token: int) -> torch.Tensor:
+            return model.forward(torch.tensor([[token]]), cache, last_id_only=True)[:, -1, :]
+
+        with self._lock, torch.inference_mode():
+            yield from sample_loop(request, prefill, step)
+
+    def close(self) -> None:
+        model, self._model, self._cache = self._model, None, None
+        if model is not None:
+            try:
+                model.unload()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                logger.debug("unload failed", exc_info=True)
+        del model
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

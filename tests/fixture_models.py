@@ -1,0 +1,163 @@
+"""Build Llama-layout test models from a seed: random weights, real layout, real tokenizer files.
+
+Used by the GPU tests and benchmarks on the lent GPU (nothing is downloaded), and by CPU tests for
+small shapes. ``make_llama(..., gptq=True)`` writes a 4-bit GPTQ-packed model and, beside it, its
+dequantized fp16 twin, which is what the oracle runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int = 1024
+    layers: int = 4
+    heads: int = 8
+    kv_heads: int = 4
+    inter: int = 2816
+    vocab: int = 4096
+    context: int = 4096
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+SMALL_GQA = Shape()
+SMALL_MHA = Shape(kv_heads=8)
+LLAMA2_7B = Shape(hidden=4096, layers=32, heads=32, kv_heads=32, inter=11008, vocab=32000, context=4096)
+
+
+def write_tokenizer(out: Path, vocab: int) -> None:
+    """A byte-level BPE tokenizer.json with exactly ``vocab`` ids (every id decodes) and Llama specials."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tokens = ["<unk>", "<s>", "</s>"] + sorted(alphabet)
+    merges = []
+    # Merge some letter pairs so ordinary words become multi-character tokens.
+    letters = [c for c in "etaoinshrdlucmfwypvbgk"]
+    for a in letters:
+        for b in letters:
+            if len(tokens) >= vocab:
+                break
+            tokens.append(a + b)
+            merges.append((a, b))
+    i = 0
+    while len(tokens) < vocab:
+        tokens.append(f"x{i}")
+        i += 1
+    vocab_map = {t: n for n, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab_map, merges=merges, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": "{% for m in messages %}<s>[{{ m['role'] }}] {{ m['content'] }}</s>{% endfor %}"
+                         "{% if add_generation_prompt %}<s>[assistant] {% endif %}",
+    }))
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+
+
+def _config(shape: Shape, **extra: Any) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": shape.hidden, "intermediate_size": shape.inter,
+        "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
+        "max_position_embeddings": shape.context, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "vocab_size": shape.vocab, "tie_word_embeddings": False, "hidden_act": "silu",
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "initializer_range": 0.02,
+        "torch_dtype": "float16", **extra,
+    }
+
+
+def _pack_rows(q: Any) -> Any:
+    """Pack 4-bit ints [rows, cols] along rows into int32 [rows/8, cols] (GPTQ qweight layout)."""
+    import torch
+
+    q = q.to(torch.int32)
+    out = torch.zeros((q.shape[0] // 8, q.shape[1]), dtype=torch.int32, device=q.device)
+    for j in range(8):
+        out |= q[j::8] << (4 * j)
+    return out
+
+
+def _pack_cols(q: Any) -> Any:
+    """Pack 4-bit ints [rows, cols] along cols into int32 [rows, cols/8] (GPTQ qzeros layout)."""
+    return _pack_rows(q.t().contiguous()).t().contiguous()
+
+
+def make_llama(out: Path, shape: Shape = SMALL_GQA, seed: int = 0, gptq: bool = False,
+               group_size: int = 128, device: str = "cuda", write_twin: bool = True) -> Path:
+    """Write a random-weight Llama model to ``out`` (and ``out``-fp16 twin when ``gptq``). Returns ``out``."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*size: int, std: float) -> Any:
+        return (torch.randn(*size, generator=g, device=device) * std).to(torch.float16)
+
+    h, kvd = shape.hidden, shape.kv_heads * shape.head_dim
+    dense: dict[str, Any] = {
+        "model.embed_tokens.weight": randn(shape.vocab, h, std=1.0),
+        "model.norm.weight": torch.ones(h, dtype=torch.float16, device=device),
+        "lm_head.weight": randn(shape.vocab, h, std=0.1),
+    }
+    quant: dict[str, Any] = dict(dense)
+    linears = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (h, kvd), "self_attn.v_proj": (h, kvd),
+               "self_attn.o_proj": (h, h), "mlp.gate_proj": (h, shape.inter), "mlp.up_proj": (h, shape.inter),
+               "mlp.down_proj": (shape.inter, h)}
+    for i in range(shape.layers):
+        p = f"model.layers.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            dense[p + norm + ".weight"] = quant[p + norm + ".weight"] = torch.ones(h, dtype=torch.float16, device=device)
+        for name, (fan_in, fan_out) in linears.items():
+            std = 1.0 / fan_in**0.5
+            if not gptq:
+                dense[p + name + ".weight"] = randn(fan_out, fan_in, std=std)
+                continue
+            groups = fan_in // group_size
+            q = torch.randint(0, 16, (fan_in, fan_out), generator=g, device=device)
+            # stored zero 6 or 7, effective (z+1) 7 or 8: centred on the mean of q, so weights have ~zero mean
+            z = torch.randint(6, 8, (groups, fan_out), generator=g, device=device)
+            s = (torch.rand((groups, fan_out), generator=g, device=device) * 0.5 + 0.75) * (std / 4.6)
+            s = s.to(torch.float16)
+            gi = torch.arange(fan_in, device=device) // group_size
+            if write_twin:
+                w = (q - (z[gi] + 1)).to(torch.float32) * s[gi].float()
+                dense[p + name + ".weight"] = w.t().contiguous().to(torch.float16)
+            quant[p + name + ".qweight"] = _pack_rows(q)
+            quant[p + name + ".qzeros"] = _pack_cols(z)
+            quant[p + name + ".scales"] = s
+            quant[p + name + ".g_idx"] = gi.to(torch.int32)
+
+    def write(dir_: Path, tensors: dict[str, Any], config: dict[str, Any]) -> None:
+        dir_.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(dir_ / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (dir_ / "config.json").write_text(json.dumps(config, indent=1))
+        write_tokenizer(dir_, shape.vocab)
+
+    if gptq:
+        qcfg = {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": False}
+        write(out, quant, _config(shape, quantization_config=qcfg))
+        if write_twin:
+            write(twin(out), dense, _config(shape))
+    else:
+        write(out, dense, _config(shape))
+    return out
+
+
+def twin(gptq_dir: Path) -> Path:
+    """The dequantized fp16 twin of a GPTQ fixture."""
+    return gptq_dir.with_name(gptq_dir.name + "-fp16")

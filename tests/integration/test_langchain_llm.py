@@ -1,0 +1,172 @@
+"""LangChain ExLlamaLLM end to end on the real demo model (CPU reference backend)."""
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import PromptTemplate
+
+from exllama_integrations import ExLlamaRuntime, InvalidSettingsError
+from exllama_integrations.langchain import ExLlamaLLM
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def llm(demo_dir) -> ExLlamaLLM:
+    return ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=0, max_new_tokens=24)
+
+
+class Tokens(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+        self.chunks: list[object] = []
+
+    def on_llm_new_token(self, token: str, *, chunk=None, **kwargs) -> None:
+        self.tokens.append(token)
+        self.chunks.append(chunk)
+
+
+def test_invoke_in_a_chain(llm: ExLlamaLLM):
+    chain = PromptTemplate.from_template("{subject} is") | llm | StrOutputParser()
+    assert "Paris" in chain.invoke({"subject": "The capital of France"})
+
+
+def test_stream_concatenates_to_invoke_and_callbacks_see_every_token(llm: ExLlamaLLM):
+    cb = Tokens()
+    chunks = list(llm.stream(PROMPT, config={"callbacks": [cb]}))
+    assert len([c for c in chunks if c]) > 2
+    assert "".join(chunks) == llm.invoke(PROMPT)
+    assert cb.tokens == [c for c in chunks if c]
+    assert all(ch is not None and ch.text == t for ch, t in zip(cb.chunks, cb.tokens))
+
+
+def test_generate_reports_usage_and_finish_reason(llm: ExLlamaLLM):
+    res = llm.generate([PROMPT])
+    info = res.generations[0][0].generation_info
+    assert info["finish_reason"] in ("eos", "length")
+    assert info["prompt_tokens"] == len(llm.exllama_runtime.encode(PROMPT, add_special_tokens=True))
+    assert res.llm_output["token_usage"]["total_tokens"] == info["prompt_tokens"] + info["completion_tokens"]
+    assert res.llm_output["model_name"] == "SmolLM2-135M-Instruct"
+
+
+def test_stop_from_call_and_field_are_merged(demo_dir, llm: ExLlamaLLM):
+    full = llm.invoke(PROMPT)
+    assert "." in full
+    assert "." not in llm.invoke(PROMPT, stop=["."]) and full.startswith(llm.invoke(PROMPT, stop=["."]))
+    with_field = ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=0, stop=["Paris"])
+    assert with_field.exllama_runtime is llm.exllama_runtime  # shared, loaded once
+    out = with_field.invoke(PROMPT, stop=["."])
+    assert "Paris" not in out and "." not in out
+
+
+def test_max_new_tokens_from_field_and_call(llm: ExLlamaLLM):
+    res = llm.generate(["Count: 1, 2, 3,"], max_new_tokens=4, ignore_eos=True)
+    assert res.generations[0][0].generation_info["completion_tokens"] == 4
+    res = llm.generate(["Count: 1, 2, 3,"], max_tokens=3, ignore_eos=True)  # LangChain's standard name
+    assert res.generations[0][0].generation_info["completion_tokens"] == 3
+
+
+def test_token_counting_uses_the_native_tokenizer(llm: ExLlamaLLM):
+    text = "Tokenizers count 12345 différently 🦙"
+    ids = llm.exllama_runtime.tokenizer.encode(text, add_special_tokens=False)
+    assert llm.get_token_ids(text) == ids
+    assert llm.get_num_tokens(text) == len(ids)
+
+
+def test_batch_of_four(llm: ExLlamaLLM):
+    prompts = [PROMPT, "One, two,", "The sky is", "Hello, my name is"]
+    assert llm.batch(prompts) == [llm.invoke(p) for p in prompts]
+
+
+def test_seed_reproduces(demo_dir):
+    s = ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=1.0, seed=7, max_new_tokens=16)
+    assert s.invoke("Once upon a time") == s.invoke("Once upon a time")
+
+
+async def test_astream_keeps_loop_free_and_matches(llm: ExLlamaLLM):
+    ticks = 0
+    done = asyncio.Event()
+
+    async def ticker():
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    t = asyncio.create_task(ticker())
+    text = "".join([c async for c in llm.astream(PROMPT)])
+    done.set()
+    await t
+    assert text == llm.invoke(PROMPT) and ticks >= 5
+    assert await llm.ainvoke(PROMPT) == text
+    assert await llm.abatch([PROMPT, "The sky is"]) == [text, llm.invoke("The sky is")]
+
+
+def test_invalid_sampling_values_fail_at_construction_and_call(demo_dir, llm: ExLlamaLLM):
+    with pytest.raises(InvalidSettingsError, match="temperature"):
+        ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=-1)
+    with pytest.raises(InvalidSettingsError, match="top_p"):
+        llm.invoke(PROMPT, top_p=2.0)
+    with pytest.raises(InvalidSettingsError, match="stop"):
+        llm.invoke(PROMPT, stop=[1, 2])
+
+
+def test_needs_a_model(demo_dir):
+    with pytest.raises(InvalidSettingsError, match="model_dir"):
+        ExLlamaLLM()
+    rt = ExLlamaRuntime.shared(demo_dir, backend="transformers")
+    assert ExLlamaLLM(runtime=rt).exllama_runtime is rt
+
+
+def test_private_runtime(demo_dir, llm: ExLlamaLLM):
+    p = ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", shared_runtime=False)
+    assert p.exllama_runtime is not llm.exllama_runtime
+    p.exllama_runtime.close()
+
+
+def test_from_model_id_takes_huggingfacepipeline_arguments(demo_dir, llm: ExLlamaLLM):
+    hf_style = ExLlamaLLM.from_model_id(
+        model_id=str(demo_dir), task="text-generation", device=-1,
+        pipeline_kwargs={"max_new_tokens": 24, "do_sample": False, "repetition_penalty": 1.0},
+    )
+    assert hf_style.temperature == 0.0 and hf_style.exllama_runtime.backend_name == "transformers"
+    assert hf_style.invoke(PROMPT) == llm.invoke(PROMPT)
+    full = ExLlamaLLM.from_model_id(str(demo_dir), device=-1,
+                                    pipeline_kwargs={"max_new_tokens": 8, "return_full_text": True})
+    assert full.invoke(PROMPT).startswith(PROMPT)
+    with pytest.raises(InvalidSettingsError, match="text-generation"):
+        ExLlamaLLM.from_model_id(str(demo_dir), task="summarization")
+    with pytest.raises(InvalidSettingsError, match="trust_remote_code"):
+        ExLlamaLLM.from_model_id(str(demo_dir), model_kwargs={"trust_remote_code": True})
+
+
+def test_use_chat_template_answers_like_an_assistant(demo_dir):
+    chat = ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=0, max_new_tokens=30,
+                      use_chat_template=True)
+    assert "Paris" in chat.invoke("What is the capital of France?")
+
+
+def test_identifying_params(llm: ExLlamaLLM):
+    p = llm._identifying_params
+    assert p["model_name"] == "SmolLM2-135M-Instruct" and p["backend"] == "transformers" and p["temperature"] == 0
+
+
+def test_cli_demo_answers_paris(demo_dir):
+    out = subprocess.run([sys.executable, "-m", "exllama_integrations", "demo"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+    assert "backend=transformers" in out.stderr and "tokens/s=" in out.stderr
+
+
+def test_cli_generate_and_typed_error(demo_dir, tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "exllama_integrations", "generate", "--model-dir", str(demo_dir),
+                         "--max-new-tokens", "6", "--stop", ".", PROMPT], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and "Paris" in ok.stdout and "." not in ok.stdout.strip()
+    bad = subprocess.run([sys.executable, "-m", "exllama_integrations", "generate", "--model-dir",
+                          str(tmp_path / "missing"), "hi"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "ModelNotFoundError" in bad.stderr and "does not exist" in bad.stderr

@@ -1,0 +1,160 @@
+"""Detokenizer and stop matcher, with property tests over real tokenizers."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exllama_integrations.runtime.streaming import IncrementalDetokenizer, StopStringMatcher
+from exllama_integrations.runtime.tokenizer import NativeTokenizer
+
+
+def feed_all(detok: IncrementalDetokenizer, ids: list[int], cuts: list[int]) -> str:
+    out, pos = [], 0
+    for c in sorted(set(cuts)) + [len(ids)]:
+        out.append(detok.add(ids[pos:c]))
+        pos = c
+    out.append(detok.flush())
+    return "".join(out)
+
+
+# ---------------------------------------------------------------- detokenizer
+
+
+@pytest.fixture(scope="module")
+def smol(demo_dir: Path) -> NativeTokenizer:
+    return NativeTokenizer.from_model_dir(str(demo_dir))
+
+
+@pytest.fixture(scope="module")
+def sp_tok(tmp_path_factory: pytest.TempPathFactory) -> NativeTokenizer:
+    """A real sentencepiece model with byte fallback, trained here on a few lines."""
+    import json
+
+    import sentencepiece as spm
+
+    d = tmp_path_factory.mktemp("sp")
+    text = d / "corpus.txt"
+    text.write_text(
+        "\n".join(
+            ["The quick brown fox jumps over the lazy dog.", "Ça coûte 12€ à Paris, n'est-ce pas?",
+             "日本語のテキストも少しあります。", "Hello world, hello tokenizer!"] * 50
+        ),
+        encoding="utf-8",
+    )
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(d / "tokenizer"), vocab_size=400, byte_fallback=True,
+        character_coverage=0.99, model_type="bpe", bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
+    )
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "bos_token_id": 1, "eos_token_id": 2}))
+    from safetensors.numpy import save_file
+    import numpy as np
+
+    save_file({"x": np.zeros(1, dtype=np.float32)}, str(d / "model.safetensors"))
+    return NativeTokenizer.from_model_dir(str(d))
+
+
+TEXTS = ["Hello world", "  leading spaces", "multi-byte: é, ü, 日本語, emoji 🦙🚀", "tabs\tand\nnewlines\n\n",
+         "digits 1234567890", "Ça coûte 12€ à Paris"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_detok_token_by_token_equals_decode_bytelevel(smol: NativeTokenizer, text: str) -> None:
+    ids = smol.encode(text)
+    d = IncrementalDetokenizer(smol)
+    pieces = [d.add([i]) for i in ids] + [d.flush()]
+    assert "".join(pieces) == smol.decode(ids) == text
+    assert all("\ufffd" not in p for p in pieces)  # a split multi-byte character is held back, not garbled
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_detok_sentencepiece_leading_spaces_and_byte_fallback(sp_tok: NativeTokenizer, text: str) -> None:
+    ids = sp_tok.encode(text, add_special_tokens=False)
+    d = IncrementalDetokenizer(sp_tok)
+    pieces = [d.add([i]) for i in ids] + [d.flush()]
+    assert "".join(pieces) == sp_tok.decode(ids)
+    assert all("\ufffd" not in p for p in pieces)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_detok_any_token_sequence_equals_full_decode(smol: NativeTokenizer, sp_tok: NativeTokenizer, data) -> None:
+    tok = data.draw(st.sampled_from([smol, sp_tok]))
+    ids = data.draw(st.lists(st.integers(0, tok.vocab_size - 1), max_size=40))
+    cuts = data.draw(st.lists(st.integers(0, len(ids)), max_size=10))
+    assert feed_all(IncrementalDetokenizer(tok), ids, cuts) == tok.decode(ids)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=60))
+def test_detok_roundtrips_any_text(smol: NativeTokenizer, text: str) -> None:
+    ids = smol.encode(text)
+    d = IncrementalDetokenizer(smol)
+    assert "".join(d.add([i]) for i in ids) + d.flush() == smol.decode(ids)
+
+
+# ---------------------------------------------------------------- stop matcher
+
+
+def run_matcher(stops: list[str], chunks: list[str]) -> tuple[str, str | None]:
+    m = StopStringMatcher(stops)
+    out = "".join(m.push(c) for c in chunks)
+    if m.stopped is None:
+        out += m.flush()
+    return out, m.stopped
+
+
+def reference(stops: list[str], text: str) -> tuple[str, str | None]:
+    """Character-by-character definition: stop where a stop string first completes."""
+    for end in range(1, len(text) + 1):
+        hits = [s for s in stops if s and text[:end].endswith(s)]
+        if hits:
+            s = max(hits, key=len)
+            return text[: end - len(s)], s
+    return text, None
+
+
+def test_stop_split_across_chunks():
+    assert run_matcher(["</s>"], ["Hello <", "/", "s> more"]) == ("Hello ", "</s>")
+
+
+def test_stop_at_the_very_start():
+    assert run_matcher(["###"], ["###", "tail"]) == ("", "###")
+
+
+def test_overlapping_stops_first_completed_wins():
+    assert run_matcher(["abcd", "bc"], ["a", "b", "c", "d"]) == ("a", "bc")
+    assert run_matcher(["abcd", "bc"], ["abcd"]) == ("a", "bc")  # same answer however it is chunked
+
+
+def test_partial_stop_held_then_released():
+    m = StopStringMatcher(["STOP"])
+    assert m.push("go ST") == "go "
+    assert m.held == "ST"
+    assert m.push("ART") == "START"
+    assert m.flush() == ""
+
+
+def test_no_stops_passes_through():
+    assert run_matcher([], ["a", "b"]) == ("ab", None)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    stops=st.lists(st.text(alphabet="abc\n", min_size=1, max_size=4), max_size=4),
+    text=st.text(alphabet="abcd\n", max_size=40),
+    cuts=st.lists(st.integers(0, 40), max_size=8),
+)
+def test_matcher_never_emits_a_stop_and_never_loses_text(stops, text, cuts):
+    pos, chunks = 0, []
+    for c in sorted(set(min(c, len(text)) for c in cuts)) + [len(text)]:
+        chunks.append(text[pos:c])
+        pos = c
+    out, stopped = run_matcher(stops, chunks)
+    want_out, want_stop = reference(stops, text)
+    assert (out, stopped is not None) == (want_out, want_stop is not None)
+    assert not any(s in out for s in stops)
+    assert text.startswith(out)
+    if stopped is None:
+        assert out == text
