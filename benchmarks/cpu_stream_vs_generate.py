@@ -38,8 +38,9 @@ def main() -> None:
     def run_hf() -> float:
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = hf.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
-                              pad_token_id=2)
+            out = hf.generate(
+                ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=2
+            )
         n = out.shape[1] - ids.shape[1]
         assert n == args.new_tokens
         return n / (time.perf_counter() - t0)

@@ -15,8 +15,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -116,7 +117,7 @@ def v1_raw(rt: Any, ids: list[int]) -> Callable[[], tuple[int, float | None]]:
         t0 = time.perf_counter()
         gen.gen_begin(torch.tensor([ids]))
         ttft = None
-        for i in range(NEW):
+        for _ in range(NEW):
             gen.gen_single_token()
             if ttft is None:
                 ttft = time.perf_counter() - t0
@@ -147,7 +148,7 @@ def hf_generate(model_dir: Path, ids: list[int], reps: int) -> dict[str, float]:
     m.generate(x, max_new_tokens=8, **kw)  # warm-up
     runs = [timed(run) for _ in range(reps)]
     first = statistics.median(ttft() for _ in range(3))
-    del m
+    m.cpu()  # free the GPU for the next row (the closures above keep a reference to m)
     gc.collect()
     torch.cuda.empty_cache()
     r = med(runs)
@@ -188,12 +189,17 @@ def main() -> None:
     print(f"fixtures ready in {time.perf_counter() - t:.0f}s", flush=True)
     only = set(args.only.split(","))
     rows: list[dict[str, Any]] = []
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": shape.__dict__,
-            "prompt_tokens": 128, "new_tokens": NEW, "reps": args.reps}
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "shape": shape.__dict__,
+        "prompt_tokens": 128,
+        "new_tokens": NEW,
+        "reps": args.reps,
+    }
 
     def row(name: str, r: dict[str, float], **extra: Any) -> None:
-        rows.append({"path": name, "tokens_per_s": round(r["tps"], 1), "ttft_ms": round(r["ttft"] * 1000, 1),
-                     **extra})
+        rows.append({"path": name, "tokens_per_s": round(r["tps"], 1), "ttft_ms": round(r["ttft"] * 1000, 1), **extra})
         print(rows[-1], flush=True)
 
     if "v3" in only:
@@ -213,8 +219,11 @@ def main() -> None:
         res = rt.batch(prompts, temperature=0, max_new_tokens=NEW, ignore_eos=True)
         wall = time.perf_counter() - t0
         agg = sum(r.usage.completion_tokens for r in res) / wall
-        row("exllamav3 fp16: batch() of 16", {"tps": agg, "ttft": statistics.median(
-            r.timings.time_to_first_token for r in res)}, ratio_vs_one_stream=round(agg / ours["tps"], 2))
+        row(
+            "exllamav3 fp16: batch() of 16",
+            {"tps": agg, "ttft": statistics.median(r.timings.time_to_first_token for r in res)},
+            ratio_vs_one_stream=round(agg / ours["tps"], 2),
+        )
         rt.close()
     if "v1" in only:
         rt = ExLlamaRuntime(gptq_dir, "exllama", max_seq_len=2048)
@@ -230,7 +239,10 @@ def main() -> None:
         tok = NativeTokenizer.from_model_dir(str(fp16_dir))
         words = "the quick brown fox jumps over lazy dog while some other animals watch it " * 40
         ids = tok.encode(words)[:128]
-        row("transformers fp16 generate() (HuggingFacePipeline's path)", hf_generate(fp16_dir, ids, max(1, args.reps - 1)))
+        row(
+            "transformers fp16 generate() (HuggingFacePipeline's path)",
+            hf_generate(fp16_dir, ids, max(1, args.reps - 1)),
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_throughput.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -17,7 +17,8 @@ def main() -> None:
         "",
         f"## GPU: {m['gpu']}, torch {m['torch']}",
         "",
-        f"Llama-2-7B shape (hidden {m['shape']['hidden']}, {m['shape']['layers']} layers, vocab {m['shape']['vocab']}), "
+        f"Llama-2-7B shape (hidden {m['shape']['hidden']}, {m['shape']['layers']} layers, "
+        f"vocab {m['shape']['vocab']}), "
         f"random weights, prompt {m['prompt_tokens']} tokens, {m['new_tokens']} new tokens, greedy, batch 1, "
         f"median of {m['reps']} interleaved runs. Made by `python benchmarks/gpu_throughput.py` on the lent H200.",
         "",
@@ -33,13 +34,18 @@ def main() -> None:
         lines.append(f"| {r['path']} | {r['tokens_per_s']} | {r['ttft_ms']} | {ratio} |")
     hf = next(r for r in gpu["rows"] if r["path"].startswith("transformers"))
     best = max((r for r in gpu["rows"] if "ExLlamaLLM" in r["path"]), key=lambda r: r["tokens_per_s"])
-    lines += ["", f"Best single-stream path through ExLlamaLLM ({best['path']}): "
-              f"{best['tokens_per_s'] / hf['tokens_per_s']:.1f}x transformers fp16 generate().", ""]
+    lines += [
+        "",
+        f"Best single-stream path through ExLlamaLLM ({best['path']}): "
+        f"{best['tokens_per_s'] / hf['tokens_per_s']:.1f}x transformers fp16 generate().",
+        "",
+    ]
     lines += [
         "## CPU: ExLlamaLLM.stream() vs transformers generate()",
         "",
         f"{cpu['model']}, {cpu['machine']}, torch {cpu['torch']}, prompt {cpu['prompt_tokens']} tokens, "
-        f"{cpu['new_tokens']} new tokens, median of {cpu['reps']}. Made by `python benchmarks/cpu_stream_vs_generate.py`.",
+        f"{cpu['new_tokens']} new tokens, median of {cpu['reps']}. "
+        "Made by `python benchmarks/cpu_stream_vs_generate.py`.",
         "",
         "| path | tokens/s |",
         "| --- | ---: |",

@@ -68,7 +68,9 @@ def _run_chain(llm: Any, template: str, inputs: dict[str, str]) -> None:
     print(
         f"[backend={rt.backend_name} model={rt.model_name} prompt_tokens={info.get('prompt_tokens')} "
         f"completion_tokens={info.get('completion_tokens')} finish={info.get('finish_reason')} "
-        f"tokens/s={tps:.1f}]" if tps else f"[backend={rt.backend_name} model={rt.model_name}]",
+        f"tokens/s={tps:.1f}]"
+        if tps
+        else f"[backend={rt.backend_name} model={rt.model_name}]",
         file=sys.stderr,
     )
 

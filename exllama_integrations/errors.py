@@ -15,8 +15,7 @@ class MissingDependencyError(ExLlamaIntegrationsError, ImportError):
         self.extra = extra
         what = f" (needed for {purpose})" if purpose else ""
         super().__init__(
-            f"`{package}` is not installed{what}. Install it with "
-            f"`pip install 'exllama-integrations[{extra}]'`."
+            f"`{package}` is not installed{what}. Install it with `pip install 'exllama-integrations[{extra}]'`."
         )
 
 

@@ -58,25 +58,44 @@ def write_tokenizer(out: Path, vocab: int) -> None:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>")])
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": "{% for m in messages %}<s>[{{ m['role'] }}] {{ m['content'] }}</s>{% endfor %}"
-                         "{% if add_generation_prompt %}<s>[assistant] {% endif %}",
-    }))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "add_bos_token": True,
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "chat_template": "{% for m in messages %}<s>[{{ m['role'] }}] {{ m['content'] }}</s>{% endfor %}"
+                "{% if add_generation_prompt %}<s>[assistant] {% endif %}",
+            }
+        )
+    )
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
 
 
 def _config(shape: Shape, **extra: Any) -> dict[str, Any]:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": shape.hidden, "intermediate_size": shape.inter,
-        "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
-        "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
-        "max_position_embeddings": shape.context, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "vocab_size": shape.vocab, "tie_word_embeddings": False, "hidden_act": "silu",
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "initializer_range": 0.02,
-        "torch_dtype": "float16", **extra,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.inter,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "max_position_embeddings": shape.context,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "vocab_size": shape.vocab,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "initializer_range": 0.02,
+        "torch_dtype": "float16",
+        **extra,
     }
 
 
@@ -96,8 +115,15 @@ def _pack_cols(q: Any) -> Any:
     return _pack_rows(q.t().contiguous()).t().contiguous()
 
 
-def make_llama(out: Path, shape: Shape = SMALL_GQA, seed: int = 0, gptq: bool = False,
-               group_size: int = 128, device: str = "cuda", write_twin: bool = True) -> Path:
+def make_llama(
+    out: Path,
+    shape: Shape = SMALL_GQA,
+    seed: int = 0,
+    gptq: bool = False,
+    group_size: int = 128,
+    device: str = "cuda",
+    write_twin: bool = True,
+) -> Path:
     """Write a random-weight Llama model to ``out`` (and ``out``-fp16 twin when ``gptq``). Returns ``out``."""
     import torch
     from safetensors.torch import save_file
@@ -114,13 +140,21 @@ def make_llama(out: Path, shape: Shape = SMALL_GQA, seed: int = 0, gptq: bool = 
         "lm_head.weight": randn(shape.vocab, h, std=0.1),
     }
     quant: dict[str, Any] = dict(dense)
-    linears = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (h, kvd), "self_attn.v_proj": (h, kvd),
-               "self_attn.o_proj": (h, h), "mlp.gate_proj": (h, shape.inter), "mlp.up_proj": (h, shape.inter),
-               "mlp.down_proj": (shape.inter, h)}
+    linears = {
+        "self_attn.q_proj": (h, h),
+        "self_attn.k_proj": (h, kvd),
+        "self_attn.v_proj": (h, kvd),
+        "self_attn.o_proj": (h, h),
+        "mlp.gate_proj": (h, shape.inter),
+        "mlp.up_proj": (h, shape.inter),
+        "mlp.down_proj": (shape.inter, h),
+    }
     for i in range(shape.layers):
         p = f"model.layers.{i}."
         for norm in ("input_layernorm", "post_attention_layernorm"):
-            dense[p + norm + ".weight"] = quant[p + norm + ".weight"] = torch.ones(h, dtype=torch.float16, device=device)
+            dense[p + norm + ".weight"] = quant[p + norm + ".weight"] = torch.ones(
+                h, dtype=torch.float16, device=device
+            )
         for name, (fan_in, fan_out) in linears.items():
             std = 1.0 / fan_in**0.5
             if not gptq:
@@ -143,8 +177,11 @@ def make_llama(out: Path, shape: Shape = SMALL_GQA, seed: int = 0, gptq: bool = 
 
     def write(dir_: Path, tensors: dict[str, Any], config: dict[str, Any]) -> None:
         dir_.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(dir_ / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous().cpu() for k, v in tensors.items()},
+            str(dir_ / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
         (dir_ / "config.json").write_text(json.dumps(config, indent=1))
         write_tokenizer(dir_, shape.vocab)
 

@@ -7,6 +7,7 @@ except ImportError:  # pragma: no cover - exercised by the missing-extra test
 
     raise MissingDependencyError("langchain-core", "langchain", "the LangChain classes") from None
 
+from .chat_models import ChatExLlama
 from .llms import ExLlamaLLM
 
-__all__ = ["ExLlamaLLM"]
+__all__ = ["ChatExLlama", "ExLlamaLLM"]

@@ -11,8 +11,16 @@ from ..runtime import ExLlamaRuntime, GenerationSettings
 
 # Fields that are generation settings, in the order they are merged.
 SETTING_FIELDS = (
-    "max_new_tokens", "temperature", "top_k", "top_p", "min_p", "typical",
-    "repetition_penalty", "seed", "logprobs",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "seed",
+    "logprobs",
 )
 
 
@@ -52,6 +60,8 @@ class ExLlamaRuntimeMixin(BaseModel):
     """Locally typical sampling mass; 1.0 disables."""
     repetition_penalty: float | None = None
     """Repetition penalty; 1.0 disables."""
+    no_repeat_ngram_size: int | None = None
+    """Never repeat an n-gram of this many tokens (breaks greedy loops of small models; not on exllamav3)."""
     seed: int | None = None
     """Sampling seed: the same seed and prompt reproduce the output."""
     stop: list[str] | None = None
@@ -75,9 +85,7 @@ class ExLlamaRuntimeMixin(BaseModel):
         if self.runtime is not None:
             self._runtime = self.runtime
         else:
-            options = dict(
-                max_seq_len=self.max_seq_len, dtype=self.dtype, device=self.device, **self.backend_options
-            )
+            options = dict(max_seq_len=self.max_seq_len, dtype=self.dtype, device=self.device, **self.backend_options)
             factory = ExLlamaRuntime.shared if self.shared_runtime else ExLlamaRuntime
             assert self.model_dir is not None
             self._runtime = factory(self.model_dir, self.backend, **options)

@@ -48,7 +48,7 @@ def _generation(result: GenerationResult, prefix: str = "") -> Generation:
 
 
 class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
-    """ExLlama as a LangChain LLM: real token streaming, native token counts, shared loaded model.
+    r"""ExLlama as a LangChain LLM: real token streaming, native token counts, shared loaded model.
 
     Example:
         .. code-block:: python
@@ -80,8 +80,8 @@ class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_provider"] = "exllama"
-        params["ls_model_name"] = self.model_name
-        s = self._generate_params(stop, **kwargs)
+        params["ls_model_name"] = kwargs.get("model") or self.model_name
+        s = self._generate_params(stop, **{k: v for k, v in kwargs.items() if k != "model"})
         params["ls_max_tokens"] = s.max_new_tokens
         params["ls_temperature"] = s.temperature
         return params
@@ -162,8 +162,9 @@ class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
             # Several prompts: one dynamic batch on backends that batch (exllamav3).
             settings = self._generate_params(stop, **kwargs)
             prefix = prompts if self.return_full_text else [""] * len(prompts)
-            results = self.exllama_runtime.batch([self._prompt(p)[0] for p in prompts], settings,
-                                                 add_special_tokens=not self.use_chat_template)
+            results = self.exllama_runtime.batch(
+                [self._prompt(p)[0] for p in prompts], settings, add_special_tokens=not self.use_chat_template
+            )
             gens = [[_generation(r, p)] for r, p in zip(results, prefix)]
         return LLMResult(generations=gens, llm_output=self._llm_output(gens))
 

@@ -133,7 +133,9 @@ class ModelDirectory:
         except PermissionError:
             raise InvalidModelError(f"cannot list {str(root)!r}: permission denied.") from None
         if not entries:
-            raise InvalidModelError(f"model directory {str(root)!r} is empty; it needs config.json, weights and a tokenizer.")
+            raise InvalidModelError(
+                f"model directory {str(root)!r} is empty; it needs config.json, weights and a tokenizer."
+            )
         if "config.json" not in entries:
             raise InvalidModelError(
                 f"{str(root)!r} has no config.json; this does not look like a Hugging Face-layout model directory."
@@ -153,12 +155,16 @@ class ModelDirectory:
             raise InvalidModelError(
                 f"{str(root)!r} has no tokenizer.json or tokenizer.model; copy the tokenizer files next to the weights."
             )
-        tok_cfg = _read_json(root / "tokenizer_config.json", "tokenizer_config.json") if (
-            "tokenizer_config.json" in entries
-        ) else {}
-        gen_cfg = _read_json(root / "generation_config.json", "generation_config.json") if (
-            "generation_config.json" in entries
-        ) else {}
+        tok_cfg = (
+            _read_json(root / "tokenizer_config.json", "tokenizer_config.json")
+            if ("tokenizer_config.json" in entries)
+            else {}
+        )
+        gen_cfg = (
+            _read_json(root / "generation_config.json", "generation_config.json")
+            if ("generation_config.json" in entries)
+            else {}
+        )
         return cls(root, config, tuple(weights), tok_json, tok_model, tok_cfg, gen_cfg, frozenset(names))
 
     @staticmethod

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ContextLengthError, InvalidSettingsError, RuntimeClosedError
 from .backends import BackendOptions, BackendRequest, TokenLogprob, resolve_backend
 from .model_dir import ModelDirectory
-from .settings import GenerationSettings, build_settings
+from .settings import GenerationSettings
 from .streaming import IncrementalDetokenizer, StopStringMatcher
 from .tokenizer import NativeTokenizer
 
@@ -63,6 +63,7 @@ class GenerationChunk:
     usage: Usage | None = None
     timings: Timings | None = None
     stop_string: str | None = None
+    constraint_complete: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class GenerationResult:
     logprobs: tuple[TokenLogprob, ...] | None = None
     stop_string: str | None = None
     backend: str = ""
+    constraint_complete: bool | None = None
+    """With a constraint: whether the output is complete under it (False: cut short, e.g. by max_new_tokens)."""
 
     def info(self) -> dict[str, Any]:
         """A flat dict for framework metadata (LangChain generation_info, LlamaIndex raw)."""
@@ -91,6 +94,8 @@ class GenerationResult:
         }
         if self.stop_string is not None:
             d["stop_string"] = self.stop_string
+        if self.constraint_complete is not None:
+            d["constraint_complete"] = self.constraint_complete
         return d
 
 
@@ -301,14 +306,19 @@ class ExLlamaRuntime:
         add_generation_prompt: bool = True,
         **template_kwargs: Any,
     ) -> str:
-        """Render chat messages with the model's own template (sandboxed); stream it with ``add_special_tokens=False``."""
+        """Render chat messages with the model's own template (sandboxed).
+
+        Stream the result with ``add_special_tokens=False``: the template carries its own BOS.
+        """
         return self.tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=add_generation_prompt, **template_kwargs
         )
 
     def _require_backend(self) -> Backend:
         if self._closed or self._backend is None:
-            raise RuntimeClosedError(f"the runtime for {self.model.name!r} was closed; build a new one to load it again.")
+            raise RuntimeClosedError(
+                f"the runtime for {self.model.name!r} was closed; build a new one to load it again."
+            )
         return self._backend
 
     # ----------------------------------------------------------------- generation
@@ -464,6 +474,7 @@ class ExLlamaRuntime:
         tps = (n - 1) / (t_last - t_first) if (t_first is not None and n > 1 and t_last > t_first) else None
         timings = Timings(None if t_first is None else t_first - t0, total, tps)
         usage = Usage(len(req.prompt_ids), n)
+        complete = req.constraint.is_accepting() if req.constraint is not None else None
         stream.result = GenerationResult(
             text="".join(emitted),
             finish_reason=finish,
@@ -473,8 +484,9 @@ class ExLlamaRuntime:
             logprobs=tuple(logprobs) if s.logprobs is not None else None,
             stop_string=stop_string,
             backend=self.backend_name,
+            constraint_complete=complete,
         )
-        yield GenerationChunk(tail, (), None, finish, usage, timings, stop_string)
+        yield GenerationChunk(tail, (), None, finish, usage, timings, stop_string, complete)
 
     def generate(
         self,
@@ -510,6 +522,7 @@ class ExLlamaRuntime:
         s = self.resolve_settings(settings, **overrides)
         if not items:
             return []
+
         def one(p: str | Sequence[int]) -> GenerationResult:
             return self.generate(p, s, add_special_tokens=add_special_tokens)
 

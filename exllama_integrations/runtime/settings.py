@@ -11,7 +11,7 @@ from ..errors import InvalidSettingsError
 
 
 class GenerationSettings(BaseModel):
-    """How to sample one completion.
+    r"""How to sample one completion.
 
     Every backend reads the same settings, so a prompt gives the same greedy output on the CPU
     reference backend and on ExLlama. ``temperature=0`` (or ``top_k=1``) means greedy decoding.
@@ -41,6 +41,8 @@ class GenerationSettings(BaseModel):
     """Locally typical sampling mass; 1.0 disables."""
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     """Penalty on tokens already in the prompt or output (CTRL-style); 1.0 disables."""
+    no_repeat_ngram_size: int = Field(default=0, ge=0, le=64)
+    """Never repeat an n-gram of this many tokens (breaks greedy loops in small models); 0 disables."""
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     """Seed for sampling; the same seed, prompt and settings give the same output on one backend."""
     stop: list[str] = Field(default_factory=list)
@@ -66,8 +68,7 @@ class GenerationSettings(BaseModel):
         for item in v:
             if not isinstance(item, str):
                 raise ValueError(
-                    f"stop must hold strings, got {item!r} ({type(item).__name__}); "
-                    "use stop_token_ids for token ids"
+                    f"stop must hold strings, got {item!r} ({type(item).__name__}); use stop_token_ids for token ids"
                 )
             if item == "":
                 raise ValueError("stop strings must not be empty")

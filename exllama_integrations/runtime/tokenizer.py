@@ -249,14 +249,21 @@ class NativeTokenizer:
         def raise_exception(message: str) -> None:
             raise ChatTemplateError(f"the chat template refused the messages: {message}")
 
-        def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-                   separators: Any = None, sort_keys: bool = False) -> str:
+        def tojson(
+            x: Any,
+            ensure_ascii: bool = False,
+            indent: int | None = None,
+            separators: Any = None,
+            sort_keys: bool = False,
+        ) -> str:
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
         def strftime_now(fmt: str) -> str:
             return datetime.now().strftime(fmt)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = strftime_now
@@ -299,10 +306,14 @@ class NativeTokenizer:
                     **ctx,
                 )
             )
+        except ChatTemplateError:
+            raise
         except SecurityError as e:
             raise ChatTemplateError(f"the chat template tried an unsafe operation and was stopped: {e}") from None
         except TemplateError as e:
             raise ChatTemplateError(f"the chat template failed to render: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a model's template is untrusted input; never let it escape raw
+            raise ChatTemplateError(f"the chat template failed to render: {type(e).__name__}: {e}") from None
 
 
 # ChatML, used when a model ships no template (documented in the README).

@@ -10,7 +10,6 @@ import gc
 from pathlib import Path
 
 import pytest
-
 from fixture_models import SMALL_GQA, SMALL_MHA, make_llama, twin
 
 pytestmark = pytest.mark.gpu
@@ -33,8 +32,13 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # prompt can part at a near-tie. Cross-run equality is asserted only where kernels are deterministic.
 DETERMINISTIC = {("exllamav3", "fp16-gqa"), ("exllamav3", "fp16-mha"), ("exllamav2", "fp16-gqa")}
 
-CASES = [("exllamav3", "fp16-gqa"), ("exllamav3", "fp16-mha"), ("exllama", "gptq"),
-         ("exllamav2", "fp16-gqa"), ("exllamav2", "gptq")]
+CASES = [
+    ("exllamav3", "fp16-gqa"),
+    ("exllamav3", "fp16-mha"),
+    ("exllama", "gptq"),
+    ("exllamav2", "fp16-gqa"),
+    ("exllamav2", "gptq"),
+]
 
 
 def _oracle_dir(fixtures: dict[str, Path], name: str) -> Path:
@@ -67,8 +71,9 @@ def _backend_logits(rt, ids: list[int]):
         return b._model.forward(torch.tensor([ids]), b._cache, last_id_only=False).float()[0].cpu()
 
 
-def _assert_greedy_equivalent(got: tuple[int, ...], want: tuple[int, ...], oracle_dir: Path,
-                              prompt_ids: list[int], tol: float) -> None:
+def _assert_greedy_equivalent(
+    got: tuple[int, ...], want: tuple[int, ...], oracle_dir: Path, prompt_ids: list[int], tol: float
+) -> None:
     """Identical, or parting only where the oracle's own top-2 margin is within the numeric tolerance."""
     first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if first is None:
@@ -98,8 +103,9 @@ def test_matches_oracle(fixtures: dict[str, Path], backend: str, name: str) -> N
         logits = _backend_logits(rt, ids)[:, : ref.shape[1]]
         diff = (logits - ref).abs().max().item()
         tol = 0.05 * ref.std().item()
-        print(f"{backend}/{name}: max logit diff {diff:.4f} (tolerance {tol:.4f}), "
-              f"first tokens {list(got.token_ids[:8])}")
+        print(
+            f"{backend}/{name}: max logit diff {diff:.4f} (tolerance {tol:.4f}), first tokens {list(got.token_ids[:8])}"
+        )
         assert diff <= tol
         assert len(got.token_ids) == 64
         _assert_greedy_equivalent(got.token_ids, want.token_ids, _oracle_dir(fixtures, name), ids, tol)
@@ -128,7 +134,7 @@ def test_langchain_end_to_end(fixtures: dict[str, Path], backend: str, name: str
         if det:
             assert "".join(llm.stream(PROMPT)) == full
         # a stop string taken from the greedy output cuts it there, and is never emitted
-        stop = full[len(full) // 2: len(full) // 2 + 2]
+        stop = full[len(full) // 2 : len(full) // 2 + 2]
         if stop.strip():
             cut = llm.invoke(PROMPT, stop=[stop])
             assert stop not in cut
@@ -232,6 +238,8 @@ def test_exllamav2_sdpa_fallback_is_the_root_cause(fixtures: dict[str, Path]) ->
         m.unload()
         del m, cache
         gc.collect()
-    print(f"exllamav2 max logit diff vs oracle: sdpa={diffs[False]:.3f} no_sdpa={diffs[True]:.4f} "
-          f"(oracle std {ref.std().item():.3f})")
+    print(
+        f"exllamav2 max logit diff vs oracle: sdpa={diffs[False]:.3f} no_sdpa={diffs[True]:.4f} "
+        f"(oracle std {ref.std().item():.3f})"
+    )
     assert diffs[True] <= 0.05 * ref.std().item() < diffs[False]

@@ -130,13 +130,16 @@ def test_private_runtime(demo_dir, llm: ExLlamaLLM):
 
 def test_from_model_id_takes_huggingfacepipeline_arguments(demo_dir, llm: ExLlamaLLM):
     hf_style = ExLlamaLLM.from_model_id(
-        model_id=str(demo_dir), task="text-generation", device=-1,
+        model_id=str(demo_dir),
+        task="text-generation",
+        device=-1,
         pipeline_kwargs={"max_new_tokens": 24, "do_sample": False, "repetition_penalty": 1.0},
     )
     assert hf_style.temperature == 0.0 and hf_style.exllama_runtime.backend_name == "transformers"
     assert hf_style.invoke(PROMPT) == llm.invoke(PROMPT)
-    full = ExLlamaLLM.from_model_id(str(demo_dir), device=-1,
-                                    pipeline_kwargs={"max_new_tokens": 8, "return_full_text": True})
+    full = ExLlamaLLM.from_model_id(
+        str(demo_dir), device=-1, pipeline_kwargs={"max_new_tokens": 8, "return_full_text": True}
+    )
     assert full.invoke(PROMPT).startswith(PROMPT)
     with pytest.raises(InvalidSettingsError, match="text-generation"):
         ExLlamaLLM.from_model_id(str(demo_dir), task="summarization")
@@ -145,8 +148,9 @@ def test_from_model_id_takes_huggingfacepipeline_arguments(demo_dir, llm: ExLlam
 
 
 def test_use_chat_template_answers_like_an_assistant(demo_dir):
-    chat = ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=0, max_new_tokens=30,
-                      use_chat_template=True)
+    chat = ExLlamaLLM(
+        model_dir=str(demo_dir), backend="transformers", temperature=0, max_new_tokens=30, use_chat_template=True
+    )
     assert "Paris" in chat.invoke("What is the capital of France?")
 
 
@@ -156,17 +160,38 @@ def test_identifying_params(llm: ExLlamaLLM):
 
 
 def test_cli_demo_answers_paris(demo_dir):
-    out = subprocess.run([sys.executable, "-m", "exllama_integrations", "demo"], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "exllama_integrations", "demo"], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
     assert "backend=transformers" in out.stderr and "tokens/s=" in out.stderr
 
 
 def test_cli_generate_and_typed_error(demo_dir, tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "exllama_integrations", "generate", "--model-dir", str(demo_dir),
-                         "--max-new-tokens", "6", "--stop", ".", PROMPT], capture_output=True, text=True, timeout=300)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "exllama_integrations",
+            "generate",
+            "--model-dir",
+            str(demo_dir),
+            "--max-new-tokens",
+            "6",
+            "--stop",
+            ".",
+            PROMPT,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ok.returncode == 0 and "Paris" in ok.stdout and "." not in ok.stdout.strip()
-    bad = subprocess.run([sys.executable, "-m", "exllama_integrations", "generate", "--model-dir",
-                          str(tmp_path / "missing"), "hi"], capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "exllama_integrations", "generate", "--model-dir", str(tmp_path / "missing"), "hi"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "ModelNotFoundError" in bad.stderr and "does not exist" in bad.stderr

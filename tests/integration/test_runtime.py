@@ -81,8 +81,14 @@ def test_threads_do_not_interfere(demo_runtime: ExLlamaRuntime):
     prompts = ["One, two,", "The sky is", PROMPT, "Hello, my name is"]
     alone = [demo_runtime.generate(p, temperature=0, max_new_tokens=8).text for p in prompts]
     out: dict[int, str] = {}
-    threads = [threading.Thread(target=lambda i=i: out.__setitem__(
-        i, demo_runtime.generate(prompts[i], temperature=0, max_new_tokens=8).text)) for i in range(4)]
+    threads = [
+        threading.Thread(
+            target=lambda i=i: out.__setitem__(
+                i, demo_runtime.generate(prompts[i], temperature=0, max_new_tokens=8).text
+            )
+        )
+        for i in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -107,8 +113,10 @@ def test_prompt_longer_than_context(demo_runtime: ExLlamaRuntime):
     assert r.usage.prompt_tokens == demo_runtime.context_length - 2
 
 
-@pytest.mark.parametrize(("prompt", "match"), [("", "empty"), ("bad \udcff surrogate", "UTF-8"),
-                                               (b"bytes", "bytes"), ([], "no tokens"), ([10**9], "token ids")])
+@pytest.mark.parametrize(
+    ("prompt", "match"),
+    [("", "empty"), ("bad \udcff surrogate", "UTF-8"), (b"bytes", "bytes"), ([], "no tokens"), ([10**9], "token ids")],
+)
 def test_bad_prompts(demo_runtime: ExLlamaRuntime, prompt, match):
     with pytest.raises(InvalidSettingsError, match=match):
         demo_runtime.generate(prompt)
@@ -149,8 +157,9 @@ async def test_astream_keeps_the_event_loop_free(demo_runtime: ExLlamaRuntime):
             await asyncio.sleep(0.01)
 
     t = asyncio.create_task(ticker())
-    text = "".join([c.text async for c in demo_runtime.astream(PROMPT, temperature=0, max_new_tokens=20,
-                                                               ignore_eos=True)])
+    text = "".join(
+        [c.text async for c in demo_runtime.astream(PROMPT, temperature=0, max_new_tokens=20, ignore_eos=True)]
+    )
     stop.set()
     await t
     assert text and ticks >= 10  # ~0.6 s of decoding; a blocked loop would tick once

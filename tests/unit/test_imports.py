@@ -5,12 +5,27 @@ import exllama_integrations
 
 
 def test_public_api_is_pinned():
-    assert sorted(exllama_integrations.__all__) == sorted([
-        "BackendUnavailableError", "ConstraintError", "ConstraintViolationError", "ContextLengthError",
-        "ExLlamaIntegrationsError", "ExLlamaRuntime", "GenerationChunk", "GenerationResult",
-        "GenerationSettings", "InvalidModelError", "InvalidSettingsError", "MissingDependencyError",
-        "ModelLoadError", "ModelNotFoundError", "RuntimeClosedError", "UnsupportedModelError", "__version__",
-    ])
+    assert sorted(exllama_integrations.__all__) == sorted(
+        [
+            "BackendUnavailableError",
+            "ConstraintError",
+            "ConstraintViolationError",
+            "ContextLengthError",
+            "ExLlamaIntegrationsError",
+            "ExLlamaRuntime",
+            "GenerationChunk",
+            "GenerationResult",
+            "GenerationSettings",
+            "InvalidModelError",
+            "InvalidSettingsError",
+            "MissingDependencyError",
+            "ModelLoadError",
+            "ModelNotFoundError",
+            "RuntimeClosedError",
+            "UnsupportedModelError",
+            "__version__",
+        ]
+    )
 
 
 def test_import_is_light():

@@ -5,6 +5,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from fixture_models import Shape, make_llama
 
 from exllama_integrations import (
     BackendUnavailableError,
@@ -15,8 +16,6 @@ from exllama_integrations import (
     UnsupportedModelError,
 )
 from exllama_integrations.runtime.model_dir import ModelDirectory
-
-from fixture_models import Shape, make_llama
 
 TINY = Shape(hidden=64, layers=1, heads=2, kv_heads=2, inter=128, vocab=300)
 
@@ -146,11 +145,19 @@ def test_unknown_backend(model: Path):
 def test_exllama_v1_shape_limits_are_refused_before_loading():
     from exllama_integrations.runtime.backends.exllama import shape_problems
 
-    assert shape_problems({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32,
-                           "intermediate_size": 11008}) == []
-    problems = shape_problems({"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8,
-                               "intermediate_size": 1376})
+    assert (
+        shape_problems(
+            {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 11008}
+        )
+        == []
+    )
+    problems = shape_problems(
+        {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1376}
+    )
     assert any("head_dim must be a multiple of 128" in p for p in problems)
-    assert any("num_key_value_heads must be a multiple of 4" in p for p in
-               shape_problems({"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
-                               "intermediate_size": 2816}))
+    assert any(
+        "num_key_value_heads must be a multiple of 4" in p
+        for p in shape_problems(
+            {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 2816}
+        )
+    )

@@ -59,5 +59,7 @@ def test_merged_unions_stops_and_leaves_original_unchanged():
 
 
 def test_settings_are_immutable():
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="frozen"):
         GenerationSettings().temperature = 0.1  # type: ignore[misc]

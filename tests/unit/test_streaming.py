@@ -38,25 +38,44 @@ def sp_tok(tmp_path_factory: pytest.TempPathFactory) -> NativeTokenizer:
     text = d / "corpus.txt"
     text.write_text(
         "\n".join(
-            ["The quick brown fox jumps over the lazy dog.", "Ça coûte 12€ à Paris, n'est-ce pas?",
-             "日本語のテキストも少しあります。", "Hello world, hello tokenizer!"] * 50
+            [
+                "The quick brown fox jumps over the lazy dog.",
+                "Ça coûte 12€ à Paris, n'est-ce pas?",
+                "日本語のテキストも少しあります。",
+                "Hello world, hello tokenizer!",
+            ]
+            * 50
         ),
         encoding="utf-8",
     )
     spm.SentencePieceTrainer.train(
-        input=str(text), model_prefix=str(d / "tokenizer"), vocab_size=400, byte_fallback=True,
-        character_coverage=0.99, model_type="bpe", bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
+        input=str(text),
+        model_prefix=str(d / "tokenizer"),
+        vocab_size=400,
+        byte_fallback=True,
+        character_coverage=0.99,
+        model_type="bpe",
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        pad_id=-1,
     )
     (d / "config.json").write_text(json.dumps({"model_type": "llama", "bos_token_id": 1, "eos_token_id": 2}))
-    from safetensors.numpy import save_file
     import numpy as np
+    from safetensors.numpy import save_file
 
     save_file({"x": np.zeros(1, dtype=np.float32)}, str(d / "model.safetensors"))
     return NativeTokenizer.from_model_dir(str(d))
 
 
-TEXTS = ["Hello world", "  leading spaces", "multi-byte: é, ü, 日本語, emoji 🦙🚀", "tabs\tand\nnewlines\n\n",
-         "digits 1234567890", "Ça coûte 12€ à Paris"]
+TEXTS = [
+    "Hello world",
+    "  leading spaces",
+    "multi-byte: é, ü, 日本語, emoji 🦙🚀",
+    "tabs\tand\nnewlines\n\n",
+    "digits 1234567890",
+    "Ça coûte 12€ à Paris",
+]
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -77,7 +96,7 @@ def test_detok_sentencepiece_leading_spaces_and_byte_fallback(sp_tok: NativeToke
     assert all("\ufffd" not in p for p in pieces)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_detok_any_token_sequence_equals_full_decode(smol: NativeTokenizer, sp_tok: NativeTokenizer, data) -> None:
     tok = data.draw(st.sampled_from([smol, sp_tok]))
@@ -86,7 +105,7 @@ def test_detok_any_token_sequence_equals_full_decode(smol: NativeTokenizer, sp_t
     assert feed_all(IncrementalDetokenizer(tok), ids, cuts) == tok.decode(ids)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(max_size=60))
 def test_detok_roundtrips_any_text(smol: NativeTokenizer, text: str) -> None:
     ids = smol.encode(text)

@@ -17,11 +17,22 @@ if TYPE_CHECKING:
     from ..settings import GenerationSettings
 
 
-def logits_processors(settings: GenerationSettings) -> Any:
-    """transformers' LogitsProcessorList for these settings (penalty first, then the warpers)."""
+class _NoRepeatInOutput:
+    """transformers' n-gram ban, over the generated tokens only (the prompt may repeat itself freely)."""
+
+    def __init__(self, proc: Any, prompt_len: int) -> None:
+        self.proc, self.prompt_len = proc, prompt_len
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        return self.proc(input_ids[:, self.prompt_len :], scores)
+
+
+def logits_processors(settings: GenerationSettings, prompt_len: int = 0) -> Any:
+    """Transformers' LogitsProcessorList for these settings (penalty first, then the warpers)."""
     from transformers import (
         LogitsProcessorList,
         MinPLogitsWarper,
+        NoRepeatNGramLogitsProcessor,
         RepetitionPenaltyLogitsProcessor,
         TemperatureLogitsWarper,
         TopKLogitsWarper,
@@ -32,6 +43,8 @@ def logits_processors(settings: GenerationSettings) -> Any:
     procs = LogitsProcessorList()
     if settings.repetition_penalty != 1.0:
         procs.append(RepetitionPenaltyLogitsProcessor(settings.repetition_penalty))
+    if settings.no_repeat_ngram_size:
+        procs.append(_NoRepeatInOutput(NoRepeatNGramLogitsProcessor(settings.no_repeat_ngram_size), prompt_len))
     if settings.greedy:
         return procs
     if settings.temperature != 1.0:
@@ -61,14 +74,14 @@ def sample_loop(
     import torch
 
     s = request.settings
-    procs = logits_processors(s)
+    procs = logits_processors(s, len(request.prompt_ids))
     rng = None
     if not s.greedy:
         rng = torch.Generator(device="cpu")
         rng.manual_seed(s.seed if s.seed is not None else random.getrandbits(63))
     constraint = request.constraint
     seen = torch.tensor([request.prompt_ids], dtype=torch.long)
-    logits = None
+    token = -1
     for i in range(request.max_new_tokens):
         if request.cancel.is_set():
             return
@@ -76,7 +89,14 @@ def sample_loop(
         raw = logits.float().cpu()
         scores = procs(seen, raw.clone()) if len(procs) else raw.clone()
         if constraint is not None:
-            constraint.mask_logits(scores)
+            if s.no_repeat_ngram_size or s.repetition_penalty != 1.0:
+                before = scores.clone()
+                constraint.mask_logits(scores)
+                if torch.isinf(scores).all():  # the penalties banned every token the grammar allows
+                    scores = before.copy_(raw)
+                    constraint.mask_logits(scores)
+            else:
+                constraint.mask_logits(scores)
         if s.greedy:
             token = int(torch.argmax(scores, dim=-1)[0])
         else:

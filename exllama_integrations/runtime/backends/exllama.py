@@ -40,9 +40,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _EXT_SOURCES = [
-    "exllama_ext.cpp", "cuda_buffers.cu", "cuda_func/q4_matrix.cu", "cuda_func/q4_matmul.cu",
-    "cuda_func/column_remap.cu", "cuda_func/rms_norm.cu", "cuda_func/rope.cu", "cuda_func/half_matmul.cu",
-    "cuda_func/q4_attn.cu", "cuda_func/q4_mlp.cu", "cpu_func/rep_penalty.cpp",
+    "exllama_ext.cpp",
+    "cuda_buffers.cu",
+    "cuda_func/q4_matrix.cu",
+    "cuda_func/q4_matmul.cu",
+    "cuda_func/column_remap.cu",
+    "cuda_func/rms_norm.cu",
+    "cuda_func/rope.cu",
+    "cuda_func/half_matmul.cu",
+    "cuda_func/q4_attn.cu",
+    "cuda_func/q4_mlp.cu",
+    "cpu_func/rep_penalty.cpp",
 ]
 _ext_lock = threading.Lock()
 
@@ -198,7 +206,9 @@ class ExLlamaV1Backend(Backend):
                 lora_dir = Path(lora_dir)
                 weights = lora_dir / "adapter_model.safetensors"
                 if not weights.is_file():
-                    raise InvalidSettingsError(f"{lora_dir} has no adapter_model.safetensors (only safetensors are read).")
+                    raise InvalidSettingsError(
+                        f"{lora_dir} has no adapter_model.safetensors (only safetensors are read)."
+                    )
                 safetensors_header(weights)
                 self._lora = ExLlamaLora(self._model, str(lora_dir / "adapter_config.json"), str(weights))
         except (InvalidSettingsError, ModelLoadError):

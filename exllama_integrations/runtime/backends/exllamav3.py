@@ -33,6 +33,8 @@ def sampler_for(settings: Any) -> Any:
 
     if settings.typical < 1.0:
         raise InvalidSettingsError("typical sampling is not available on exllamav3; leave typical at 1.0.")
+    if settings.no_repeat_ngram_size:
+        raise InvalidSettingsError("no_repeat_ngram_size is not available on exllamav3; leave it at 0.")
     return ComboSampler(
         rep_p=settings.repetition_penalty,
         temperature=0.0 if settings.greedy else settings.temperature,
@@ -176,7 +178,7 @@ class ExLlamaV3Backend(Backend):
                 if r.get("eos"):
                     out.put(_DONE)
                     del live[id(r["job"])]
-        for job, out, _ in live.values():
+        for _, out, _ in live.values():
             out.put(_DONE)
 
     @staticmethod

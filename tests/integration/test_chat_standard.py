@@ -1,0 +1,62 @@
+"""LangChain's standard chat-model suites, on the real demo model through the CPU backend."""
+
+from __future__ import annotations
+
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+from exllama_integrations.langchain import ChatExLlama
+
+
+def _params() -> dict:
+    from exllama_integrations.demo_model import demo_model_dir
+
+    return {"model_dir": str(demo_model_dir()), "backend": "transformers", "temperature": 0}
+
+
+class TestChatExLlamaUnit(ChatModelUnitTests):
+    @property
+    def chat_model_class(self) -> type[ChatExLlama]:
+        return ChatExLlama
+
+    @property
+    def chat_model_params(self) -> dict:
+        return _params()
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
+    @property
+    def has_structured_output(self) -> bool:
+        return True
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
+
+    @property
+    def init_from_env_params(self) -> tuple[dict, dict, dict]:
+        return {}, {}, {}
+
+
+class TestChatExLlamaIntegration(ChatModelIntegrationTests):
+    @property
+    def chat_model_class(self) -> type[ChatExLlama]:
+        return ChatExLlama
+
+    @property
+    def chat_model_params(self) -> dict:
+        return _params()
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True

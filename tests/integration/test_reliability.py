@@ -1,0 +1,219 @@
+"""One runtime, many callers: concurrency, cancellation, memory, bad input, untrusted model files."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from exllama_integrations import ExLlamaRuntime, InvalidModelError, InvalidSettingsError
+from exllama_integrations.runtime.tokenizer import ChatTemplateError
+
+PROMPTS = [
+    "The capital of France is",
+    "One, two, three,",
+    "The sky is",
+    "Hello, my name is",
+    "Water boils at",
+    "The opposite of hot is",
+    "Cats and",
+    "In 1492,",
+]
+KW = {"temperature": 0, "max_new_tokens": 6}
+
+
+def _workers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("exllama")]
+
+
+def test_64_concurrent_callers_get_their_own_answers(demo_runtime: ExLlamaRuntime, demo_dir):
+    """32 threads and 32 asyncio tasks, mixing invoke/stream/batch through LangChain and LlamaIndex."""
+    from exllama_integrations.langchain import ChatExLlama, ExLlamaLLM
+    from exllama_integrations.llama_index import ExLlamaLLM as LIExLlamaLLM
+
+    lc = ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", **{"temperature": 0, "max_new_tokens": 6})
+    li = LIExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=0, max_new_tokens=6)
+    chat = ChatExLlama(model_dir=str(demo_dir), backend="transformers", temperature=0, max_tokens=6)
+    assert lc.exllama_runtime is li.exllama_runtime is chat.exllama_runtime is demo_runtime
+    expected = {p: demo_runtime.generate(p, **KW).text for p in PROMPTS}
+
+    def thread_call(i: int) -> tuple[str, str]:
+        p = PROMPTS[i % len(PROMPTS)]
+        kind = i % 4
+        if kind == 0:
+            return p, lc.invoke(p)
+        if kind == 1:
+            return p, "".join(lc.stream(p))
+        if kind == 2:
+            return p, lc.batch([p, p])[1]
+        return p, li.complete(p).text
+
+    async def task_call(i: int) -> tuple[str, str]:
+        p = PROMPTS[i % len(PROMPTS)]
+        if i % 3 == 0:
+            return p, await lc.ainvoke(p)
+        if i % 3 == 1:
+            return p, "".join([c async for c in lc.astream(p)])
+        return p, (await li.acomplete(p)).text
+
+    async def main() -> list[tuple[str, str]]:
+        loop = asyncio.get_running_loop()
+        pool = ThreadPoolExecutor(32)
+        threaded = [loop.run_in_executor(pool, thread_call, i) for i in range(32)]
+        tasks = [task_call(i) for i in range(32)]
+        out = await asyncio.wait_for(asyncio.gather(*threaded, *tasks), timeout=600)
+        pool.shutdown()
+        return out
+
+    results = asyncio.run(main())
+    assert len(results) == 64
+    for prompt, text in results:
+        assert text == expected[prompt]
+    chat_answer = chat.invoke("What is the capital of France?").content
+    assert "Paris" in chat_answer
+
+
+def test_break_close_and_keyboard_interrupt_free_the_runtime(demo_runtime: ExLlamaRuntime):
+    for how in ("break", "close", "interrupt"):
+        stream = demo_runtime.stream("Tell me a long story.", max_new_tokens=400, ignore_eos=True)
+        if how == "break":
+            for _ in stream:
+                break
+            stream.close()
+        elif how == "close":
+            next(stream)
+            stream.close()
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                with stream:
+                    for n, _ in enumerate(stream):
+                        if n == 2:
+                            raise KeyboardInterrupt  # what a notebook's stop button does mid-loop
+        # the lock is free at once: another caller is served right away
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(demo_runtime.generate, PROMPTS[0], **KW)
+            assert fut.result(timeout=30).text, f"runtime still busy after {how}"
+
+
+async def test_cancelled_task_stops_its_worker_thread(demo_runtime: ExLlamaRuntime):
+    async def consume():
+        async for _ in demo_runtime.astream("Tell me a long story.", max_new_tokens=400, ignore_eos=True):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):
+        if not _workers():
+            break
+        await asyncio.sleep(0.05)
+    assert not _workers(), "a worker thread outlived its cancelled caller"
+    assert (await demo_runtime.agenerate(PROMPTS[0], **KW)).text
+
+
+def test_load_and_close_twenty_times_does_not_grow_memory(demo_dir):
+    import resource
+
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    sizes = []
+    for _ in range(20):
+        rt = ExLlamaRuntime(demo_dir, "transformers")
+        rt.generate(PROMPTS[0], max_new_tokens=2)
+        rt.close()
+        del rt
+        gc.collect()
+        sizes.append(rss_mb())
+    growth = sizes[-1] - sizes[4]
+    print(
+        f"RSS after cycles 5/10/20: {sizes[4]:.0f}/{sizes[9]:.0f}/{sizes[19]:.0f} MB "
+        f"(peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB)"
+    )
+    assert growth < 100, f"resident memory grew {growth:.0f} MB over 15 load/close cycles"
+
+
+def test_failed_load_leaves_nothing_loaded(demo_dir, tmp_path: Path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(demo_dir, bad)
+    st = bad / "model.safetensors"
+    st.write_bytes(st.read_bytes()[: st.stat().st_size // 3])
+    before = ExLlamaRuntime.loaded()
+    with pytest.raises(InvalidModelError, match="truncated"):
+        ExLlamaRuntime.shared(bad, backend="transformers")
+    assert ExLlamaRuntime.loaded() == before
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ raise_exception.__globals__['os'].system('echo pwned') }}",
+        "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+        "{% set x = messages.append({'role': 'evil'}) %}{{ messages }}",
+        "{% include '/etc/passwd' %}",
+    ],
+)
+def test_hostile_chat_templates_are_stopped(demo_dir, tmp_path: Path, payload: str):
+    import shutil
+
+    d = tmp_path / "m"
+    shutil.copytree(demo_dir, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = payload
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    from exllama_integrations.runtime.tokenizer import NativeTokenizer
+
+    tok = NativeTokenizer.from_model_dir(str(d))
+    with pytest.raises(ChatTemplateError):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"stop": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
+        ({"top_k": 1.5}, "top_k"),
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+        ({"seed": "abc"}, "seed"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+    ],
+)
+def test_more_bad_settings_keep_the_runtime_usable(demo_runtime: ExLlamaRuntime, kwargs, match):
+    with pytest.raises(InvalidSettingsError, match=match):
+        demo_runtime.generate(PROMPTS[0], **kwargs)
+    assert demo_runtime.generate(PROMPTS[0], **KW).text
+
+
+def test_bad_constraints_are_typed(demo_runtime: ExLlamaRuntime):
+    from exllama_integrations import ConstraintError
+    from exllama_integrations.runtime.constraints import TokenConstraint
+
+    tok = demo_runtime.tokenizer
+    with pytest.raises(ConstraintError, match="not valid JSON"):
+        TokenConstraint.json_schema(tok, "{nope")
+    with pytest.raises(ConstraintError, match="regex"):
+        TokenConstraint.regex(tok, "a(b")
+    with pytest.raises(ConstraintError, match="Lark"):
+        TokenConstraint.lark(tok, "start: undefined_rule")
+    from exllama_integrations.langchain import ChatExLlama
+
+    chat = ChatExLlama(runtime=demo_runtime, temperature=0)
+    bad_tool = {
+        "type": "function",
+        "function": {"name": "t", "parameters": {"type": "object", "properties": {"x": {"type": "no-such-type"}}}},
+    }
+    with pytest.raises(ConstraintError):
+        chat.bind_tools([bad_tool], tool_choice="t").invoke("hi")
+    assert demo_runtime.generate(PROMPTS[0], **KW).text
