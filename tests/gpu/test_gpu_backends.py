@@ -10,6 +10,7 @@ import gc
 from pathlib import Path
 
 import pytest
+
 from fixture_models import SMALL_GQA, SMALL_MHA, make_llama, twin
 
 pytestmark = pytest.mark.gpu

@@ -5,7 +5,6 @@ import struct
 from pathlib import Path
 
 import pytest
-from fixture_models import Shape, make_llama
 
 from exllama_integrations import (
     BackendUnavailableError,
@@ -16,6 +15,8 @@ from exllama_integrations import (
     UnsupportedModelError,
 )
 from exllama_integrations.runtime.model_dir import ModelDirectory
+
+from fixture_models import Shape, make_llama
 
 TINY = Shape(hidden=64, layers=1, heads=2, kv_heads=2, inter=128, vocab=300)
 
