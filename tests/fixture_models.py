@@ -198,3 +198,56 @@ def make_llama(
 def twin(gptq_dir: Path) -> Path:
     """The dequantized fp16 twin of a GPTQ fixture."""
     return gptq_dir.with_name(gptq_dir.name + "-fp16")
+
+
+def make_lora(
+    gptq_dir: Path,
+    out: Path,
+    seed: int = 0,
+    r: int = 8,
+    alpha: float = 16.0,
+    targets: tuple[str, ...] = ("q_proj", "v_proj"),
+    device: str = "cuda",
+) -> Path:
+    """A random PEFT LoRA adapter for a GPTQ fixture, and (beside the model's fp16 twin) the merged twin.
+
+    The merged twin ``<gptq_dir>-fp16-lora`` holds W + (alpha / r) * B @ A, which is what the oracle runs.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    base = twin(gptq_dir)
+    dense = {k: v.to(device) for k, v in load_file(str(base / "model.safetensors")).items()}
+    config = json.loads((base / "config.json").read_text())
+    adapter: dict[str, Any] = {}
+    for i in range(config["num_hidden_layers"]):
+        for t in targets:
+            key = f"model.layers.{i}.self_attn.{t}"
+            w = dense[key + ".weight"]
+            a = (torch.randn(r, w.shape[1], generator=g, device=device) / w.shape[1] ** 0.5).to(torch.float16)
+            b = (torch.randn(w.shape[0], r, generator=g, device=device) * 0.05).to(torch.float16)
+            adapter[f"base_model.model.{key}.lora_A.weight"] = a
+            adapter[f"base_model.model.{key}.lora_B.weight"] = b
+            dense[key + ".weight"] = (w.float() + (alpha / r) * (b.float() @ a.float())).to(torch.float16)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.cpu().contiguous() for k, v in adapter.items()}, str(out / "adapter_model.safetensors"))
+    (out / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": r,
+                "lora_alpha": alpha,
+                "target_modules": list(targets),
+                "bias": "none",
+                "fan_in_fan_out": False,
+                "task_type": "CAUSAL_LM",
+            }
+        )
+    )
+    merged = base.with_name(base.name + "-lora")
+    merged.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.cpu().contiguous() for k, v in dense.items()}, str(merged / "model.safetensors"))
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (merged / f).write_bytes((base / f).read_bytes())
+    return out

@@ -218,3 +218,24 @@ def test_exl3_weights_convert_load_and_stream(model: Path, tmp_path: Path) -> No
         assert "".join(llm.stream(PROMPT, ignore_eos=True)) == full.text
     finally:
         r.close()
+
+
+def test_quantized_cache_and_gpu_split_options(model: Path) -> None:
+    from exllama_integrations import ExLlamaRuntime
+
+    ref = ExLlamaRuntime(model, "exllamav3")
+    want = ref.generate(PROMPT, temperature=0, max_new_tokens=32, ignore_eos=True).token_ids
+    ref.close()
+    for opts in ({"cache_bits": 8}, {"cache_bits": 4}, {"gpu_split": [40]}, {"max_seq_len": 1024}):
+        r = ExLlamaRuntime(model, "exllamav3", **opts)
+        try:
+            got = r.generate(PROMPT, temperature=0, max_new_tokens=32, ignore_eos=True).token_ids
+            same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(got))
+            print(f"exllamav3 {opts}: context {r.context_length}, greedy agrees with fp16 cache for {same}/32 tokens")
+            assert len(got) == 32
+            if "cache_bits" not in opts:
+                assert got == want
+            elif opts["cache_bits"] == 8:
+                assert same >= 8
+        finally:
+            r.close()

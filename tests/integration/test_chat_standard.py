@@ -11,7 +11,7 @@ from exllama_integrations.langchain import ChatExLlama
 def _params() -> dict:
     from exllama_integrations.demo_model import demo_model_dir
 
-    return {"model_dir": str(demo_model_dir()), "backend": "transformers", "temperature": 0}
+    return {"model_dir": str(demo_model_dir()), "backend": "transformers", "temperature": 0, "max_tokens": 100}
 
 
 class TestChatExLlamaUnit(ChatModelUnitTests):

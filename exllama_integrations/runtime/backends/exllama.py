@@ -9,7 +9,10 @@ v1 is unmaintained and needs shims on today's stack, all kept here:
   we hand it a completed copy of config.json;
 * it ignores ``rope_theta`` (hard-coded 10000): we set it from config.json;
 * its kernels have shape limits that fail late with "CUDA error: invalid argument" or silently compute
-  garbage: models outside them are refused before loading (see :func:`shape_problems`).
+  garbage: models outside them are refused before loading (see :func:`shape_problems`);
+* with a LoRA adapter its fused single-token kernels compute wrong logits (decode steps part from a
+  merged-weights oracle at the first token while prefill matches, seen on the H200), so LoRA runs on
+  its unfused path.
 
 Sampling uses the same logits processors as the CPU reference, so settings mean the same everywhere
 (v1's own sampler divides by the temperature, so it cannot be greedy, and folds min_p into top_p).
@@ -196,6 +199,11 @@ class ExLlamaV1Backend(Backend):
         xcfg.max_attention_size = xcfg.max_input_len**2
         if options.get("gpu_split"):
             xcfg.set_auto_map(",".join(str(x) for x in options.get("gpu_split")))
+        if options.get("lora_dir"):
+            # v1's fused single-token kernels apply LoRA wrongly (decode steps part from a merged-weights
+            # oracle at the first token while prefill matches); its unfused path is correct.
+            xcfg.fused_attn = False
+            xcfg.fused_mlp_thd = 0
         try:
             self._model = ExLlama(xcfg)
             self._cache = ExLlamaCache(self._model)
@@ -216,7 +224,7 @@ class ExLlamaV1Backend(Backend):
             raise
         except (KeyError, ValueError, RuntimeError, torch.cuda.OutOfMemoryError) as e:
             self.close()
-            raise ModelLoadError(f"ExLlama v1 could not load {model.name!r}: {type(e).__name__}: {e}") from None
+            raise ModelLoadError(f"ExLlama v1 could not load {model.name!r}: {type(e).__name__}: {e}") from e
         self._context = ctx
 
     @property

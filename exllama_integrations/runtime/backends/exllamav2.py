@@ -76,7 +76,7 @@ class ExLlamaV2Backend(Backend):
             self._model.load_autosplit(self._cache, progress=False)
         except (AssertionError, ValueError, KeyError, RuntimeError, torch.cuda.OutOfMemoryError) as e:
             self.close()
-            raise ModelLoadError(f"exllamav2 could not load {model.name!r}: {type(e).__name__}: {e}") from None
+            raise ModelLoadError(f"exllamav2 could not load {model.name!r}: {type(e).__name__}: {e}") from e
         self._context = ctx
         self.attention = "flash-attn" if has_flash_attn else "matmul (no_sdpa)"
 

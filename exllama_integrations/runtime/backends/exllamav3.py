@@ -96,7 +96,11 @@ class ExLlamaV3Backend(Backend):
 
                 cache_kw = {"layer_type": CacheLayer_quant, "k_bits": int(bits), "v_bits": int(bits)}
             self._cache = Cache(self._model, max_num_tokens=cache_tokens, **cache_kw)
-            load_kw: dict[str, Any] = {"progressbar": bool(options.get("progressbar", False))}
+            # A prefill chunk (and load's own test pass) must fit the cache.
+            load_kw: dict[str, Any] = {
+                "progressbar": bool(options.get("progressbar", False)),
+                "max_chunk_size": min(2048, cache_tokens),
+            }
             if options.get("gpu_split"):
                 load_kw["use_per_device"] = list(options.get("gpu_split"))
             elif options.device:
@@ -104,14 +108,18 @@ class ExLlamaV3Backend(Backend):
             self._model.load(**load_kw)
             self._xtok = Tokenizer.from_config(config)
             self._generator = Generator(
-                self._model, self._cache, self._xtok, max_batch_size=int(options.get("max_batch_size", 64))
+                self._model,
+                self._cache,
+                self._xtok,
+                max_batch_size=int(options.get("max_batch_size", 64)),
+                max_chunk_size=min(2048, cache_tokens),  # a prefill chunk must fit the cache
             )
         except (InvalidSettingsError, ModelLoadError):
             self._free()
             raise
         except (AssertionError, ValueError, KeyError, RuntimeError, torch.cuda.OutOfMemoryError) as e:
             self._free()
-            raise ModelLoadError(f"exllamav3 could not load {model.name!r}: {type(e).__name__}: {e}") from None
+            raise ModelLoadError(f"exllamav3 could not load {model.name!r}: {type(e).__name__}: {e}") from e
         self._context = cache_tokens
         self._inbox: queue.SimpleQueue[tuple[Any, queue.SimpleQueue[Any], BackendRequest]] = queue.SimpleQueue()
         self._wake = threading.Event()
