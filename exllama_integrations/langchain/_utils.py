@@ -8,20 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..errors import InvalidSettingsError
 from ..runtime import ExLlamaRuntime, GenerationSettings
+from ..runtime.settings import SAMPLING_FIELDS
 
 # Fields that are generation settings, in the order they are merged.
-SETTING_FIELDS = (
-    "max_new_tokens",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "seed",
-    "logprobs",
-)
+SETTING_FIELDS = (*SAMPLING_FIELDS, "logprobs")
 
 
 class ExLlamaRuntimeMixin(BaseModel):

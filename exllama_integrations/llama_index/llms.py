@@ -32,22 +32,13 @@ from ..runtime.chat import (
     tool_call_text,
     tool_response_text,
 )
+from ..runtime.settings import SAMPLING_FIELDS
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
     from pydantic import BaseModel
 
-_SETTINGS = (
-    "max_new_tokens",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "seed",
-)
+_SETTINGS = SAMPLING_FIELDS
 
 
 def _text(message: ChatMessage) -> str:

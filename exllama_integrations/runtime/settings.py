@@ -9,6 +9,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import InvalidSettingsError
 
+SAMPLING_FIELDS = (
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "seed",
+)
+"""The settings that framework wrappers expose as their own fields."""
+
 
 class GenerationSettings(BaseModel):
     r"""How to sample one completion.

@@ -36,16 +36,39 @@ def rt(model: Path):
     r.close()
 
 
-def test_aggregate_throughput_rises_with_callers(rt) -> None:
-    rates = {}
+def test_concurrent_callers_share_one_dynamic_batch(rt) -> None:
+    """Concurrent callers run as one batch (a non-timing check); tokens/s by callers is reported, not asserted."""
+    import threading
+
+    gen = rt._backend._generator
+    rates, peaks = {}, {}
     for n in (1, 4, 16, 64):
         prompts = [f"{PROMPT} {i}" for i in range(n)]
+        peak, stop = [0], threading.Event()
+
+        def watch(peak: list[int] = peak, stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], gen.num_active_jobs())
+                time.sleep(0.0005)
+
+        w = threading.Thread(target=watch)
+        w.start()
         t0 = time.perf_counter()
         with ThreadPoolExecutor(n) as pool:
             res = list(pool.map(lambda p: rt.generate(p, temperature=0, max_new_tokens=64, ignore_eos=True), prompts))
         rates[n] = sum(r.usage.completion_tokens for r in res) / (time.perf_counter() - t0)
-    print("exllamav3 aggregate tokens/s by concurrent callers:", {k: round(v) for k, v in rates.items()})
-    assert rates[4] > 2 * rates[1] and rates[16] > rates[4] and rates[64] > rates[16]
+        stop.set()
+        w.join()
+        peaks[n] = peak[0]
+    print(
+        "exllamav3 aggregate tokens/s by concurrent callers:",
+        {k: round(v) for k, v in rates.items()},
+        "peak jobs decoding together:",
+        peaks,
+    )
+    # A paged cache holds at most one job per 256-token page: concurrency is capped by the cache size.
+    pages = rt.context_length // 256
+    assert peaks[1] == 1 and peaks[16] >= 8 and peaks[64] >= min(32, pages)
 
 
 def test_64_mixed_callers_threads_and_tasks(rt) -> None:

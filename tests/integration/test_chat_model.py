@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -12,6 +11,8 @@ from pydantic import BaseModel, Field
 from exllama_integrations import ConstraintError, ConstraintViolationError, InvalidSettingsError
 from exllama_integrations.langchain import ChatExLlama, ExLlamaLLM
 from exllama_integrations.langchain._chat_utils import to_template_messages
+
+from helpers import loop_ticks
 
 
 @pytest.fixture(scope="module")
@@ -235,20 +236,9 @@ def test_images_are_refused_clearly(chat: ChatExLlama):
 
 
 async def test_async_stream_keeps_loop_free(chat: ChatExLlama):
-    ticks = 0
-    done = asyncio.Event()
-
-    async def ticker():
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    t = asyncio.create_task(ticker())
-    text = "".join([c.content async for c in chat.astream("Write a sentence about llamas.")])
-    done.set()
-    await t
-    assert text and ticks >= 5
+    async with loop_ticks() as ticks:
+        text = "".join([c.content async for c in chat.astream("Write a sentence about llamas.")])
+    assert text and ticks[0] >= 5
     assert (await chat.ainvoke("Write a sentence about llamas.")).content == text
     assert len(await chat.abatch(["Hi", "Hello"])) == 2
 

@@ -1,4 +1,8 @@
-"""LangChain's standard chat-model suites, on the real demo model through the CPU backend."""
+"""LangChain's standard chat-model suites, on the real demo model through the CPU backend.
+
+Tests the 135M model cannot pass for reasons of model quality are xfailed in tests/conftest.py,
+each with the reason and what the model does.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +12,16 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 from exllama_integrations.langchain import ChatExLlama
 
 
-def _params() -> dict:
-    from exllama_integrations.demo_model import demo_model_dir
-
-    return {"model_dir": str(demo_model_dir()), "backend": "transformers", "temperature": 0, "max_tokens": 100}
-
-
-class TestChatExLlamaUnit(ChatModelUnitTests):
+class _ChatExLlamaSuite:
     @property
     def chat_model_class(self) -> type[ChatExLlama]:
         return ChatExLlama
 
     @property
     def chat_model_params(self) -> dict:
-        return _params()
+        from exllama_integrations.demo_model import demo_model_dir
+
+        return {"model_dir": str(demo_model_dir()), "backend": "transformers", "temperature": 0, "max_tokens": 100}
 
     @property
     def has_tool_choice(self) -> bool:
@@ -36,27 +36,15 @@ class TestChatExLlamaUnit(ChatModelUnitTests):
         return True
 
     @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+
+class TestChatExLlamaUnit(_ChatExLlamaSuite, ChatModelUnitTests):
+    @property
     def init_from_env_params(self) -> tuple[dict, dict, dict]:
         return {}, {}, {}
 
 
-class TestChatExLlamaIntegration(ChatModelIntegrationTests):
-    @property
-    def chat_model_class(self) -> type[ChatExLlama]:
-        return ChatExLlama
-
-    @property
-    def chat_model_params(self) -> dict:
-        return _params()
-
-    @property
-    def has_tool_choice(self) -> bool:
-        return True
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return True
-
-    @property
-    def returns_usage_metadata(self) -> bool:
-        return True
+class TestChatExLlamaIntegration(_ChatExLlamaSuite, ChatModelIntegrationTests):
+    pass

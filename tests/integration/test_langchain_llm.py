@@ -1,6 +1,5 @@
 """LangChain ExLlamaLLM end to end on the real demo model (CPU reference backend)."""
 
-import asyncio
 import subprocess
 import sys
 
@@ -11,6 +10,8 @@ from langchain_core.prompts import PromptTemplate
 
 from exllama_integrations import ExLlamaRuntime, InvalidSettingsError
 from exllama_integrations.langchain import ExLlamaLLM
+
+from helpers import loop_ticks
 
 PROMPT = "The capital of France is"
 
@@ -88,20 +89,9 @@ def test_seed_reproduces(demo_dir):
 
 
 async def test_astream_keeps_loop_free_and_matches(llm: ExLlamaLLM):
-    ticks = 0
-    done = asyncio.Event()
-
-    async def ticker():
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    t = asyncio.create_task(ticker())
-    text = "".join([c async for c in llm.astream(PROMPT)])
-    done.set()
-    await t
-    assert text == llm.invoke(PROMPT) and ticks >= 5
+    async with loop_ticks() as ticks:
+        text = "".join([c async for c in llm.astream(PROMPT)])
+    assert text == llm.invoke(PROMPT) and ticks[0] >= 5
     assert await llm.ainvoke(PROMPT) == text
     assert await llm.abatch([PROMPT, "The sky is"]) == [text, llm.invoke("The sky is")]
 

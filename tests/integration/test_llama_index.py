@@ -11,6 +11,8 @@ from pydantic import BaseModel
 from exllama_integrations import InvalidSettingsError
 from exllama_integrations.llama_index import ExLlamaLLM
 
+from helpers import loop_ticks
+
 Q = "What is the capital of France?"
 
 
@@ -86,23 +88,12 @@ def test_system_prompt_and_prompt_overrides(demo_dir):
 
 
 async def test_async_forms_keep_the_loop_free(llm: ExLlamaLLM):
-    ticks = 0
-    done = asyncio.Event()
-
-    async def ticker():
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    t = asyncio.create_task(ticker())
-    r = await llm.acomplete("The capital of France is")
-    c = await llm.achat(user(Q))
-    deltas = [x.delta async for x in await llm.astream_chat(user(Q))]
-    comp = [x.delta async for x in await llm.astream_complete("The capital of France is")]
-    done.set()
-    await t
-    assert ticks >= 10
+    async with loop_ticks() as ticks:
+        r = await llm.acomplete("The capital of France is")
+        c = await llm.achat(user(Q))
+        deltas = [x.delta async for x in await llm.astream_chat(user(Q))]
+        comp = [x.delta async for x in await llm.astream_complete("The capital of France is")]
+    assert ticks[0] >= 10
     assert r.text == llm.complete("The capital of France is").text
     assert "".join(deltas) == c.message.content == llm.chat(user(Q)).message.content
     assert "".join(comp) == r.text

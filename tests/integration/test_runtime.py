@@ -11,6 +11,8 @@ from exllama_integrations import (
     RuntimeClosedError,
 )
 
+from helpers import loop_ticks
+
 PROMPT = "The capital of France is"
 
 
@@ -145,24 +147,12 @@ def test_registry_shares_and_close_frees(demo_dir):
 
 
 async def test_astream_keeps_the_event_loop_free(demo_runtime: ExLlamaRuntime):
-    import asyncio
 
-    ticks = 0
-    stop = asyncio.Event()
-
-    async def ticker():
-        nonlocal ticks
-        while not stop.is_set():
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    t = asyncio.create_task(ticker())
-    text = "".join(
-        [c.text async for c in demo_runtime.astream(PROMPT, temperature=0, max_new_tokens=20, ignore_eos=True)]
-    )
-    stop.set()
-    await t
-    assert text and ticks >= 10  # ~0.6 s of decoding; a blocked loop would tick once
+    async with loop_ticks() as ticks:
+        text = "".join(
+            [c.text async for c in demo_runtime.astream(PROMPT, temperature=0, max_new_tokens=20, ignore_eos=True)]
+        )
+    assert text and ticks[0] >= 10  # ~0.6 s of decoding; a blocked loop would tick once
 
 
 async def test_cancelling_an_async_consumer_frees_the_runtime(demo_runtime: ExLlamaRuntime):

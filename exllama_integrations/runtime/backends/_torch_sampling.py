@@ -5,7 +5,10 @@ One implementation, transformers' logits processors, so that settings mean the s
 
 from __future__ import annotations
 
+import gc
+import logging
 import random
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +18,8 @@ if TYPE_CHECKING:
     import torch
 
     from ..settings import GenerationSettings
+
+logger = logging.getLogger(__name__)
 
 
 class _NoRepeatInOutput:
@@ -120,3 +125,35 @@ def step_logprobs(raw: torch.Tensor, token: int, k: int) -> TokenLogprob:
         vals, idx = torch.topk(lp, k)
         top = tuple((int(i), float(v)) for i, v in zip(idx, vals))
     return TokenLogprob(token, float(lp[token]), top)
+
+
+def cached_forward_loop(
+    request: BackendRequest, model: Any, cache: Any, lock: threading.Lock, **forward_kwargs: Any
+) -> Iterator[TokenStep]:
+    """Decode on an ExLlama v1/v2 model: ``model.forward(ids, cache, last_id_only=True)`` per step."""
+    import torch
+
+    def forward(ids: list[int], reset: bool) -> torch.Tensor:
+        if reset:
+            cache.current_seq_len = 0
+        x = torch.tensor([ids], dtype=torch.long)
+        return model.forward(x, cache, last_id_only=True, **forward_kwargs)[:, -1, :]
+
+    with lock, torch.inference_mode():
+        yield from sample_loop(request, lambda ids: forward(ids, True), lambda token: forward([token], False))
+
+
+def release(*steps: tuple[Any, str]) -> None:
+    """Call ``obj.method()`` for each (obj, method) best-effort, then collect and return cached CUDA memory."""
+    for obj, method in steps:
+        if obj is None:
+            continue
+        try:
+            getattr(obj, method)()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            logger.debug("%s.%s() failed", type(obj).__name__, method, exc_info=True)
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -20,7 +20,6 @@ Sampling uses the same logits processors as the CPU reference, so settings mean 
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import json
 import logging
@@ -34,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailableError, InvalidSettingsError, MissingDependencyError, ModelLoadError
 from ..model_dir import ModelDirectory, safetensors_header
-from ._torch_sampling import sample_loop
+from ._torch_sampling import cached_forward_loop, release
 from .base import Backend, BackendOptions, BackendRequest, TokenStep, cuda_available, unsupported
 
 if TYPE_CHECKING:
@@ -235,34 +234,10 @@ class ExLlamaV1Backend(Backend):
         return {"backend": self.name, "lora": self._lora is not None}
 
     def generate(self, request: BackendRequest) -> Iterator[TokenStep]:
-        import torch
-
-        model, cache, lora = self._model, self._cache, self._lora
-        if model is None:
+        if self._model is None:
             return
-
-        def prefill(ids: list[int]) -> torch.Tensor:
-            cache.current_seq_len = 0
-            x = torch.tensor([ids], dtype=torch.long)
-            return model.forward(x, cache, last_id_only=True, lora=lora)[:, -1, :]
-
-        def step(token: int) -> torch.Tensor:
-            x = torch.tensor([[token]], dtype=torch.long)
-            return model.forward(x, cache, last_id_only=True, lora=lora)[:, -1, :]
-
-        with self._lock, torch.inference_mode():
-            yield from sample_loop(request, prefill, step)
+        yield from cached_forward_loop(request, self._model, self._cache, self._lock, lora=self._lora)
 
     def close(self) -> None:
         model, self._model, self._cache, self._lora = self._model, None, None, None
-        if model is not None:
-            try:
-                model.free_unmanaged()
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                logger.debug("free_unmanaged failed", exc_info=True)
-        del model
-        gc.collect()
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release((model, "free_unmanaged"))

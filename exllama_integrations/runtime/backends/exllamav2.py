@@ -14,7 +14,6 @@ logits processors so settings mean the same as on the other backends.
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import logging
 import threading
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailableError, InvalidSettingsError, ModelLoadError
 from ..model_dir import ModelDirectory
-from ._torch_sampling import sample_loop
+from ._torch_sampling import cached_forward_loop, release
 from .base import Backend, BackendOptions, BackendRequest, TokenStep, cuda_available, require, unsupported
 
 if TYPE_CHECKING:
@@ -88,32 +87,10 @@ class ExLlamaV2Backend(Backend):
         return {"backend": self.name, "attention": self.attention}
 
     def generate(self, request: BackendRequest) -> Iterator[TokenStep]:
-        import torch
-
-        model, cache = self._model, self._cache
-        if model is None:
+        if self._model is None:
             return
-
-        def prefill(ids: list[int]) -> torch.Tensor:
-            cache.current_seq_len = 0
-            return model.forward(torch.tensor([ids]), cache, last_id_only=True)[:, -1, :]
-
-        def step(token: int) -> torch.Tensor:
-            return model.forward(torch.tensor([[token]]), cache, last_id_only=True)[:, -1, :]
-
-        with self._lock, torch.inference_mode():
-            yield from sample_loop(request, prefill, step)
+        yield from cached_forward_loop(request, self._model, self._cache, self._lock)
 
     def close(self) -> None:
         model, self._model, self._cache = self._model, None, None
-        if model is not None:
-            try:
-                model.unload()
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                logger.debug("unload failed", exc_info=True)
-        del model
-        gc.collect()
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release((model, "unload"))

@@ -8,7 +8,6 @@ and the weights.
 
 from __future__ import annotations
 
-import gc
 import logging
 import queue
 import threading
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailableError, InvalidSettingsError, ModelLoadError
 from ..model_dir import ModelDirectory
+from ._torch_sampling import release
 from .base import Backend, BackendOptions, BackendRequest, TokenLogprob, TokenStep, cuda_available, require, unsupported
 
 if TYPE_CHECKING:
@@ -255,19 +255,6 @@ class ExLlamaV3Backend(Backend):
         self._free()
 
     def _free(self) -> None:
-        import torch
-
-        if self._generator is not None:
-            try:
-                self._generator.close()
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                logger.debug("generator.close() failed", exc_info=True)
-        if self._model is not None:
-            try:
-                self._model.unload()
-            except Exception:  # noqa: BLE001
-                logger.debug("model.unload() failed", exc_info=True)
+        generator, model = self._generator, self._model
         self._generator = self._cache = self._model = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release((generator, "close"), (model, "unload"))
