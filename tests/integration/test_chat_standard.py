@@ -21,7 +21,7 @@ class _ChatExLlamaSuite:
     def chat_model_params(self) -> dict:
         from exllama_integrations.demo_model import demo_model_dir
 
-        return {"model_dir": str(demo_model_dir()), "backend": "transformers", "temperature": 0, "max_tokens": 100}
+        return {"model_dir": str(demo_model_dir()), "backend": "transformers", "temperature": 0}
 
     @property
     def has_tool_choice(self) -> bool:
@@ -47,4 +47,6 @@ class TestChatExLlamaUnit(_ChatExLlamaSuite, ChatModelUnitTests):
 
 
 class TestChatExLlamaIntegration(_ChatExLlamaSuite, ChatModelIntegrationTests):
-    pass
+    @property
+    def chat_model_params(self) -> dict:
+        return {**super().chat_model_params, "max_tokens": 100}  # keeps the xfailed loops short

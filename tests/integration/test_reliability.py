@@ -134,12 +134,13 @@ def test_load_and_close_twenty_times_does_not_grow_memory(demo_dir):
         del rt
         gc.collect()
         sizes.append(rss_mb())
-    growth = sizes[-1] - sizes[4]
     print(
         f"RSS after cycles 5/10/20: {sizes[4]:.0f}/{sizes[9]:.0f}/{sizes[19]:.0f} MB "
         f"(peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB)"
     )
-    assert growth < 100, f"resident memory grew {growth:.0f} MB over 15 load/close cycles"
+    # The allocator may step up once (arenas for new threads); what must not happen is steady growth.
+    growth = sizes[19] - sizes[9]
+    assert growth < 64, f"resident memory grew {growth:.0f} MB over the last 10 load/close cycles"
 
 
 def test_failed_load_leaves_nothing_loaded(demo_dir, tmp_path: Path):
