@@ -22,6 +22,7 @@ def main() -> None:
         f"random weights, prompt {m['prompt_tokens']} tokens, {m['new_tokens']} new tokens, greedy, batch 1, "
         f"median of {m['reps']} interleaved runs. Made by `python benchmarks/gpu_throughput.py` on the lent H200.",
         "",
+        *([f"Runs: {m['runs']}.", ""] if "runs" in m else []),
         "| path | tokens/s | time to first token (ms) | ratio |",
         "| --- | ---: | ---: | --- |",
     ]
