@@ -33,7 +33,7 @@ def _llm(model_dir: str, args: argparse.Namespace, chat: bool) -> Any:
         model_dir=model_dir,
         backend=args.backend,
         max_seq_len=args.max_seq_len,
-        max_new_tokens=args.max_new_tokens,
+        max_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,

@@ -284,7 +284,7 @@ def _write_tokenizer(out: Path, tokens: list[str], types: list[int], merges: lis
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {t: i for i, t in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    pairs: list[tuple[str, str]] = [(a, b) for a, b in (m.split(" ", 1) for m in merges)]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
     # SmolLM2's tokenizer splits digits one by one before GPT-2 byte-level BPE (llama.cpp's "smollm").
     tok.pre_tokenizer = pre_tokenizers.Sequence(

@@ -132,7 +132,7 @@ class _ChunkBuilder:
         }
         if chunk.stop_string is not None:
             metadata["stop_string"] = chunk.stop_string
-        usage = UsageMetadata(
+        usage = UsageMetadata(  # type: ignore[typeddict-item]  # the token details are optional
             input_tokens=chunk.usage.prompt_tokens,
             output_tokens=chunk.usage.completion_tokens,
             total_tokens=chunk.usage.total_tokens,
@@ -141,7 +141,7 @@ class _ChunkBuilder:
             content=tail,
             usage_metadata=usage,
             response_metadata=metadata,
-            tool_call_chunks=tool_chunks,
+            tool_call_chunks=tool_chunks,  # type: ignore[arg-type]  # dicts of ToolCallChunk's shape
             chunk_position="last",
         )
         return ChatGenerationChunk(message=msg, generation_info={"finish_reason": finish})
@@ -197,7 +197,7 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
         s = self._generate_params(
             stop, **{k: v for k, v in kwargs.items() if k in GenerationSettings.model_fields or k == "max_tokens"}
         )
-        params.update(
+        params.update(  # type: ignore[call-arg]  # LangSmithParams is a TypedDict
             ls_provider="exllama",
             ls_model_name=kwargs.get("model") or self.model_name,
             ls_model_type="chat",
@@ -379,7 +379,7 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
                 },
             )
             parser: Runnable = (
-                PydanticToolsParser(tools=[schema], first_tool_only=True)
+                PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
                 if is_pydantic
                 else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
             )
@@ -396,7 +396,11 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
                 "schema": _json_schema(schema) if schema is not None else {"type": "object"},
             }
             llm = self.bind(response_format=fmt, ls_structured_output_format=ls_format)
-            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+            parser = (
+                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]  # is_pydantic checked
+                if is_pydantic
+                else JsonOutputParser()
+            )
         else:
             raise InvalidSettingsError(f"method must be json_schema, function_calling or json_mode, not {method!r}")
         if not include_raw:

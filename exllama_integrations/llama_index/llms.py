@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import (
@@ -55,7 +55,7 @@ def _text(message: ChatMessage) -> str:
 
 
 def _template_messages(messages: Sequence[ChatMessage], native_tools: bool) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for m in messages:
         role = m.role.value if isinstance(m.role, MessageRole) else str(m.role)
         text = _text(m)
@@ -251,7 +251,7 @@ class ExLlamaLLM(FunctionCallingLLM):
         settings = self._settings(kwargs)
         text = self._completion_prompt(prompt, formatted)
 
-        def gen() -> Iterator[CompletionResponse]:
+        def gen() -> CompletionResponseGen:
             acc = ""
             with self._runtime.stream(text, settings) as stream:
                 for chunk in stream:
@@ -280,7 +280,7 @@ class ExLlamaLLM(FunctionCallingLLM):
         settings = self._settings(kwargs)
         text = self._completion_prompt(prompt, formatted)
 
-        async def gen() -> AsyncIterator[CompletionResponse]:
+        async def gen() -> CompletionResponseAsyncGen:
             acc = ""
             async for chunk in self._runtime.astream(text, settings):
                 acc += chunk.text
@@ -361,7 +361,7 @@ class ExLlamaLLM(FunctionCallingLLM):
     def _stream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
         req, settings = self._chat_request(messages, kwargs)
 
-        def gen() -> Iterator[ChatResponse]:
+        def gen() -> ChatResponseGen:
             acc = ""
             with self._runtime.stream(
                 req.prompt, settings, constraint=req.constraint, add_special_tokens=False
@@ -390,7 +390,7 @@ class ExLlamaLLM(FunctionCallingLLM):
     def _astream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseAsyncGen:
         req, settings = self._chat_request(messages, kwargs)
 
-        async def gen() -> AsyncIterator[ChatResponse]:
+        async def gen() -> ChatResponseAsyncGen:
             acc = ""
             async for chunk in self._runtime.astream(
                 req.prompt, settings, constraint=req.constraint, add_special_tokens=False

@@ -46,6 +46,8 @@ class NativeTokenizer:
         self._cfg = model.tokenizer_config
         self._special_ids: set[int] = set()
         self._special_by_text: dict[str, int] = {}
+        self._hf: Any = None
+        self._sp: Any = None
         if model.tokenizer_json is not None:
             from tokenizers import Tokenizer
 
@@ -53,7 +55,6 @@ class NativeTokenizer:
                 self._hf = Tokenizer.from_file(str(model.tokenizer_json))
             except Exception as e:  # tokenizers raises plain Exception subclasses
                 raise InvalidModelError(f"tokenizer.json could not be loaded: {e}") from None
-            self._sp = None
             for tid, added in self._hf.get_added_tokens_decoder().items():
                 if added.special:
                     self._special_ids.add(tid)
@@ -62,7 +63,6 @@ class NativeTokenizer:
         else:
             import sentencepiece as spm
 
-            self._hf = None
             self._sp = spm.SentencePieceProcessor()
             try:
                 self._sp.Load(str(model.tokenizer_model))
@@ -188,7 +188,8 @@ class NativeTokenizer:
         if skip_special_tokens:
             ids = [i for i in ids if i not in self._special_ids]
             return str(self._sp.DecodeIds(ids))
-        out, run = [], []
+        out: list[str] = []
+        run: list[int] = []
         for i in ids:
             if i in self._special_ids:
                 out.append(self._sp.DecodeIds(run))

@@ -153,19 +153,3 @@ async def test_astream_keeps_the_event_loop_free(demo_runtime: ExLlamaRuntime):
             [c.text async for c in demo_runtime.astream(PROMPT, temperature=0, max_new_tokens=20, ignore_eos=True)]
         )
     assert text and ticks[0] >= 10  # ~0.6 s of decoding; a blocked loop would tick once
-
-
-async def test_cancelling_an_async_consumer_frees_the_runtime(demo_runtime: ExLlamaRuntime):
-    import asyncio
-
-    async def consume():
-        async for _ in demo_runtime.astream(PROMPT, max_new_tokens=500, ignore_eos=True):
-            pass
-
-    task = asyncio.create_task(consume())
-    await asyncio.sleep(0.3)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    r = await asyncio.wait_for(demo_runtime.agenerate(PROMPT, temperature=0, max_new_tokens=3), timeout=10)
-    assert r.text

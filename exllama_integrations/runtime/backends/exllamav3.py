@@ -138,7 +138,7 @@ class ExLlamaV3Backend(Backend):
     def _drive(self) -> None:
         import torch
 
-        gen = self._generator
+        gen: Any = self._generator
         live: dict[int, tuple[Any, queue.SimpleQueue[Any], BackendRequest]] = {}
         while not self._closed:
             while True:

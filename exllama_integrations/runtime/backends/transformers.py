@@ -79,8 +79,9 @@ class TransformersBackend(Backend):
         self.dtype = getattr(torch, dtype_name)
         major = int(transformers.__version__.split(".")[0])
         dtype_kw = {"dtype": self.dtype} if major >= 5 else {"torch_dtype": self.dtype}
+        loaded: Any
         try:
-            self.model, info = AutoModelForCausalLM.from_pretrained(
+            loaded = AutoModelForCausalLM.from_pretrained(
                 str(model.path),
                 local_files_only=True,
                 trust_remote_code=False,
@@ -90,6 +91,8 @@ class TransformersBackend(Backend):
             )
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             raise InvalidModelError(f"transformers could not load {model.name!r}: {e}") from None
+        self.model: Any = loaded[0]
+        info: dict[str, Any] = loaded[1]
         missing = [k for k in info.get("missing_keys", []) if not k.endswith("lm_head.weight")]
         if missing:
             del self.model
