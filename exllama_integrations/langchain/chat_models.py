@@ -41,13 +41,11 @@ class _Request:
         settings: GenerationSettings,
         constraint: TokenConstraint | None,
         tools_active: bool,
-        structured: bool,
     ) -> None:
         self.prompt = prompt
         self.settings = settings
         self.constraint = constraint
         self.tools_active = tools_active
-        self.structured = structured
 
 
 class _ChunkBuilder:
@@ -247,29 +245,20 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
         else:
             kwargs.pop("top_logprobs", None)
         settings = self._generate_params(stop, **kwargs)
-        schema = None
-        if response_format is not None:
-            schema = _schema_of(response_format)
+        # _schema_of: the schema for json_schema, None for json_object (any JSON object)
+        schema = _schema_of(response_format) if response_format is not None else None
         chat = build_chat_request(
             self.exllama_runtime,
             to_template_messages(messages, native_tools=self._native_tools),
             tools=tools,
             tool_choice=tool_choice,
-            json_schema=schema
-            if response_format is not None and response_format.get("type") != "json_object"
-            else None,
-            json_object=response_format is not None and response_format.get("type") == "json_object",
+            json_schema=schema,
+            json_object=response_format is not None and schema is None,
             template_kwargs=self.chat_template_kwargs,
         )
         if chat.constraint is not None and settings.stop:
             settings = settings.model_copy(update={"stop": []})  # the grammar decides where output ends
-        return _Request(
-            chat.prompt,
-            settings,
-            chat.constraint,
-            tools_active=chat.tools_active,
-            structured=response_format is not None,
-        )
+        return _Request(chat.prompt, settings, chat.constraint, tools_active=chat.tools_active)
 
     # ----------------------------------------------------------------- generation
 
