@@ -91,6 +91,14 @@ class ExLlamaRuntimeMixin(BaseModel):
         """The model directory's name."""
         return self.exllama_runtime.model_name
 
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` by the model's own tokenizer."""
+        return self.exllama_runtime.encode(text)
+
+    def get_num_tokens(self, text: str) -> int:
+        """Number of tokens in ``text`` by the model's own tokenizer."""
+        return self.exllama_runtime.count_tokens(text)
+
     def _settings_overrides(self, **call_kwargs: Any) -> dict[str, Any]:
         """Instance fields, then per-call kwargs; never mutates the instance."""
         params = {k: getattr(self, k) for k in SETTING_FIELDS}

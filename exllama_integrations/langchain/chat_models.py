@@ -208,14 +208,6 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
 
     # ----------------------------------------------------------------- token counting
 
-    def get_token_ids(self, text: str) -> list[int]:
-        """Token ids of ``text`` by the model's own tokenizer."""
-        return self.exllama_runtime.encode(text)
-
-    def get_num_tokens(self, text: str) -> int:
-        """Number of tokens in ``text`` by the model's own tokenizer."""
-        return self.exllama_runtime.count_tokens(text)
-
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
         """Exact prompt tokens: the messages rendered by the chat template (with the generation prompt)."""
         tool_specs = [convert_to_openai_tool(t) for t in tools] if tools else None

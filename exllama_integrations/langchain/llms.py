@@ -86,16 +86,6 @@ class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
         params["ls_temperature"] = s.temperature
         return params
 
-    # ----------------------------------------------------------------- token counting
-
-    def get_token_ids(self, text: str) -> list[int]:
-        """Token ids of ``text`` by the model's own tokenizer."""
-        return self.exllama_runtime.encode(text)
-
-    def get_num_tokens(self, text: str) -> int:
-        """Number of tokens in ``text`` by the model's own tokenizer."""
-        return self.exllama_runtime.count_tokens(text)
-
     # ----------------------------------------------------------------- generation
 
     def _stream(
