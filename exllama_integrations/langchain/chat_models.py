@@ -26,6 +26,7 @@ from ..runtime import GenerationChunk as RuntimeChunk
 from ..runtime import GenerationSettings
 from ..runtime.chat import TOOL_OPEN, build_chat_request, forced_tools, parse_tool_calls, renders_tools
 from ..runtime.constraints import TokenConstraint
+from ..runtime.streaming import StopStringMatcher
 from ._chat_utils import to_template_messages
 from ._utils import ExLlamaRuntimeMixin
 
@@ -57,22 +58,12 @@ class _ChunkBuilder:
         self.tokenizer = tokenizer
         self.raw: list[str] = []
         self.shown = ""
-        self.held = ""
-        self.in_call = False
+        # With tools bound, text from "<tool_call>" on is held back (it becomes tool_call_chunks); the
+        # stop-string matcher holds a partial tag across chunks exactly as it holds a partial stop.
+        self._tag = StopStringMatcher([TOOL_OPEN]) if req.tools_active else None
 
     def _visible(self, text: str) -> str:
-        if not self.req.tools_active:
-            return text
-        if self.in_call:
-            return ""
-        buf = self.held + text
-        i = buf.find(TOOL_OPEN)
-        if i >= 0:
-            self.in_call, self.held = True, ""
-            return buf[:i]
-        keep = next((k for k in range(min(len(buf), len(TOOL_OPEN) - 1), 0, -1) if TOOL_OPEN.startswith(buf[-k:])), 0)
-        self.held = buf[len(buf) - keep :] if keep else ""
-        return buf[: len(buf) - keep]
+        return text if self._tag is None else self._tag.push(text)
 
     def feed(self, chunk: RuntimeChunk) -> ChatGenerationChunk | None:
         self.raw.append(chunk.text)
@@ -114,7 +105,9 @@ class _ChunkBuilder:
         if self.req.tools_active:
             content, calls = parse_tool_calls(raw)
             for i, c in enumerate(calls):
-                args = c.raw if c.error else json.dumps(c.arguments, ensure_ascii=False)
+                # A malformed call keeps its raw text, tag included: LangChain's partial-JSON parse of
+                # chunk args would otherwise "repair" it into a valid-looking call with missing arguments.
+                args = TOOL_OPEN + c.raw if c.error else json.dumps(c.arguments, ensure_ascii=False)
                 tool_chunks.append({"name": c.name, "args": args, "id": c.id, "index": i, "type": "tool_call_chunk"})
         tail = content[len(self.shown) :] if content.startswith(self.shown) else ""
         finish = _FINISH.get(chunk.finish_reason or "", chunk.finish_reason)

@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FINISH_REASONS = ("stop", "eos", "length", "cancelled")
-
 
 @dataclass(frozen=True)
 class Usage:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ...errors import BackendUnavailableError, MissingDependencyError, UnsupportedModelError
+from ...errors import MissingDependencyError, UnsupportedModelError
 from ..model_dir import ModelDirectory
 from ..settings import GenerationSettings
 
@@ -99,15 +99,6 @@ class Backend(ABC):
     @abstractmethod
     def check_available(cls) -> None:
         """Raise MissingDependencyError / BackendUnavailableError if it cannot run on this machine."""
-
-    @classmethod
-    def is_available(cls) -> bool:
-        """Whether :meth:`check_available` passes, without raising."""
-        try:
-            cls.check_available()
-        except (MissingDependencyError, BackendUnavailableError):
-            return False
-        return True
 
     @classmethod
     @abstractmethod
