@@ -118,12 +118,29 @@ class ExLlamaRuntimeMixin(BaseModel):
         stops = list(self.stop or []) + list(stop or []) + list(overrides.pop("stop", None) or [])
         return self.exllama_runtime.resolve_settings(None, stop=stops or None, **overrides)
 
-    def _identifying(self) -> dict[str, Any]:
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
         return {
             "model_name": self.model_name,
             "backend": self.exllama_runtime.backend_name,
             **{k: getattr(self, k) for k in SETTING_FIELDS if getattr(self, k) is not None},
         }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        """LangSmith tracing params, from the settings a call with these arguments would run with."""
+        params = super()._get_ls_params(stop=stop, **kwargs)  # type: ignore[misc]  # BaseLLM / BaseChatModel
+        s = self._generate_params(
+            stop, **{k: v for k, v in kwargs.items() if k in GenerationSettings.model_fields or k == "max_tokens"}
+        )
+        params.update(
+            ls_provider="exllama",
+            ls_model_name=kwargs.get("model") or self.model_name,
+            ls_temperature=s.temperature,
+            ls_max_tokens=s.max_new_tokens,
+        )
+        if s.stop:
+            params["ls_stop"] = s.stop
+        return params
 
 
 # Arguments LangChain passes that are not generation settings (accepted and ignored here).

@@ -179,26 +179,6 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
     def _llm_type(self) -> str:
         return "exllama-chat"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return self._identifying()
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        s = self._generate_params(
-            stop, **{k: v for k, v in kwargs.items() if k in GenerationSettings.model_fields or k == "max_tokens"}
-        )
-        params.update(  # type: ignore[call-arg]  # LangSmithParams is a TypedDict
-            ls_provider="exllama",
-            ls_model_name=kwargs.get("model") or self.model_name,
-            ls_model_type="chat",
-            ls_temperature=s.temperature,
-            ls_max_tokens=s.max_new_tokens,
-        )
-        if s.stop:
-            params["ls_stop"] = s.stop
-        return params
-
     # ----------------------------------------------------------------- token counting
 
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -72,19 +72,6 @@ class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
     @property
     def _llm_type(self) -> str:
         return "exllama"
-
-    @property
-    def _identifying_params(self) -> Mapping[str, Any]:
-        return self._identifying()
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "exllama"
-        params["ls_model_name"] = kwargs.get("model") or self.model_name
-        s = self._generate_params(stop, **{k: v for k, v in kwargs.items() if k != "model"})
-        params["ls_max_tokens"] = s.max_new_tokens
-        params["ls_temperature"] = s.temperature
-        return params
 
     # ----------------------------------------------------------------- generation
 
