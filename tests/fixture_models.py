@@ -30,6 +30,8 @@ class Shape:
 
 SMALL_GQA = Shape()
 SMALL_MHA = Shape(kv_heads=8)
+# SmolLM2-135M's dims: hidden 576 is not a multiple of 128 (exllamav3 pads it), head_dim 64
+SMALL_PADDED = Shape(hidden=576, layers=4, heads=9, kv_heads=3, inter=1536)
 LLAMA2_7B = Shape(hidden=4096, layers=32, heads=32, kv_heads=32, inter=11008, vocab=32000, context=4096)
 
 
@@ -193,6 +195,31 @@ def make_llama(
     else:
         write(out, dense, _config(shape))
     return out
+
+
+def convert_exl3(
+    src: Path, out: Path, bits: float = 4, cal_rows: int = 32, cal_cols: int = 512, timeout: float = 1200
+) -> float:
+    """Quantize ``src`` to EXL3 with exllamav3's own converter into ``out``; returns the seconds it took.
+
+    The converter leaves some tokenizer files behind; they are copied over. Raises RuntimeError with the
+    converter's output when it fails.
+    """
+    import subprocess
+    import sys
+    import time
+
+    work = out.with_name(out.name + "-work")
+    cmd = [sys.executable, "-m", "exllamav3.conversion.convert_model", "-i", str(src), "-o", str(out)]
+    cmd += ["-w", str(work), "-b", str(bits), "-cr", str(cal_rows), "-cc", str(cal_cols)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"EXL3 conversion failed (rc={proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if not (out / f).exists() and (src / f).exists():
+            (out / f).write_bytes((src / f).read_bytes())
+    return time.perf_counter() - t0
 
 
 def twin(gptq_dir: Path) -> Path:

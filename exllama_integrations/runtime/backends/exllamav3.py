@@ -44,6 +44,28 @@ def sampler_for(settings: Any) -> Any:
     )
 
 
+def trim_gated_mlp_padding(model: Any) -> int:
+    """Work around exllamav3 (1.6.5) on hidden sizes that are not a multiple of 128 (e.g. SmolLM2's 576).
+
+    exllamav3 pads every linear layer's features to a multiple of 128. Its attention projections and
+    its plain MLP trim the padded output back before the residual add; its gated MLP (Llama, Mistral,
+    Qwen, ...) does not, so the first forward fails with "The size of tensor a (576) must match the
+    size of tensor b (640)". The padded columns of unquantized weights are zeros, so trimming them, as
+    the other residual projections do, is exact (checked against the transformers oracle on the GPU).
+    Returns how many projections were changed.
+    """
+    from exllamav3.modules.mlp import GatedMLP
+
+    n = 0
+    for module in model:
+        if isinstance(module, GatedMLP):
+            for down in module.downs:
+                if down.out_features != down.out_features_unpadded and not down.trim_padded_out:
+                    down.trim_padded_out = True
+                    n += 1
+    return n
+
+
 class ExLlamaV3Backend(Backend):
     """exllamav3 on CUDA: EXL3 or fp16/bf16 safetensors, dynamic batching, paged cache."""
 
@@ -68,6 +90,17 @@ class ExLlamaV3Backend(Backend):
         if q not in (None, "exl3"):
             hint = " use backend='exllama' for 4-bit GPTQ Llama models." if q == "gptq" else ""
             raise unsupported(cls.name, model, f"exllamav3 does not load {q}-quantized weights;{hint}")
+        hidden = int(model.config.get("hidden_size") or 0)
+        if q == "exl3" and hidden % 128:
+            # Unquantized weights of such a model load (see trim_gated_mlp_padding); EXL3 weights also run
+            # exllamav3's fused single-token MLP kernel, whose padded output we have not verified.
+            raise unsupported(
+                cls.name,
+                model,
+                f"EXL3 weights with hidden_size {hidden} (not a multiple of 128) are not verified on exllamav3 "
+                "1.6.5 (its gated MLP leaves padded outputs); load the model's fp16/bf16 weights with "
+                "backend='exllamav3', or use backend='transformers'.",
+            )
         from exllamav3.architecture.architectures import get_architectures
 
         archs = model.architectures
@@ -87,6 +120,8 @@ class ExLlamaV3Backend(Backend):
         try:
             config = Config.from_directory(str(model.path))
             self._model = Model.from_config(config)
+            if trim_gated_mlp_padding(self._model):
+                logger.info("exllamav3: trimmed padded gated-MLP outputs (hidden size not a multiple of 128)")
             cache_tokens = options.max_seq_len or min(model.context_length, int(options.get("cache_size", 8192)))
             cache_tokens = max(256, (cache_tokens + 255) // 256 * 256)  # whole pages
             cache_kw: dict[str, Any] = {}
@@ -180,9 +215,14 @@ class ExLlamaV3Backend(Backend):
                     del live[id(r["job"])]
                     continue
                 ids = r.get("token_ids")
-                if ids is not None and ids.numel():
-                    tokens = [int(t) for t in ids.flatten().tolist()]
+                tokens = [int(t) for t in ids.flatten().tolist()] if ids is not None else []
+                if tokens:
                     out.put(TokenStep(tokens, self._logprobs(r, tokens, req)))
+                stop = r.get("eos_triggering_token_id") if r.get("eos_reason") == "stop_token" else None
+                if stop is not None and tokens[-1:] != [int(stop)]:
+                    # exllamav3 does not emit the stop token; pass it on so that the runtime names the
+                    # finish (eos or stop) and counts it, as every other backend does
+                    out.put(TokenStep([int(stop)], None))
                 if r.get("eos"):
                     out.put(_DONE)
                     del live[id(r["job"])]
@@ -230,20 +270,24 @@ class ExLlamaV3Backend(Backend):
         out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._inbox.put((job, out, request))
         self._wake.set()
+        finished = False
         try:
             while True:
                 item = out.get()
                 if item is _DONE:
+                    finished = True
                     return
                 if isinstance(item, BaseException):
+                    finished = True
                     raise item
                 if request.constraint is not None:
                     for t in item.token_ids:
                         request.constraint.accept(t)
                 yield item
         finally:
-            request.cancel.set()
-            self._wake.set()
+            if not finished:  # the caller stopped reading: the driver cancels the job at its next step
+                request.cancel.set()
+                self._wake.set()
 
     def close(self) -> None:
         if self._closed:
