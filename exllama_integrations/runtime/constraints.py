@@ -90,7 +90,6 @@ class TokenConstraint:
         if err and not err.startswith("WARNING"):
             raise ConstraintError(f"{description} could not be compiled: {err.strip()}")
         self._matcher: Any = None
-        self._mask_cache: dict[int, Any] = {}
 
     @classmethod
     def json_schema(cls, tokenizer: NativeTokenizer, schema: dict[str, Any] | str) -> TokenConstraint:

@@ -94,13 +94,10 @@ def sample_loop(
         raw = logits.float().cpu()
         scores = procs(seen, raw.clone()) if len(procs) else raw.clone()
         if constraint is not None:
-            if s.no_repeat_ngram_size or s.repetition_penalty != 1.0:
-                before = scores.clone()
-                constraint.mask_logits(scores)
-                if torch.isinf(scores).all():  # the penalties banned every token the grammar allows
-                    scores = before.copy_(raw)
-                    constraint.mask_logits(scores)
-            else:
+            constraint.mask_logits(scores)
+            if (s.no_repeat_ngram_size or s.repetition_penalty != 1.0) and torch.isinf(scores).all():
+                # the penalties banned every token the grammar allows: draw from the model's own logits
+                scores = raw.clone()
                 constraint.mask_logits(scores)
         if s.greedy:
             token = int(torch.argmax(scores, dim=-1)[0])

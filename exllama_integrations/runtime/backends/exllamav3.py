@@ -124,6 +124,7 @@ class ExLlamaV3Backend(Backend):
                 logger.info("exllamav3: trimmed padded gated-MLP outputs (hidden size not a multiple of 128)")
             cache_tokens = options.max_seq_len or min(model.context_length, int(options.get("cache_size", 8192)))
             cache_tokens = max(256, (cache_tokens + 255) // 256 * 256)  # whole pages
+            chunk_tokens = min(2048, cache_tokens)  # a prefill chunk (and load's own test pass) must fit the cache
             cache_kw: dict[str, Any] = {}
             bits = options.get("cache_bits")
             if bits:  # quantized K/V cache, 2..8 bits
@@ -131,10 +132,9 @@ class ExLlamaV3Backend(Backend):
 
                 cache_kw = {"layer_type": CacheLayer_quant, "k_bits": int(bits), "v_bits": int(bits)}
             self._cache = Cache(self._model, max_num_tokens=cache_tokens, **cache_kw)
-            # A prefill chunk (and load's own test pass) must fit the cache.
             load_kw: dict[str, Any] = {
                 "progressbar": bool(options.get("progressbar", False)),
-                "max_chunk_size": min(2048, cache_tokens),
+                "max_chunk_size": chunk_tokens,
             }
             if options.get("gpu_split"):
                 load_kw["use_per_device"] = list(options.get("gpu_split"))
@@ -147,7 +147,7 @@ class ExLlamaV3Backend(Backend):
                 self._cache,
                 self._xtok,
                 max_batch_size=int(options.get("max_batch_size", 64)),
-                max_chunk_size=min(2048, cache_tokens),  # a prefill chunk must fit the cache
+                max_chunk_size=chunk_tokens,
             )
         except (InvalidSettingsError, ModelLoadError):
             self._free()
