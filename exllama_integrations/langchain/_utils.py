@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..errors import InvalidSettingsError
 from ..runtime import ExLlamaRuntime, GenerationSettings
-from ..runtime.settings import SAMPLING_FIELDS
+from ..runtime.settings import SAMPLING_FIELDS, call_overrides
 
 # Fields that are generation settings, in the order they are merged.
 SETTING_FIELDS = (*SAMPLING_FIELDS, "logprobs")
@@ -71,7 +72,7 @@ class ExLlamaRuntimeMixin(BaseModel):
         if self.runtime is None and not self.model_dir:
             raise InvalidSettingsError("pass model_dir='path/to/model' or runtime=ExLlamaRuntime(...).")
         # Validate the generation fields once, at construction, with the same rules as every call.
-        self._settings_overrides()
+        GenerationSettings().merged(**self._settings_overrides())
         if self.runtime is not None:
             self._runtime = self.runtime
         else:
@@ -99,24 +100,17 @@ class ExLlamaRuntimeMixin(BaseModel):
         """Number of tokens in ``text`` by the model's own tokenizer."""
         return self.exllama_runtime.count_tokens(text)
 
-    def _settings_overrides(self, **call_kwargs: Any) -> dict[str, Any]:
-        """Instance fields, then per-call kwargs; never mutates the instance."""
-        params = {k: getattr(self, k) for k in SETTING_FIELDS}
-        if "max_tokens" in call_kwargs:
-            call_kwargs["max_new_tokens"] = call_kwargs.pop("max_tokens")
-        params.update({k: v for k, v in call_kwargs.items() if k in GenerationSettings.model_fields})
-        unknown = set(call_kwargs) - set(GenerationSettings.model_fields) - _IGNORED_CALL_KWARGS
+    def _settings_overrides(self, base_stop: Sequence[str] = (), **call_kwargs: Any) -> dict[str, Any]:
+        """Instance fields, then per-call kwargs (unknown ones refused); never mutates the instance."""
+        unknown = set(call_kwargs) - set(GenerationSettings.model_fields) - _IGNORED_CALL_KWARGS - {"max_tokens"}
         if unknown:
             raise InvalidSettingsError(f"unknown generation argument(s): {', '.join(sorted(unknown))}.")
-        overrides = {k: v for k, v in params.items() if v is not None}
-        GenerationSettings().merged(**overrides)  # raises InvalidSettingsError with a clear message
-        return overrides
+        return call_overrides({k: getattr(self, k) for k in SETTING_FIELDS}, call_kwargs, base_stop)
 
     def _generate_params(self, stop: list[str] | None = None, **kwargs: Any) -> GenerationSettings:
         """Settings for one call: runtime defaults < instance fields < call kwargs; stops unioned."""
-        overrides = self._settings_overrides(**kwargs)
-        stops = list(self.stop or []) + list(stop or []) + list(overrides.pop("stop", None) or [])
-        return self.exllama_runtime.resolve_settings(None, stop=stops or None, **overrides)
+        overrides = self._settings_overrides([*(self.stop or []), *(stop or [])], **kwargs)
+        return self.exllama_runtime.resolve_settings(None, **overrides)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:

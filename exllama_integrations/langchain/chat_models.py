@@ -24,8 +24,7 @@ from pydantic import BaseModel, Field
 from ..errors import ConstraintViolationError, InvalidSettingsError
 from ..runtime import GenerationChunk as RuntimeChunk
 from ..runtime import GenerationSettings
-from ..runtime.chat import TOOL_OPEN, build_chat_request, forced_tools, parse_tool_calls, renders_tools
-from ..runtime.constraints import TokenConstraint
+from ..runtime.chat import TOOL_OPEN, ChatRequest, build_chat_request, forced_tools, parse_tool_calls, renders_tools
 from ..runtime.streaming import StopStringMatcher
 from ._chat_utils import to_template_messages
 from ._utils import ExLlamaRuntimeMixin
@@ -33,27 +32,12 @@ from ._utils import ExLlamaRuntimeMixin
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "cancelled"}
 
 
-class _Request:
-    """One chat call, translated: prompt text, settings, constraint, and whether tools are in play."""
-
-    def __init__(
-        self,
-        prompt: str,
-        settings: GenerationSettings,
-        constraint: TokenConstraint | None,
-        tools_active: bool,
-    ) -> None:
-        self.prompt = prompt
-        self.settings = settings
-        self.constraint = constraint
-        self.tools_active = tools_active
-
-
 class _ChunkBuilder:
     """Runtime chunks -> ChatGenerationChunks; holds back ``<tool_call>`` text when tools are bound."""
 
-    def __init__(self, req: _Request, model_name: str, tokenizer: Any) -> None:
+    def __init__(self, req: ChatRequest, settings: GenerationSettings, model_name: str, tokenizer: Any) -> None:
         self.req = req
+        self.settings = settings
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.raw: list[str] = []
@@ -97,7 +81,7 @@ class _ChunkBuilder:
         raw = "".join(self.raw)
         if self.req.constraint is not None and chunk.constraint_complete is False:
             raise ConstraintViolationError(
-                f"the constrained output was cut at max_tokens={self.req.settings.max_new_tokens} before it was "
+                f"the constrained output was cut at max_tokens={self.settings.max_new_tokens} before it was "
                 f"complete ({raw[-80:]!r}); raise max_tokens."
             )
         tool_chunks: list[dict[str, Any]] = []
@@ -184,7 +168,7 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
         """Exact prompt tokens: the messages rendered by the chat template (with the generation prompt)."""
         tool_specs = [convert_to_openai_tool(t) for t in tools] if tools else None
-        prompt = self._render(messages, tool_specs, tool_choice=None)
+        prompt = self._chat_request(messages, tools=tool_specs).prompt
         return len(self.exllama_runtime.encode(prompt))
 
     # ----------------------------------------------------------------- request building
@@ -193,13 +177,18 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
     def _native_tools(self) -> bool:
         return renders_tools(self.exllama_runtime)
 
-    def _render(self, messages: list[BaseMessage], tools: list[dict[str, Any]] | None, tool_choice: Any) -> str:
-        dicts = to_template_messages(messages, native_tools=self._native_tools)
+    def _chat_request(self, messages: list[BaseMessage], **request: Any) -> ChatRequest:
+        """The rendered prompt and constraint for ``messages`` (``request``: build_chat_request's options)."""
         return build_chat_request(
-            self.exllama_runtime, dicts, tools=tools, tool_choice=tool_choice, template_kwargs=self.chat_template_kwargs
-        ).prompt
+            self.exllama_runtime,
+            to_template_messages(messages, native_tools=self._native_tools),
+            template_kwargs=self.chat_template_kwargs,
+            **request,
+        )
 
-    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> _Request:
+    def _request(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[ChatRequest, GenerationSettings]:
         kwargs = dict(kwargs)
         tools = kwargs.pop("tools", None)
         tool_choice = kwargs.pop("tool_choice", None)
@@ -212,18 +201,14 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
         settings = self._generate_params(stop, **kwargs)
         # _schema_of: the schema for json_schema, None for json_object (any JSON object)
         schema = _schema_of(response_format) if response_format is not None else None
-        chat = build_chat_request(
-            self.exllama_runtime,
-            to_template_messages(messages, native_tools=self._native_tools),
+        chat = self._chat_request(
+            messages,
             tools=tools,
             tool_choice=tool_choice,
             json_schema=schema,
             json_object=response_format is not None and schema is None,
-            template_kwargs=self.chat_template_kwargs,
         )
-        if chat.constraint is not None and settings.stop:
-            settings = settings.model_copy(update={"stop": []})  # the grammar decides where output ends
-        return _Request(chat.prompt, settings, chat.constraint, tools_active=chat.tools_active)
+        return chat, chat.settings_for(settings)
 
     # ----------------------------------------------------------------- generation
 
@@ -234,10 +219,10 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        req = self._request(messages, stop, kwargs)
-        builder = _ChunkBuilder(req, self.model_name, self.exllama_runtime.tokenizer)
+        req, settings = self._request(messages, stop, kwargs)
+        builder = _ChunkBuilder(req, settings, self.model_name, self.exllama_runtime.tokenizer)
         with self.exllama_runtime.stream(
-            req.prompt, req.settings, constraint=req.constraint, add_special_tokens=False
+            req.prompt, settings, constraint=req.constraint, add_special_tokens=False
         ) as stream:
             for rc in stream:
                 chunk = builder.feed(rc)
@@ -254,10 +239,10 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        req = self._request(messages, stop, kwargs)
-        builder = _ChunkBuilder(req, self.model_name, self.exllama_runtime.tokenizer)
+        req, settings = self._request(messages, stop, kwargs)
+        builder = _ChunkBuilder(req, settings, self.model_name, self.exllama_runtime.tokenizer)
         async for rc in self.exllama_runtime.astream(
-            req.prompt, req.settings, constraint=req.constraint, add_special_tokens=False
+            req.prompt, settings, constraint=req.constraint, add_special_tokens=False
         ):
             chunk = builder.feed(rc)
             if chunk is None:

@@ -32,13 +32,11 @@ from ..runtime.chat import (
     tool_call_text,
     tool_response_text,
 )
-from ..runtime.settings import SAMPLING_FIELDS
+from ..runtime.settings import SAMPLING_FIELDS, call_overrides
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
     from pydantic import BaseModel
-
-_SETTINGS = SAMPLING_FIELDS
 
 
 def _text(message: ChatMessage) -> str:
@@ -161,7 +159,7 @@ class ExLlamaLLM(FunctionCallingLLM):
         super().__init__(**kwargs)
         if runtime is None and not self.model_dir:
             raise InvalidSettingsError("pass model_dir='path/to/model' or runtime=ExLlamaRuntime(...).")
-        self._check(self._overrides({}))
+        self._settings({})  # bad settings fail here, before anything loads
         if runtime is None:
             assert self.model_dir is not None
             factory = ExLlamaRuntime.shared if self.shared_runtime else ExLlamaRuntime
@@ -204,24 +202,12 @@ class ExLlamaLLM(FunctionCallingLLM):
 
     # ----------------------------------------------------------------- settings
 
-    def _overrides(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        params = {k: getattr(self, k) for k in _SETTINGS}
-        if "max_tokens" in kwargs:
-            kwargs["max_new_tokens"] = kwargs.pop("max_tokens")
-        params.update({k: v for k, v in kwargs.items() if k in GenerationSettings.model_fields})
-        stops = list(self.stop or []) + list(kwargs.get("stop") or [])
-        params["stop"] = stops or None
-        return {k: v for k, v in params.items() if v is not None}
-
-    def _check(self, overrides: dict[str, Any]) -> GenerationSettings:
-        return (
-            self._runtime.resolve_settings(None, **overrides)
-            if hasattr(self, "_runtime")
-            else GenerationSettings().merged(**overrides)
-        )
-
     def _settings(self, kwargs: dict[str, Any]) -> GenerationSettings:
-        return self._check(self._overrides(dict(kwargs)))
+        """Runtime defaults < instance fields < call kwargs (other kwargs ignored); stops unioned."""
+        overrides = call_overrides({k: getattr(self, k) for k in SAMPLING_FIELDS}, kwargs, self.stop or [])
+        if hasattr(self, "_runtime"):
+            return self._runtime.resolve_settings(None, **overrides)
+        return GenerationSettings().merged(**overrides)  # at construction, before the runtime exists
 
     # ----------------------------------------------------------------- completion
 
@@ -312,9 +298,7 @@ class ExLlamaLLM(FunctionCallingLLM):
                 json_schema=schema,
                 template_kwargs=self.chat_template_kwargs,
             )
-        if req.constraint is not None and settings.stop:
-            settings = settings.model_copy(update={"stop": []})
-        return req, settings
+        return req, req.settings_for(settings)
 
     def _chat_response(self, req: ChatRequest, acc: str, delta: str, chunk: GenerationChunk) -> ChatResponse:
         kwargs: dict[str, Any] = {}

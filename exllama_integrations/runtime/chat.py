@@ -20,6 +20,7 @@ from .constraints import TokenConstraint, strict_schema, tool_call_grammar
 
 if TYPE_CHECKING:
     from .runtime import ExLlamaRuntime
+    from .settings import GenerationSettings
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL_RE = re.compile(re.escape(TOOL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(TOOL_CLOSE) + r"|$)", re.S)
@@ -50,6 +51,12 @@ class ChatRequest:
     constraint: TokenConstraint | None = None
     tools_active: bool = False
     tools: list[dict[str, Any]] = field(default_factory=list)
+
+    def settings_for(self, settings: GenerationSettings) -> GenerationSettings:
+        """``settings`` for this request: with a constraint the grammar decides where output ends, not stops."""
+        if self.constraint is not None and settings.stop:
+            return settings.model_copy(update={"stop": []})
+        return settings
 
 
 def renders_tools(runtime: ExLlamaRuntime) -> bool:

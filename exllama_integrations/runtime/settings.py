@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -142,3 +142,20 @@ def build_settings(values: Mapping[str, Any]) -> GenerationSettings:
             loc = ".".join(str(p) for p in err["loc"]) or "settings"
             lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
         raise InvalidSettingsError("invalid generation settings: " + "; ".join(lines)) from None
+
+
+def call_overrides(
+    fields: Mapping[str, Any], call_kwargs: Mapping[str, Any], stop: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The overrides a framework wrapper asks of the runtime for one call (for ``resolve_settings``).
+
+    The wrapper's setting ``fields``, then the call's keyword arguments that are settings
+    (``max_tokens`` read as ``max_new_tokens``; other keys are the caller's to check); stop strings
+    are ``stop`` followed by the call's own. ``None`` values are dropped.
+    """
+    kw = dict(call_kwargs)
+    if "max_tokens" in kw:
+        kw["max_new_tokens"] = kw.pop("max_tokens")
+    params = {**fields, **{k: v for k, v in kw.items() if k in GenerationSettings.model_fields}}
+    params["stop"] = [*stop, *(params.get("stop") or [])] or None
+    return {k: v for k, v in params.items() if v is not None}

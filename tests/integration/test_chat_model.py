@@ -217,7 +217,8 @@ def test_tool_message_history_is_rendered_back(chat: ChatExLlama):
         AIMessage("", tool_calls=[{"name": "add", "args": {"a": 2, "b": 3}, "id": "call_1"}]),
         ToolMessage("5", tool_call_id="call_1", name="add"),
     ]
-    prompt = chat._render(history, [{"type": "function", "function": {"name": "add", "parameters": {}}}], "auto")
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
+    prompt = chat._chat_request(history, tools=tools, tool_choice="auto").prompt
     assert '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>' in prompt
     assert "<tool_response>\n5\n</tool_response>" in prompt
     assert chat.bind_tools([add]).invoke(history).content

@@ -1,7 +1,8 @@
 """ChatExLlama's chunk builder: text before a tool call streams, the call itself becomes tool_call_chunks."""
 
-from exllama_integrations.langchain.chat_models import _ChunkBuilder, _Request
+from exllama_integrations.langchain.chat_models import _ChunkBuilder
 from exllama_integrations.runtime import GenerationChunk, GenerationSettings
+from exllama_integrations.runtime.chat import ChatRequest
 from exllama_integrations.runtime.runtime import Timings, Usage
 
 
@@ -11,8 +12,7 @@ class _Tok:
 
 
 def _run(pieces: list[str], tools_active: bool):
-    req = _Request("prompt", GenerationSettings(), None, tools_active=tools_active)
-    b = _ChunkBuilder(req, "m", _Tok())
+    b = _ChunkBuilder(ChatRequest("prompt", tools_active=tools_active), GenerationSettings(), "m", _Tok())
     out = [b.feed(GenerationChunk(p)) for p in pieces]
     out.append(b.feed(GenerationChunk("", (), None, "eos", Usage(3, 9), Timings(0.1, 1.0, 10.0))))
     chunks = [c for c in out if c is not None]
