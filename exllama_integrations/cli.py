@@ -62,15 +62,16 @@ def _run_chain(llm: Any, template: str, inputs: dict[str, str]) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
     info = Stats.info
-    rt = llm.exllama_runtime
+    model = llm.exllama_runtime.model_info()
+    usage = info.get("usage") or {}
     tps = info.get("tokens_per_second")
     sys.stdout.write("\n\n")
     print(
-        f"[backend={rt.backend_name} model={rt.model_name} prompt_tokens={info.get('prompt_tokens')} "
-        f"completion_tokens={info.get('completion_tokens')} finish={info.get('finish_reason')} "
+        f"[backend={model.backend} model={model.name} prompt_tokens={usage.get('prompt_tokens')} "
+        f"completion_tokens={usage.get('completion_tokens')} finish={info.get('native_finish_reason')} "
         f"tokens/s={tps:.1f}]"
         if tps
-        else f"[backend={rt.backend_name} model={rt.model_name}]",
+        else f"[backend={model.backend} model={model.name}]",
         file=sys.stderr,
     )
 

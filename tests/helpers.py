@@ -4,23 +4,85 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoopWatch:
+    """How freely the event loop ran while a block awaited."""
+
+    ticks: int = 0
+    gaps: list[float] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    @property
+    def longest_gap(self) -> float:
+        return max(self.gaps, default=self.elapsed)
+
+    def assert_free(self) -> None:
+        """The loop kept ticking: no stall took more than half of the block's time (a blocked loop stalls for all of
+        it). Robust on a slow, busy machine: it compares the loop with itself, not with a clock budget."""
+        assert self.ticks >= 3, f"the loop ticked {self.ticks} times in {self.elapsed:.2f}s"
+        assert self.longest_gap < 0.5 * self.elapsed, (
+            f"the event loop stalled for {self.longest_gap:.2f}s of {self.elapsed:.2f}s"
+        )
 
 
 @contextlib.asynccontextmanager
-async def loop_ticks() -> AsyncIterator[list[int]]:
-    """Count how often a 10 ms ticker task runs while the block awaits: a blocked event loop barely ticks."""
-    ticks = [0]
+async def loop_ticks() -> AsyncIterator[LoopWatch]:
+    """Run a 10 ms ticker task while the block awaits, recording the gaps between its ticks."""
+    watch = LoopWatch()
     done = asyncio.Event()
 
     async def ticker() -> None:
+        last = time.perf_counter()
         while not done.is_set():
-            ticks[0] += 1
             await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            watch.ticks += 1
+            watch.gaps.append(now - last)
+            last = now
 
+    t0 = time.perf_counter()
     task = asyncio.create_task(ticker())
     try:
-        yield ticks
+        yield watch
     finally:
+        watch.elapsed = time.perf_counter() - t0
         done.set()
         await task
+
+
+def run_isolated(code: str, timeout: float = 120, memory_mb: int | None = None, env: dict | None = None) -> dict:
+    """Run ``code`` in a fresh interpreter with a time limit (and an address-space cap); return the JSON it prints.
+
+    A regression that hangs or eats memory fails here instead of hanging or killing the test run.
+    """
+    preexec = None
+    if memory_mb is not None:
+
+        def preexec() -> None:
+            import resource
+
+            limit = memory_mb * 2**20
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=preexec,
+            env={**os.environ, **(env or {})},
+        )
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"timed out after {timeout}s (hang?); output so far: {e.stdout!r} {e.stderr!r}") from None
+    assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-3000:]}"
+    return json.loads(out.stdout.strip().splitlines()[-1])

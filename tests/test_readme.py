@@ -1,23 +1,91 @@
-"""The README's Python examples run as written on CPU (the README must not drift from the code)."""
+"""The README's Python examples run as written on CPU, and each one's claims are asserted.
+
+Blocks run in order in one namespace; every block must have a check below (a new example without
+one fails), keyed by a line that only that block has.
+"""
 
 import re
 from pathlib import Path
+
+import pytest
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 
 
-def test_readme_has_examples():
+def _model_dir(ns, out):
+    assert Path(ns["model_dir"], "config.json").is_file()
+
+
+def _llm(ns, out):
+    assert "Paris" in out
+    text = "How many tokens is this?"
+    assert ns["n"] == len(ns["llm"].exllama_runtime.encode(text)) > 0
+
+
+def _chat(ns, out):
+    msg, chat = ns["msg"], ns["chat"]
+    assert "Paris" in msg.content and msg.response_metadata["finish_reason"] == "stop"
+    prompt_tokens = chat.get_num_tokens_from_messages(
+        [("system", "Be brief."), ("human", "What is the capital of France?")]
+    )
+    assert msg.usage_metadata["input_tokens"] == prompt_tokens
+    assert "name='Paris'" in out
+    call = ns["call"].tool_calls[0]
+    assert call["name"] == "add" and call["args"] == {"a": 2, "b": 3} and call["id"].startswith("call_")
+
+
+def _from_model_id(ns, out):
+    assert "Paris" in out and ns["llm"].temperature == 0.0
+
+
+def _llama_index(ns, out):
+    counter, answer = ns["counter"], ns["answer"]
+    assert "Paris" in str(answer)
+    assert f"{counter.prompt_llm_token_count} {counter.completion_llm_token_count}" in out
+    assert counter.prompt_llm_token_count > 20  # the rendered prompt, counted by the model's tokenizer
+    n = len(ns["li_llm"].tokenizer_fn(str(answer)))
+    assert counter.completion_llm_token_count in (n, n + 1)  # + the end-of-turn token when it ended there
+
+
+def _runtime(ns, out):
+    r, rt = ns["r"], ns["rt"]
+    assert "Paris" in r.text and r.finish_reason in ("eos", "length")
+    assert r.usage.prompt_tokens == len(rt.encode("The capital of France is", add_special_tokens=True))
+    assert r.timings.time_to_first_token > 0
+
+
+CHECKS = {
+    "model_dir = str(demo_model_dir())": _model_dir,
+    "chain = PromptTemplate": _llm,
+    "chat = ChatExLlama(": _chat,
+    "ExLlamaLLM.from_model_id(": _from_model_id,
+    "TokenCountingHandler(": _llama_index,
+    "rt = ExLlamaRuntime.shared(": _runtime,
+}
+
+
+def _check_for(block: str):
+    found = [check for key, check in CHECKS.items() if key in block]
+    assert len(found) == 1, f"README block without exactly one check:\n{block}"
+    return found[0]
+
+
+def test_every_readme_example_has_a_check():
     assert len(BLOCKS) >= 6
+    for block in BLOCKS:
+        _check_for(block)
 
 
-def test_readme_python_blocks_run_in_order(demo_dir, capsys):
+def test_readme_python_blocks_run_in_order_and_do_what_they_say(demo_dir, capsys):
     namespace: dict = {}
     for i, block in enumerate(BLOCKS):
         try:
             exec(compile(block, f"README.md python block {i + 1}", "exec"), namespace)
         except Exception as e:  # pragma: no cover - the message is what matters
             raise AssertionError(f"README python block {i + 1} failed: {type(e).__name__}: {e}\n{block}") from e
-    out = capsys.readouterr().out
-    assert "Paris" in out
-    assert "'name': 'add'" in out
+        out = capsys.readouterr().out
+        try:
+            _check_for(block)(namespace, out)
+        except AssertionError as e:
+            pytest.fail(f"README python block {i + 1} does not do what it says: {e}\noutput: {out!r}")

@@ -1,22 +1,26 @@
-"""LangChain messages to template dicts and tool calls back (the shared logic is in runtime.chat)."""
+"""LangChain messages as chat-template dicts, and chat outcomes back as LangChain chunks (types only)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.messages import (
     AIMessage,
+    AIMessageChunk,
     BaseMessage,
     ChatMessage,
     HumanMessage,
     SystemMessage,
     ToolMessage,
 )
-from langchain_core.messages.tool import invalid_tool_call, tool_call
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGenerationChunk
 
 from ..errors import InvalidSettingsError
-from ..runtime.chat import ParsedToolCall, parse_tool_calls, tool_call_text, tool_response_text
+from ..runtime.chat import TOOL_OPEN
+from ..runtime.chat_outcome import ChatDelta, ChatOutcome, logprobs_content
 
 
 def text_of(content: str | list[Any]) -> str:
@@ -40,12 +44,8 @@ def text_of(content: str | list[Any]) -> str:
     return "".join(parts)
 
 
-def to_template_messages(messages: Sequence[BaseMessage], native_tools: bool) -> list[dict[str, Any]]:
-    """LangChain messages as the ``{"role", "content", ...}`` dicts that chat templates expect.
-
-    With ``native_tools`` the template renders tool calls and results itself (HF conventions);
-    otherwise calls are written as ``<tool_call>`` JSON and results as ``<tool_response>`` user turns.
-    """
+def to_template_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages as ``{"role", "content", ...}`` dicts in Hugging Face conventions (see runtime.chat)."""
     out: list[dict[str, Any]] = []
     for m in messages:
         if isinstance(m, SystemMessage):
@@ -53,13 +53,8 @@ def to_template_messages(messages: Sequence[BaseMessage], native_tools: bool) ->
         elif isinstance(m, HumanMessage):
             d = {"role": "user", "content": text_of(m.content)}
         elif isinstance(m, AIMessage):
-            text = text_of(m.content)
-            if m.tool_calls and not native_tools:
-                text = (text + "\n" if text else "") + "".join(
-                    tool_call_text(c["name"], c["args"]) for c in m.tool_calls
-                )
-            d = {"role": "assistant", "content": text}
-            if m.tool_calls and native_tools:
+            d = {"role": "assistant", "content": text_of(m.content)}
+            if m.tool_calls:
                 d["tool_calls"] = [
                     {"id": c.get("id"), "type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
                     for c in m.tool_calls
@@ -68,10 +63,7 @@ def to_template_messages(messages: Sequence[BaseMessage], native_tools: bool) ->
             body = text_of(m.content)
             if getattr(m, "status", "success") == "error":
                 body = f"Error: {body}"
-            if native_tools:
-                d = {"role": "tool", "content": body, "tool_call_id": m.tool_call_id}
-            else:
-                d = {"role": "user", "content": tool_response_text(body)}
+            d = {"role": "tool", "content": body, "tool_call_id": m.tool_call_id}
         elif isinstance(m, ChatMessage):
             d = {"role": m.role, "content": text_of(m.content)}
         else:
@@ -82,11 +74,33 @@ def to_template_messages(messages: Sequence[BaseMessage], native_tools: bool) ->
     return out
 
 
-def lc_tool_call(call: ParsedToolCall) -> Any:
-    """A parsed call as a LangChain tool_call, or invalid_tool_call when it did not parse."""
-    if call.error is None:
-        return tool_call(name=call.name or "", args=call.arguments or {}, id=call.id)
-    return invalid_tool_call(name=call.name, args=call.raw, id=call.id, error=call.error)
+def lc_chat_chunk(item: ChatDelta | ChatOutcome, wants_logprobs: bool) -> ChatGenerationChunk:
+    """A chat delta or the final outcome as a LangChain chunk (the outcome carries usage and tool calls)."""
+    if isinstance(item, ChatDelta):
+        lp: dict[str, Any] = {"logprobs": {"content": logprobs_content(item.logprobs)}} if item.logprobs else {}
+        return ChatGenerationChunk(message=AIMessageChunk(content=item.text, response_metadata=lp))
+    tool_chunks = []
+    for i, c in enumerate(item.tool_calls):
+        # A malformed call keeps its raw text, tag included: LangChain's partial-JSON parse of chunk args
+        # would otherwise "repair" it into a valid-looking call with missing arguments.
+        args = TOOL_OPEN + c.raw if c.error else json.dumps(c.arguments, ensure_ascii=False)
+        tool_chunks.append({"name": c.name, "args": args, "id": c.id, "index": i, "type": "tool_call_chunk"})
+    md: dict[str, Any] = {**item.metadata, "model_provider": "exllama"}
+    if wants_logprobs:
+        md["logprobs"] = {"content": []}  # the streamed chunks' logprobs concatenate into this
+    usage = UsageMetadata(  # type: ignore[typeddict-item]  # the token details are optional
+        input_tokens=item.usage.prompt_tokens,
+        output_tokens=item.usage.completion_tokens,
+        total_tokens=item.usage.total_tokens,
+    )
+    msg = AIMessageChunk(
+        content=item.tail,
+        usage_metadata=usage,
+        response_metadata=md,
+        tool_call_chunks=tool_chunks,  # type: ignore[arg-type]  # dicts of ToolCallChunk's shape
+        chunk_position="last",
+    )
+    return ChatGenerationChunk(message=msg, generation_info={"finish_reason": item.finish_reason})
 
 
-__all__ = ["lc_tool_call", "parse_tool_calls", "text_of", "to_template_messages"]
+__all__ = ["lc_chat_chunk", "text_of", "to_template_messages"]

@@ -1,8 +1,12 @@
-"""LangChain ``BaseChatModel`` over an ExLlama runtime: chat templates, tools, structured output."""
+"""LangChain ``BaseChatModel`` over any ExLlama Runtime: chat templates, tools, structured output (types only).
+
+Everything about chat itself (rendering, tools, grammars, hold-back of tool tags, finish reasons,
+metadata) is decided in :mod:`exllama_integrations.runtime.chat`, the same for LlamaIndex and the server.
+"""
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
@@ -10,8 +14,7 @@ from typing import Any, Literal
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages import AIMessage, BaseMessage, convert_to_messages
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
 from langchain_core.output_parsers.pydantic import PydanticOutputParser
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
@@ -19,110 +22,20 @@ from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from ..errors import ConstraintViolationError, InvalidSettingsError
-from ..runtime import GenerationChunk as RuntimeChunk
-from ..runtime import GenerationSettings
-from ..runtime.chat import TOOL_OPEN, ChatRequest, build_chat_request, forced_tools, parse_tool_calls, renders_tools
-from ..runtime.streaming import StopStringMatcher
-from ._chat_utils import to_template_messages
-from ._utils import ExLlamaRuntimeMixin
+from ..errors import InvalidSettingsError
+from ..runtime.chat import ChatRequest, PreparedChat, forced_tools, prepare_chat
+from ..runtime.chat_outcome import astream_chat, stream_chat
+from ..runtime.constraints import check_depth
+from ..runtime.settings import GenerationSettings
+from ._chat_utils import lc_chat_chunk, to_template_messages
+from ._utils import ExLlamaLangChainMixin
 
-_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "cancelled"}
-
-
-class _ChunkBuilder:
-    """Runtime chunks -> ChatGenerationChunks; holds back ``<tool_call>`` text when tools are bound."""
-
-    def __init__(self, req: ChatRequest, settings: GenerationSettings, model_name: str, tokenizer: Any) -> None:
-        self.req = req
-        self.settings = settings
-        self.model_name = model_name
-        self.tokenizer = tokenizer
-        self.raw: list[str] = []
-        self.shown = ""
-        # With tools bound, text from "<tool_call>" on is held back (it becomes tool_call_chunks); the
-        # stop-string matcher holds a partial tag across chunks exactly as it holds a partial stop.
-        self._tag = StopStringMatcher([TOOL_OPEN]) if req.tools_active else None
-
-    def _visible(self, text: str) -> str:
-        return text if self._tag is None else self._tag.push(text)
-
-    def feed(self, chunk: RuntimeChunk) -> ChatGenerationChunk | None:
-        self.raw.append(chunk.text)
-        if chunk.finish_reason is None:
-            text = self._visible(chunk.text)
-            info = self._logprobs(chunk)
-            if not text and not info:
-                return None
-            self.shown += text
-            msg = AIMessageChunk(content=text, response_metadata={"logprobs": info} if info else {})
-            return ChatGenerationChunk(message=msg)
-        return self._final(chunk)
-
-    def _logprobs(self, chunk: RuntimeChunk) -> dict[str, Any] | None:
-        if not chunk.logprobs:
-            return None
-        dec = self.tokenizer.decode
-        return {
-            "content": [
-                {
-                    "token": dec([lp.token_id]),
-                    "logprob": lp.logprob,
-                    "top_logprobs": [{"token": dec([t]), "logprob": v} for t, v in lp.top],
-                }
-                for lp in chunk.logprobs
-            ]
-        }
-
-    def _final(self, chunk: RuntimeChunk) -> ChatGenerationChunk:
-        assert chunk.usage is not None and chunk.timings is not None
-        raw = "".join(self.raw)
-        if self.req.constraint is not None and chunk.constraint_complete is False:
-            raise ConstraintViolationError(
-                f"the constrained output was cut at max_tokens={self.settings.max_new_tokens} before it was "
-                f"complete ({raw[-80:]!r}); raise max_tokens."
-            )
-        tool_chunks: list[dict[str, Any]] = []
-        content = raw
-        if self.req.tools_active:
-            content, calls = parse_tool_calls(raw)
-            for i, c in enumerate(calls):
-                # A malformed call keeps its raw text, tag included: LangChain's partial-JSON parse of
-                # chunk args would otherwise "repair" it into a valid-looking call with missing arguments.
-                args = TOOL_OPEN + c.raw if c.error else json.dumps(c.arguments, ensure_ascii=False)
-                tool_chunks.append({"name": c.name, "args": args, "id": c.id, "index": i, "type": "tool_call_chunk"})
-        tail = content[len(self.shown) :] if content.startswith(self.shown) else ""
-        finish = _FINISH.get(chunk.finish_reason or "", chunk.finish_reason)
-        if tool_chunks:
-            finish = "tool_calls"
-        metadata = {
-            "model_name": self.model_name,
-            "finish_reason": finish,
-            "backend_finish_reason": chunk.finish_reason,
-            "time_to_first_token": chunk.timings.time_to_first_token,
-            "tokens_per_second": chunk.timings.tokens_per_second,
-            "model_provider": "exllama",
-        }
-        if chunk.stop_string is not None:
-            metadata["stop_string"] = chunk.stop_string
-        usage = UsageMetadata(  # type: ignore[typeddict-item]  # the token details are optional
-            input_tokens=chunk.usage.prompt_tokens,
-            output_tokens=chunk.usage.completion_tokens,
-            total_tokens=chunk.usage.total_tokens,
-        )
-        msg = AIMessageChunk(
-            content=tail,
-            usage_metadata=usage,
-            response_metadata=metadata,
-            tool_call_chunks=tool_chunks,  # type: ignore[arg-type]  # dicts of ToolCallChunk's shape
-            chunk_position="last",
-        )
-        return ChatGenerationChunk(message=msg, generation_info={"finish_reason": finish})
+_JSON_SCHEMA_KEYS = ("type", "properties", "$ref", "$defs", "definitions", "anyOf", "oneOf", "allOf", "enum", "const")
 
 
-class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
+class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
     r"""ExLlama as a LangChain chat model: the model's own chat template, tools, structured output.
 
     Shares the loaded runtime with every other wrapper on the same model directory.
@@ -156,59 +69,44 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
     """Accepted for LangChain's standard parameters; local generation is not retried."""
     streaming: bool = False
     """Stream by default in ``invoke`` (callbacks see tokens either way)."""
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Extra variables for the chat template (e.g. ``{"enable_thinking": False}``)."""
 
     @property
     def _llm_type(self) -> str:
         return "exllama-chat"
 
-    # ----------------------------------------------------------------- token counting
+    # ----------------------------------------------------------------- requests
 
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
         """Exact prompt tokens: the messages rendered by the chat template (with the generation prompt)."""
-        tool_specs = [convert_to_openai_tool(t) for t in tools] if tools else None
-        prompt = self._chat_request(messages, tools=tool_specs).prompt
-        return len(self.exllama_runtime.encode(prompt))
+        tool_specs = [convert_to_openai_tool(t) for t in tools] if tools else ()
+        request = self._chat_request(convert_to_messages(messages), {"tools": tool_specs})
+        prompt = prepare_chat(self._runtime, request).prompt
+        return len(prompt) if isinstance(prompt, list) else len(self._runtime.encode(prompt))
 
-    # ----------------------------------------------------------------- request building
-
-    @property
-    def _native_tools(self) -> bool:
-        return renders_tools(self.exllama_runtime)
-
-    def _chat_request(self, messages: list[BaseMessage], **request: Any) -> ChatRequest:
-        """The rendered prompt and constraint for ``messages`` (``request``: build_chat_request's options)."""
-        return build_chat_request(
-            self.exllama_runtime,
-            to_template_messages(messages, native_tools=self._native_tools),
+    def _chat_request(self, messages: list[BaseMessage], bound: dict[str, Any]) -> ChatRequest:
+        return ChatRequest(
+            messages=to_template_messages(messages),
+            tools=bound.get("tools") or (),
+            tool_choice=bound.get("tool_choice"),
+            response_format=bound.get("response_format"),
             template_kwargs=self.chat_template_kwargs,
-            **request,
+            chat_template=self.chat_template,
+            split_special_tokens=self.split_special_tokens,
         )
 
-    def _request(
+    def _split(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> tuple[ChatRequest, GenerationSettings]:
         kwargs = dict(kwargs)
-        tools = kwargs.pop("tools", None)
-        tool_choice = kwargs.pop("tool_choice", None)
-        response_format = kwargs.pop("response_format", None)
+        bound = {k: kwargs.pop(k, None) for k in ("tools", "tool_choice", "response_format")}
         kwargs.pop("ls_structured_output_format", None)
-        if kwargs.pop("logprobs", None):
-            kwargs["logprobs"] = int(kwargs.pop("top_logprobs", 0) or 0)
-        else:
-            kwargs.pop("top_logprobs", None)
-        settings = self._generate_params(stop, **kwargs)
-        # _schema_of: the schema for json_schema, None for json_object (any JSON object)
-        schema = _schema_of(response_format) if response_format is not None else None
-        chat = self._chat_request(
-            messages,
-            tools=tools,
-            tool_choice=tool_choice,
-            json_schema=schema,
-            json_object=response_format is not None and schema is None,
-        )
-        return chat, chat.settings_for(settings)
+        return self._chat_request(messages, bound), self._settings(stop, kwargs)
+
+    def _prepare(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[PreparedChat, GenerationSettings]:
+        request, settings = self._split(messages, stop, kwargs)
+        return prepare_chat(self._runtime, request), settings
 
     # ----------------------------------------------------------------- generation
 
@@ -219,18 +117,12 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        req, settings = self._request(messages, stop, kwargs)
-        builder = _ChunkBuilder(req, settings, self.model_name, self.exllama_runtime.tokenizer)
-        with self.exllama_runtime.stream(
-            req.prompt, settings, constraint=req.constraint, add_special_tokens=False
-        ) as stream:
-            for rc in stream:
-                chunk = builder.feed(rc)
-                if chunk is None:
-                    continue
-                if run_manager is not None:
-                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-                yield chunk
+        prepared, settings = self._prepare(messages, stop, kwargs)
+        for item in stream_chat(self._runtime, prepared, settings):
+            chunk = lc_chat_chunk(item, settings.logprobs is not None)
+            if run_manager is not None:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
 
     async def _astream(
         self,
@@ -239,14 +131,10 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        req, settings = self._request(messages, stop, kwargs)
-        builder = _ChunkBuilder(req, settings, self.model_name, self.exllama_runtime.tokenizer)
-        async for rc in self.exllama_runtime.astream(
-            req.prompt, settings, constraint=req.constraint, add_special_tokens=False
-        ):
-            chunk = builder.feed(rc)
-            if chunk is None:
-                continue
+        request, settings = self._split(messages, stop, kwargs)
+        prepared = await asyncio.to_thread(prepare_chat, self._runtime, request)  # the template renders off the loop
+        async for item in astream_chat(self._runtime, prepared, settings):
+            chunk = lc_chat_chunk(item, settings.logprobs is not None)
             if run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
@@ -350,23 +238,15 @@ class ChatExLlama(ExLlamaRuntimeMixin, BaseChatModel):
 
 
 def _json_schema(schema: Any) -> dict[str, Any]:
-    if isinstance(schema, dict) and ("properties" in schema or "type" in schema or "anyOf" in schema):
-        return schema  # already a JSON schema: keep it exactly (converting can drop "required")
+    if isinstance(schema, dict):
+        check_depth(schema)  # before LangChain's own converters recurse out of stack on it
+    if isinstance(schema, dict) and any(k in schema for k in _JSON_SCHEMA_KEYS):
+        return schema  # already a JSON schema (top-level $ref, oneOf, enum included): keep it exactly
     if isinstance(schema, type) and is_basemodel_subclass(schema) and hasattr(schema, "model_json_schema"):
         return schema.model_json_schema()
-    return convert_to_json_schema(schema)
-
-
-def _schema_of(response_format: dict[str, Any]) -> dict[str, Any] | None:
-    if not isinstance(response_format, dict):
-        raise InvalidSettingsError("response_format must be a dict like {'type': 'json_schema', ...}")
-    kind = response_format.get("type")
-    if kind == "json_object":
-        return None
-    if kind == "json_schema":
-        js = response_format.get("json_schema") or {}
-        schema = js.get("schema", js)
-        if not isinstance(schema, dict):
-            raise InvalidSettingsError("response_format.json_schema.schema must be a JSON schema object")
-        return schema
-    raise InvalidSettingsError(f"response_format type must be json_schema or json_object, not {kind!r}")
+    try:
+        return convert_to_json_schema(schema)
+    except (ValueError, TypeError) as e:
+        raise InvalidSettingsError(
+            f"cannot turn {schema!r} into a JSON schema ({e}); pass a pydantic class, a TypedDict or a JSON schema."
+        ) from None

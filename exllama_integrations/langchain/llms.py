@@ -1,4 +1,4 @@
-"""LangChain ``BaseLLM`` over an ExLlama runtime."""
+"""LangChain ``BaseLLM`` over any ExLlama Runtime (in process, or a server through ``base_url``)."""
 
 from __future__ import annotations
 
@@ -11,43 +11,16 @@ from langchain_core.language_models import BaseLLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
 from ..errors import InvalidSettingsError
-from ..runtime import GenerationChunk as RuntimeChunk
-from ..runtime import GenerationResult
-from ._utils import ExLlamaRuntimeMixin
+from ..runtime.chat import ChatRequest, prepare_chat
+from ..runtime.chat_outcome import metadata
+from ._utils import ExLlamaLangChainMixin, lc_chunk
 
 _HF_TASKS = ("text-generation",)
 # HuggingFacePipeline pipeline_kwargs that map onto our fields one to one.
 _HF_SAME = ("max_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "typical_p", "min_p", "seed")
 
 
-def _lc_chunk(chunk: RuntimeChunk) -> GenerationChunk:
-    info = None
-    if chunk.finish_reason is not None:
-        assert chunk.usage is not None and chunk.timings is not None
-        info = {
-            "finish_reason": chunk.finish_reason,
-            "prompt_tokens": chunk.usage.prompt_tokens,
-            "completion_tokens": chunk.usage.completion_tokens,
-            "total_tokens": chunk.usage.total_tokens,
-            "time_to_first_token": chunk.timings.time_to_first_token,
-            "tokens_per_second": chunk.timings.tokens_per_second,
-        }
-        if chunk.stop_string is not None:
-            info["stop_string"] = chunk.stop_string
-    if chunk.logprobs:
-        info = dict(info or {})
-        info["logprobs"] = [
-            {"token_id": lp.token_id, "logprob": lp.logprob, "top_logprobs": [list(t) for t in lp.top]}
-            for lp in chunk.logprobs
-        ]
-    return GenerationChunk(text=chunk.text, generation_info=info)
-
-
-def _generation(result: GenerationResult, prefix: str = "") -> Generation:
-    return Generation(text=prefix + result.text, generation_info=result.info())
-
-
-class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
+class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
     r"""ExLlama as a LangChain LLM: real token streaming, native token counts, shared loaded model.
 
     Example:
@@ -75,6 +48,18 @@ class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
 
     # ----------------------------------------------------------------- generation
 
+    def _prompt(self, prompt: str) -> tuple[str | list[int], bool]:
+        """What to generate from, and whether the tokenizer adds its special tokens (BOS)."""
+        if not self.use_chat_template:
+            return prompt, True
+        request = ChatRequest(
+            messages=[{"role": "user", "content": prompt}],
+            template_kwargs=self.chat_template_kwargs,
+            chat_template=self.chat_template,
+            split_special_tokens=self.split_special_tokens,
+        )
+        return prepare_chat(self._runtime, request).prompt, False
+
     def _stream(
         self,
         prompt: str,
@@ -82,19 +67,14 @@ class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
-        settings = self._generate_params(stop, **kwargs)
+        settings = self._settings(stop, kwargs)
+        info = self._runtime.model_info()
         if self.return_full_text:
             yield self._emit(GenerationChunk(text=prompt), run_manager)
         text, add_special = self._prompt(prompt)
-        with self.exllama_runtime.stream(text, settings, add_special_tokens=add_special) as stream:
+        with self._runtime.stream(text, settings, add_special_tokens=add_special) as stream:
             for chunk in stream:
-                yield self._emit(_lc_chunk(chunk), run_manager)
-
-    def _prompt(self, prompt: str) -> tuple[str, bool]:
-        """The text to generate from, and whether the tokenizer adds its special tokens (BOS)."""
-        if not self.use_chat_template:
-            return prompt, True
-        return self.exllama_runtime.chat_prompt([{"role": "user", "content": prompt}]), False
+                yield self._emit(lc_chunk(chunk, info.name, info.backend, settings.logprobs is not None), run_manager)
 
     @staticmethod
     def _emit(chunk: GenerationChunk, run_manager: CallbackManagerForLLMRun | None) -> GenerationChunk:
@@ -109,15 +89,16 @@ class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        settings = self._generate_params(stop, **kwargs)
+        settings = self._settings(stop, kwargs)
+        info = self._runtime.model_info()
         if self.return_full_text:
             first = GenerationChunk(text=prompt)
             if run_manager is not None:
                 await run_manager.on_llm_new_token(first.text, chunk=first)
             yield first
-        text, add_special = self._prompt(prompt)
-        async for chunk in self.exllama_runtime.astream(text, settings, add_special_tokens=add_special):
-            lc = _lc_chunk(chunk)
+        text, add_special = await asyncio.to_thread(self._prompt, prompt)
+        async for chunk in self._runtime.astream(text, settings, add_special_tokens=add_special):
+            lc = lc_chunk(chunk, info.name, info.backend, settings.logprobs is not None)
             if run_manager is not None and lc.text:
                 await run_manager.on_llm_new_token(lc.text, chunk=lc)
             yield lc
@@ -136,13 +117,21 @@ class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
             assert final is not None
             gens = [[Generation(text=final.text, generation_info=final.generation_info)]]
         else:
-            # Several prompts: one dynamic batch on backends that batch (exllamav3).
-            settings = self._generate_params(stop, **kwargs)
-            prefix = prompts if self.return_full_text else [""] * len(prompts)
-            results = self.exllama_runtime.batch(
+            # Several prompts: handed to the runtime together (one dynamic batch on exllamav3).
+            settings = self._settings(stop, kwargs)
+            info = self._runtime.model_info()
+            results = self._runtime.batch(
                 [self._prompt(p)[0] for p in prompts], settings, add_special_tokens=not self.use_chat_template
             )
-            gens = [[_generation(r, p)] for r, p in zip(results, prefix)]
+            gens = [
+                [
+                    Generation(
+                        text=(p if self.return_full_text else "") + r.text,
+                        generation_info=metadata(r, model_name=info.name, backend=info.backend, logprobs=r.logprobs),
+                    )
+                ]
+                for r, p in zip(results, prompts)
+            ]
         return LLMResult(generations=gens, llm_output=self._llm_output(gens))
 
     async def _agenerate(
@@ -166,9 +155,9 @@ class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
     def _llm_output(self, gens: list[list[Generation]]) -> dict[str, Any]:
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         for g in gens:
-            info = g[0].generation_info or {}
+            counts = (g[0].generation_info or {}).get("usage") or {}
             for k in usage:
-                usage[k] += int(info.get(k, 0))
+                usage[k] += int(counts.get(k, 0))
         return {"token_usage": usage, "model_name": self.model_name}
 
     # ----------------------------------------------------------------- HuggingFacePipeline drop-in
@@ -188,7 +177,8 @@ class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
     ) -> ExLlamaLLM:
         """Build from HuggingFacePipeline.from_model_id's arguments: swap the class name, keep the call.
 
-        ``model_id`` is a local model directory (weights cannot come from a hub). ``device=-1``
+        ``model_id`` is a local model directory or a Hub id (``org/name``, taken through huggingface_hub's
+        cache; only configs, tokenizers and safetensors are downloaded). ``device=-1``
         or ``"cpu"`` selects the CPU reference backend; a GPU index keeps ExLlama. ``pipeline_kwargs``
         (max_new_tokens, temperature, top_p, top_k, do_sample, repetition_penalty, return_full_text)
         become our fields; ``do_sample=False`` (transformers' default) means greedy.
@@ -225,7 +215,7 @@ class ExLlamaLLM(ExLlamaRuntimeMixin, BaseLLM):
         if backend not in ("default", "auto"):
             fields["backend"] = backend
         if device in (-1, "cpu"):
-            fields["backend"] = "transformers"
+            fields["backend"] = "transformers"  # resolves to the same shared runtime as "auto" on a CPU machine
         elif isinstance(device, int) and device >= 0:
             fields["device"] = f"cuda:{device}"
         elif isinstance(device, str):

@@ -1,7 +1,12 @@
-"""LlamaIndex ``LLM`` over an ExLlama runtime: native chat, real async, exact token counts, tools."""
+"""LlamaIndex ``FunctionCallingLLM`` over any ExLlama Runtime: native chat, real async, exact token counts, tools.
+
+Types only: chat itself (rendering, tools, grammars, tool-tag hold-back, finish reasons, metadata)
+is decided in :mod:`exllama_integrations.runtime.chat`, the same as for LangChain and the server.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,105 +25,27 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
-from pydantic import Field, PrivateAttr
 
-from ..errors import ConstraintViolationError, InvalidSettingsError
-from ..runtime import ExLlamaRuntime, GenerationChunk, GenerationSettings
-from ..runtime.chat import (
-    ChatRequest,
-    build_chat_request,
-    parse_tool_calls,
-    renders_tools,
-    tool_call_text,
-    tool_response_text,
-)
-from ..runtime.settings import SAMPLING_FIELDS, call_overrides
+from .._adapter import ExLlamaConfig
+from ..runtime.api import StreamChunk
+from ..runtime.chat import ChatRequest, PreparedChat, prepare_chat
+from ..runtime.chat_outcome import ChatDelta, ChatOutcome, astream_chat, metadata, stream_chat
+from ..runtime.settings import GenerationSettings
+from ._utils import alast_response, is_custom_messages_to_prompt, last_response, li_logprobs, template_messages
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
     from pydantic import BaseModel
 
-
-def _text(message: ChatMessage) -> str:
-    parts = []
-    for block in message.blocks:
-        kind = getattr(block, "block_type", "text")
-        if kind == "text":
-            parts.append(block.text)  # type: ignore[union-attr]
-        elif kind not in ("tool_call", "thinking"):
-            raise InvalidSettingsError(
-                f"message blocks of type {kind!r} are not supported: this model takes text only."
-            )
-    return "".join(parts)
+# What LlamaIndex itself passes through chat(**kwargs) that is not a generation setting.
+_CHAT_KWARGS = ("tools", "tool_choice", "json_schema")
 
 
-def _template_messages(messages: Sequence[ChatMessage], native_tools: bool) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        role = m.role.value if isinstance(m.role, MessageRole) else str(m.role)
-        text = _text(m)
-        calls = m.additional_kwargs.get("tool_calls") or []
-        if role == MessageRole.ASSISTANT.value and calls:
-            parsed = [(c["function"]["name"], _args(c["function"].get("arguments"))) for c in calls]
-            if native_tools:
-                out.append(
-                    {
-                        "role": "assistant",
-                        "content": text,
-                        "tool_calls": [
-                            {"id": c.get("id"), "type": "function", "function": {"name": n, "arguments": a}}
-                            for c, (n, a) in zip(calls, parsed)
-                        ],
-                    }
-                )
-            else:
-                out.append(
-                    {
-                        "role": "assistant",
-                        "content": (text + "\n" if text else "") + "".join(tool_call_text(n, a) for n, a in parsed),
-                    }
-                )
-            continue
-        if role in (MessageRole.TOOL.value, MessageRole.FUNCTION.value):
-            if native_tools:
-                out.append({"role": "tool", "content": text, "tool_call_id": m.additional_kwargs.get("tool_call_id")})
-            else:
-                out.append({"role": "user", "content": tool_response_text(text)})
-            continue
-        if role in (MessageRole.DEVELOPER.value,):
-            role = "system"
-        out.append({"role": role, "content": text})
-    return out
-
-
-def _args(a: Any) -> dict[str, Any]:
-    if isinstance(a, dict):
-        return a
-    try:
-        v = json.loads(a or "{}")
-    except json.JSONDecodeError:
-        return {}
-    return v if isinstance(v, dict) else {}
-
-
-def _usage(chunk: GenerationChunk) -> dict[str, Any]:
-    assert chunk.usage is not None and chunk.timings is not None
-    return {
-        "usage": {
-            "prompt_tokens": chunk.usage.prompt_tokens,
-            "completion_tokens": chunk.usage.completion_tokens,
-            "total_tokens": chunk.usage.total_tokens,
-        },
-        "finish_reason": chunk.finish_reason,
-        "time_to_first_token": chunk.timings.time_to_first_token,
-        "tokens_per_second": chunk.timings.tokens_per_second,
-    }
-
-
-class ExLlamaLLM(FunctionCallingLLM):
+class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
     """ExLlama as a LlamaIndex LLM (completion, chat, streaming, async, tools, structured output).
 
-    Shares the loaded runtime with the LangChain classes built on the same model directory.
+    Shares the loaded runtime with the LangChain classes built on the same model directory; with
+    ``base_url=`` it uses a server's model instead, with the same behaviour.
 
     Example:
         .. code-block:: python
@@ -133,65 +60,27 @@ class ExLlamaLLM(FunctionCallingLLM):
             print(index.as_query_engine().query("What is the capital of France?"))
     """
 
-    model_dir: str | None = Field(default=None, description="Model directory (or pass runtime=).")
-    backend: str = Field(default="auto", description="auto, exllamav3, exllama, exllamav2 or transformers.")
-    max_new_tokens: int | None = Field(default=None, description="Most tokens to generate (runtime default 256).")
-    temperature: float | None = Field(default=None, description="Sampling temperature; 0 is greedy.")
-    top_k: int | None = Field(default=None, description="Top-k truncation; 0 disables.")
-    top_p: float | None = Field(default=None, description="Nucleus sampling mass; 1.0 disables.")
-    min_p: float | None = Field(default=None, description="Min-p truncation; 0 disables.")
-    typical: float | None = Field(default=None, description="Locally typical sampling; 1.0 disables.")
-    repetition_penalty: float | None = Field(default=None, description="Repetition penalty; 1.0 disables.")
-    no_repeat_ngram_size: int | None = Field(default=None, description="Never repeat an n-gram this long.")
-    seed: int | None = Field(default=None, description="Sampling seed.")
-    stop: list[str] | None = Field(default=None, description="Stop strings, never part of the output.")
-    max_seq_len: int | None = Field(default=None, description="Context (cache) length to allocate.")
-    dtype: str | None = Field(default=None, description="Weights dtype for backends that take one.")
-    device: str | None = Field(default=None, description="Device for backends that take one.")
-    backend_options: dict[str, Any] = Field(default_factory=dict, description="Backend-specific load options.")
-    shared_runtime: bool = Field(default=True, description="Reuse the runtime loaded for this directory.")
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra chat template variables.")
-
-    _runtime: ExLlamaRuntime = PrivateAttr()
-
-    def __init__(self, runtime: ExLlamaRuntime | None = None, **kwargs: Any) -> None:
-        """Load (or borrow) the runtime; bad settings and model directories raise typed errors here."""
-        super().__init__(**kwargs)
-        if runtime is None and not self.model_dir:
-            raise InvalidSettingsError("pass model_dir='path/to/model' or runtime=ExLlamaRuntime(...).")
-        self._settings({})  # bad settings fail here, before anything loads
-        if runtime is None:
-            assert self.model_dir is not None
-            factory = ExLlamaRuntime.shared if self.shared_runtime else ExLlamaRuntime
-            runtime = factory(
-                self.model_dir,
-                self.backend,
-                max_seq_len=self.max_seq_len,
-                dtype=self.dtype,
-                device=self.device,
-                **self.backend_options,
-            )
-        self._runtime = runtime
+    @classmethod
+    def _normalize_init(cls, data: dict[str, Any]) -> dict[str, Any]:
+        data = dict(data)
+        if "context_window" in data:  # LlamaIndex's name for the context to allocate
+            data.setdefault("max_seq_len", data.pop("context_window"))
+        return super()._normalize_init(data)
 
     @classmethod
     def class_name(cls) -> str:
         return "ExLlamaLLM"
 
     @property
-    def exllama_runtime(self) -> ExLlamaRuntime:
-        """The loaded runtime."""
-        return self._runtime
-
-    @property
     def metadata(self) -> LLMMetadata:
         """Read from the loaded model: context window (cache size), chat template, tool support."""
-        rt = self._runtime
+        info = self._runtime.model_info()
         return LLMMetadata(
-            context_window=rt.context_length,
+            context_window=info.context_length,
             num_output=self.max_new_tokens or GenerationSettings().max_new_tokens or 256,
-            is_chat_model=rt.tokenizer.chat_template is not None,
+            is_chat_model=info.has_chat_template or self.chat_template is not None,
             is_function_calling_model=True,
-            model_name=rt.model_name,
+            model_name=info.name,
         )
 
     @property
@@ -199,15 +88,6 @@ class ExLlamaLLM(FunctionCallingLLM):
         """A tokenizer callable for ``Settings.tokenizer`` / ``TokenCountingHandler``: the model's own."""
         rt = self._runtime
         return lambda text: rt.encode(text)
-
-    # ----------------------------------------------------------------- settings
-
-    def _settings(self, kwargs: dict[str, Any]) -> GenerationSettings:
-        """Runtime defaults < instance fields < call kwargs (other kwargs ignored); stops unioned."""
-        overrides = call_overrides({k: getattr(self, k) for k in SAMPLING_FIELDS}, kwargs, self.stop or [])
-        if hasattr(self, "_runtime"):
-            return self._runtime.resolve_settings(None, **overrides)
-        return GenerationSettings().merged(**overrides)  # at construction, before the runtime exists
 
     # ----------------------------------------------------------------- completion
 
@@ -218,15 +98,18 @@ class ExLlamaLLM(FunctionCallingLLM):
                 prompt = f"{self.system_prompt}\n\n{prompt}"
         return prompt
 
+    def _completion(self, acc: str, chunk: StreamChunk, settings: GenerationSettings) -> CompletionResponse:
+        raw: dict[str, Any] = {}
+        if chunk.finish_reason is not None:
+            info = self._runtime.model_info()
+            raw = metadata(chunk, model_name=info.name, backend=info.backend)
+        return CompletionResponse(text=acc, delta=chunk.text, raw=raw, logprobs=li_logprobs(chunk.logprobs))
+
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Complete ``prompt``; ``raw["usage"]`` holds exact token counts."""
         # The undecorated generator: going through stream_complete would fire the callbacks twice.
-        last = None
-        for last in self._stream_complete(prompt, formatted, kwargs):  # noqa: B007 - keep the last
-            pass
-        assert last is not None
-        return last
+        return last_response(self._stream_complete(prompt, formatted, kwargs), all_logprobs=True)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
@@ -234,7 +117,7 @@ class ExLlamaLLM(FunctionCallingLLM):
         return self._stream_complete(prompt, formatted, kwargs)
 
     def _stream_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseGen:
-        settings = self._settings(kwargs)
+        settings = self._call_settings(None, kwargs)
         text = self._completion_prompt(prompt, formatted)
 
         def gen() -> CompletionResponseGen:
@@ -242,20 +125,15 @@ class ExLlamaLLM(FunctionCallingLLM):
             with self._runtime.stream(text, settings) as stream:
                 for chunk in stream:
                     acc += chunk.text
-                    raw = _usage(chunk) if chunk.finish_reason is not None else {}
-                    if chunk.text or raw:
-                        yield CompletionResponse(text=acc, delta=chunk.text, raw=raw)
+                    if chunk.text or chunk.logprobs or chunk.finish_reason is not None:
+                        yield self._completion(acc, chunk, settings)
 
         return gen()
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Async :meth:`complete`; decoding runs off the event loop."""
-        last = None
-        async for last in self._astream_complete(prompt, formatted, kwargs):  # noqa: B007
-            pass
-        assert last is not None
-        return last
+        return await alast_response(self._astream_complete(prompt, formatted, kwargs), all_logprobs=True)
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
@@ -263,16 +141,15 @@ class ExLlamaLLM(FunctionCallingLLM):
         return self._astream_complete(prompt, formatted, kwargs)
 
     def _astream_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseAsyncGen:
-        settings = self._settings(kwargs)
+        settings = self._call_settings(None, kwargs)
         text = self._completion_prompt(prompt, formatted)
 
         async def gen() -> CompletionResponseAsyncGen:
             acc = ""
             async for chunk in self._runtime.astream(text, settings):
                 acc += chunk.text
-                raw = _usage(chunk) if chunk.finish_reason is not None else {}
-                if chunk.text or raw:
-                    yield CompletionResponse(text=acc, delta=chunk.text, raw=raw)
+                if chunk.text or chunk.logprobs or chunk.finish_reason is not None:
+                    yield self._completion(acc, chunk, settings)
 
         return gen()
 
@@ -280,91 +157,75 @@ class ExLlamaLLM(FunctionCallingLLM):
 
     def _chat_request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[ChatRequest, Any]:
         kwargs = dict(kwargs)
-        tools = kwargs.pop("tools", None)
-        tool_choice = kwargs.pop("tool_choice", None)
-        schema = kwargs.pop("json_schema", None)
-        settings = self._settings(kwargs)
+        bound = {k: kwargs.pop(k, None) for k in _CHAT_KWARGS}
+        settings = self._call_settings(None, kwargs)
         msgs = list(messages)
         if self.system_prompt and not any(m.role == MessageRole.SYSTEM for m in msgs):
             msgs = [ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt), *msgs]
-        if self.messages_to_prompt is not None and not _is_default_messages_to_prompt(self.messages_to_prompt):
-            req = ChatRequest(self.messages_to_prompt(msgs))  # the user's own formatting wins
-        else:
-            req = build_chat_request(
-                self._runtime,
-                _template_messages(msgs, renders_tools(self._runtime)),
-                tools=tools,
-                tool_choice=tool_choice,
-                json_schema=schema,
-                template_kwargs=self.chat_template_kwargs,
-            )
-        return req, req.settings_for(settings)
+        schema = bound["json_schema"]
+        to_prompt = self.messages_to_prompt
+        request = ChatRequest(
+            messages=template_messages(msgs),
+            tools=bound["tools"] or (),
+            tool_choice=bound["tool_choice"],
+            response_format={"type": "json_schema", "json_schema": {"schema": schema}} if schema is not None else None,
+            template_kwargs=self.chat_template_kwargs,
+            chat_template=self.chat_template,
+            prompt=to_prompt(msgs) if to_prompt is not None and is_custom_messages_to_prompt(to_prompt) else None,
+            split_special_tokens=self.split_special_tokens,
+        )
+        return request, settings
 
-    def _chat_response(self, req: ChatRequest, acc: str, delta: str, chunk: GenerationChunk) -> ChatResponse:
+    def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[PreparedChat, Any]:
+        request, settings = self._chat_request(messages, kwargs)
+        return prepare_chat(self._runtime, request), settings
+
+    @staticmethod
+    def _chat_response(acc: str, item: ChatDelta | ChatOutcome) -> ChatResponse:
+        if isinstance(item, ChatDelta):
+            msg = ChatMessage(role=MessageRole.ASSISTANT, content=acc)
+            return ChatResponse(message=msg, delta=item.text, logprobs=li_logprobs(item.logprobs))
         kwargs: dict[str, Any] = {}
-        raw: dict[str, Any] = {}
-        content = acc
-        if chunk.finish_reason is not None:
-            raw = _usage(chunk)
-            if req.constraint is not None and chunk.constraint_complete is False:
-                raise ConstraintViolationError(
-                    f"the constrained output was cut at max_new_tokens before it was complete ({acc[-80:]!r}); "
-                    "raise max_new_tokens."
-                )
-            if req.tools_active:
-                content, calls = parse_tool_calls(acc)
-                if calls:
-                    kwargs["tool_calls"] = [
-                        {
-                            "id": c.id,
-                            "type": "function",
-                            "function": {
-                                "name": c.name,
-                                "arguments": c.raw if c.error else json.dumps(c.arguments, ensure_ascii=False),
-                            },
-                        }
-                        for c in calls
-                    ]
-        msg = ChatMessage(role=MessageRole.ASSISTANT, content=content, additional_kwargs=kwargs)
-        return ChatResponse(message=msg, delta=delta, raw=raw)
+        if item.tool_calls:
+            kwargs["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {
+                        "name": c.name,
+                        "arguments": c.raw if c.error else json.dumps(c.arguments, ensure_ascii=False),
+                    },
+                }
+                for c in item.tool_calls
+            ]
+        msg = ChatMessage(role=MessageRole.ASSISTANT, content=item.content, additional_kwargs=kwargs)
+        return ChatResponse(message=msg, delta=item.tail, raw=item.metadata, logprobs=li_logprobs(item.logprobs))
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Chat through the model's own template (not through complete); ``raw["usage"]`` is exact."""
-        last = None
-        for last in self._stream_chat(messages, kwargs):  # noqa: B007 - keep the last
-            pass
-        assert last is not None
-        return last
+        return last_response(self._stream_chat(messages, kwargs))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        """Stream a chat reply; tool calls and usage arrive on the last response."""
+        """Stream a chat reply; tool-call text is held back; tool calls and usage arrive on the last response."""
         return self._stream_chat(messages, kwargs)
 
     def _stream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
-        req, settings = self._chat_request(messages, kwargs)
+        prepared, settings = self._prepare(messages, kwargs)
 
         def gen() -> ChatResponseGen:
             acc = ""
-            with self._runtime.stream(
-                req.prompt, settings, constraint=req.constraint, add_special_tokens=False
-            ) as stream:
-                for chunk in stream:
-                    acc += chunk.text
-                    if chunk.text or chunk.finish_reason is not None:
-                        yield self._chat_response(req, acc, chunk.text, chunk)
+            for item in stream_chat(self._runtime, prepared, settings):
+                acc += item.text if isinstance(item, ChatDelta) else ""
+                yield self._chat_response(acc, item)
 
         return gen()
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        """Async :meth:`chat`; decoding runs off the event loop."""
-        last = None
-        async for last in self._astream_chat(messages, kwargs):  # noqa: B007
-            pass
-        assert last is not None
-        return last
+        """Async :meth:`chat`; rendering and decoding run off the event loop."""
+        return await alast_response(self._astream_chat(messages, kwargs))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
@@ -372,16 +233,14 @@ class ExLlamaLLM(FunctionCallingLLM):
         return self._astream_chat(messages, kwargs)
 
     def _astream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseAsyncGen:
-        req, settings = self._chat_request(messages, kwargs)
+        request, settings = self._chat_request(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
+            prepared = await asyncio.to_thread(prepare_chat, self._runtime, request)
             acc = ""
-            async for chunk in self._runtime.astream(
-                req.prompt, settings, constraint=req.constraint, add_special_tokens=False
-            ):
-                acc += chunk.text
-                if chunk.text or chunk.finish_reason is not None:
-                    yield self._chat_response(req, acc, chunk.text, chunk)
+            async for item in astream_chat(self._runtime, prepared, settings):
+                acc += item.text if isinstance(item, ChatDelta) else ""
+                yield self._chat_response(acc, item)
 
         return gen()
 
@@ -416,12 +275,14 @@ class ExLlamaLLM(FunctionCallingLLM):
         calls = response.message.additional_kwargs.get("tool_calls") or []
         if not calls and error_on_no_tool_call:
             raise ValueError(f"expected at least one tool call, got none: {response.message.content!r}")
-        return [
-            ToolSelection(
-                tool_id=c["id"], tool_name=c["function"]["name"], tool_kwargs=_args(c["function"].get("arguments"))
-            )
-            for c in calls
-        ]
+        out = []
+        for c in calls:
+            try:
+                args = json.loads(c["function"].get("arguments") or "{}")
+            except json.JSONDecodeError:
+                args = {}
+            out.append(ToolSelection(tool_id=c["id"], tool_name=c["function"]["name"] or "", tool_kwargs=args))
+        return out
 
     # ----------------------------------------------------------------- structured output
 
@@ -440,9 +301,3 @@ class ExLlamaLLM(FunctionCallingLLM):
         messages = prompt.format_messages(llm=self, **prompt_args)
         response = await self.achat(messages, json_schema=output_cls.model_json_schema(), **(llm_kwargs or {}))
         return output_cls.model_validate_json(response.message.content or "")
-
-
-def _is_default_messages_to_prompt(fn: Any) -> bool:
-    from llama_index.core.base.llms.generic_utils import messages_to_prompt as default
-
-    return fn is default or getattr(fn, "__name__", "") == "messages_to_prompt"

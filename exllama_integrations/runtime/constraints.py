@@ -1,16 +1,19 @@
-"""Constrained decoding with llguidance: JSON schema, regex and Lark grammars, on every backend.
+"""Constrained decoding with llguidance: a :class:`~.api.Grammar` compiled against the native tokenizer.
 
-A :class:`TokenConstraint` holds a compiled grammar. For each generation the runtime starts a fresh
-matcher; logits-level backends (CPU reference, ExLlama v1/v2) apply its token bitmask to the logits
-before sampling, and exllamav3 gets the same grammar as its own ``LLGuidanceFilter``. End-of-turn
-tokens are allowed only where the grammar accepts, so output never ends early and never starts with
-an end-of-turn token. The mask is applied with numpy and torch indexing (no ``torch.compile``).
+A :class:`TokenConstraint` is a compiled, validated grammar; it is immutable and shared by every
+generation that uses it (the runtime caches them). Each generation gets its own
+:class:`ConstraintMatcher`: logits-level backends (CPU reference, ExLlama v1/v2) apply its token
+bitmask to the logits before sampling, exllamav3 gets the same grammar as its own
+``LLGuidanceFilter``, and the runtime alone feeds it the generated tokens. End-of-turn tokens are
+allowed only where the grammar accepts, so output never ends early and never starts with an
+end-of-turn token. The mask is applied with numpy and torch indexing (no ``torch.compile``).
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConstraintError, MissingDependencyError
@@ -18,6 +21,7 @@ from ..errors import ConstraintError, MissingDependencyError
 if TYPE_CHECKING:
     import torch
 
+    from .api import Grammar
     from .tokenizer import NativeTokenizer
 
 # Compact, predictable JSON: one space after ':' and ',' and no other whitespace, which small models
@@ -25,6 +29,27 @@ if TYPE_CHECKING:
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 _ll_lock = threading.Lock()
+MAX_SCHEMA_DEPTH = 100
+"""Deepest nesting of a schema accepted (beyond it, compilers and serializers recurse out of stack)."""
+
+
+def check_depth(obj: Any, what: str = "the JSON schema") -> None:
+    """Refuse a structure nested deeper than MAX_SCHEMA_DEPTH (checked without recursion).
+
+    Raises:
+        ConstraintError: it is nested too deeply.
+    """
+    stack = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ConstraintError(
+                f"{what} is nested too deeply (over {MAX_SCHEMA_DEPTH} levels) to compile; flatten it."
+            )
+        if isinstance(item, Mapping):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, depth + 1) for v in item)
 
 
 def _llguidance() -> Any:
@@ -69,11 +94,11 @@ class _SentencePieceView:
 
 
 class TokenConstraint:
-    """A grammar over the output: build with :meth:`json_schema`, :meth:`regex` or :meth:`lark`.
+    """A compiled grammar: :meth:`compile` a Grammar (or :meth:`json_schema`, :meth:`regex`, :meth:`lark`).
 
     Example:
-        >>> c = TokenConstraint.json_schema(rt.tokenizer, {"type": "object"})  # doctest: +SKIP
-        >>> rt.generate("JSON:", constraint=c).text  # doctest: +SKIP
+        >>> c = TokenConstraint.compile(rt.tokenizer, Grammar.json_schema({"type": "object"}))  # doctest: +SKIP
+        >>> rt.generate("JSON:", grammar=Grammar.json_schema({"type": "object"})).text  # doctest: +SKIP
         '{"answer": 42}'
     """
 
@@ -89,7 +114,19 @@ class TokenConstraint:
             err = str(e)
         if err and not err.startswith("WARNING"):
             raise ConstraintError(f"{description} could not be compiled: {err.strip()}")
-        self._matcher: Any = None
+
+    @classmethod
+    def compile(cls, tokenizer: NativeTokenizer, grammar: Grammar) -> TokenConstraint:
+        """Compile a grammar value.
+
+        Raises:
+            ConstraintError: it does not compile (the message quotes llguidance).
+        """
+        if grammar.kind == "json_schema":
+            return cls.json_schema(tokenizer, grammar.source)
+        if grammar.kind == "regex":
+            return cls.regex(tokenizer, grammar.source)
+        return cls.lark(tokenizer, grammar.source)
 
     @classmethod
     def json_schema(cls, tokenizer: NativeTokenizer, schema: dict[str, Any] | str) -> TokenConstraint:
@@ -99,17 +136,19 @@ class TokenConstraint:
             ConstraintError: the schema is not valid JSON or not a JSON schema llguidance understands.
         """
         llg = _llguidance()
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as e:
-                raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from None
-        if not isinstance(schema, dict):
-            raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
         try:
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except json.JSONDecodeError as e:
+                    raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from None
+            if not isinstance(schema, dict):
+                raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
             grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         except ValueError as e:
             raise ConstraintError(f"invalid JSON schema: {e}") from None
+        except RecursionError:
+            raise ConstraintError("the JSON schema is nested too deeply to compile; flatten it.") from None
         return cls(tokenizer, grammar, "the JSON schema")
 
     @classmethod
@@ -122,13 +161,19 @@ class TokenConstraint:
         """Output must match a Lark grammar (llguidance dialect: ``%json {...}`` embeds a JSON schema)."""
         return cls(tokenizer, _llguidance().LLMatcher.grammar_from_lark(grammar), "the Lark grammar")
 
-    # ------------------------------------------------------------------ per generation
+    def matcher(self) -> ConstraintMatcher:
+        """A fresh matcher for one generation."""
+        return ConstraintMatcher(self)
 
-    def start(self) -> None:
-        """Begin a new generation (a constraint object may be reused, one generation at a time)."""
-        self._matcher = _llguidance().LLMatcher(self._llt, self.grammar, log_level=0)
+
+class ConstraintMatcher:
+    """One generation's position in a grammar: the mask for the next token, fed each token chosen."""
+
+    def __init__(self, constraint: TokenConstraint) -> None:
+        self.constraint = constraint
+        self._matcher = _llguidance().LLMatcher(constraint._llt, constraint.grammar, log_level=0)
         if self._matcher.is_error():
-            raise ConstraintError(f"{self.description} could not be compiled: {self._matcher.get_error()}")
+            raise ConstraintError(f"{constraint.description} could not be compiled: {self._matcher.get_error()}")
 
     def _allowed(self, vocab: int) -> Any:
         import numpy as np
@@ -148,18 +193,18 @@ class TokenConstraint:
 
     def accept(self, token: int) -> None:
         """Advance the grammar by a generated token."""
-        if self._matcher is not None and not self._matcher.is_stopped():
+        if not self._matcher.is_stopped():
             self._matcher.consume_token(int(token))
 
     def is_accepting(self) -> bool:
         """Whether the output so far is complete under the grammar."""
-        return bool(self._matcher is not None and self._matcher.is_accepting())
+        return bool(self._matcher.is_accepting())
 
     def exllamav3_filter(self, xtokenizer: Any) -> Any:
         """The same grammar as an exllamav3 ``LLGuidanceFilter`` (ends the job when the grammar completes)."""
         from exllamav3 import LLGuidanceFilter
 
-        return LLGuidanceFilter(xtokenizer, llg_grammar=self.grammar, eos_after_completed=True)
+        return LLGuidanceFilter(xtokenizer, llg_grammar=self.constraint.grammar, eos_after_completed=True)
 
 
 def strict_schema(schema: Any) -> Any:
@@ -178,7 +223,7 @@ def strict_schema(schema: Any) -> Any:
     return out
 
 
-def tool_call_grammar(tools: list[dict[str, Any]], open_tag: str, close_tag: str) -> str:
+def tool_call_grammar(tools: Sequence[Mapping[str, Any]], open_tag: str, close_tag: str) -> str:
     """Lark grammar: exactly one ``open_tag {"name": ..., "arguments": {...}} close_tag`` for one of ``tools``.
 
     ``tools`` are OpenAI-format function specs. The arguments must follow that tool's parameter schema.

@@ -11,6 +11,8 @@ class _Decoder(Protocol):
 
 
 _REPLACEMENT = "\ufffd"
+_MAX_HELD = 8
+"""Tokens held back at most while the text ends in an incomplete character."""
 
 
 class IncrementalDetokenizer:
@@ -57,6 +59,17 @@ class IncrementalDetokenizer:
             # The window's decode rewrote earlier text (rare normalizers): fall back to the
             # whole sequence, which is exact.
             return self._resync()
+        if len(self.ids) - self._read_offset > _MAX_HELD:
+            # The text keeps ending in an incomplete character: a run of invalid bytes, not one character
+            # (UTF-8 needs at most 4 bytes). Emit all but the last 3 tokens, which may still start one, so
+            # the window stays bounded (no quadratic re-decoding) and the reader sees the text.
+            cut = len(self.ids) - 3
+            done = self._decode(self.ids[self._prefix_offset : cut])
+            if len(done) > len(prefix_text) and done.startswith(prefix_text) and new_text.startswith(done):
+                delta = done[len(prefix_text) :]
+                self._prefix_offset, self._read_offset = self._read_offset, cut
+                self._emitted.append(delta)
+                return delta
         return ""
 
     def _resync(self) -> str:
@@ -82,11 +95,6 @@ class IncrementalDetokenizer:
         self._emitted.append(delta)
         self._prefix_offset = self._read_offset = len(self.ids)
         return delta
-
-    @property
-    def text(self) -> str:
-        """All text emitted so far."""
-        return "".join(self._emitted)
 
 
 class StopStringMatcher:

@@ -1,23 +1,53 @@
 """The model's own tokenizer: tokenizer.json (tokenizers) or tokenizer.model (sentencepiece).
 
 Special tokens and end-of-turn ids come from the model's files, and chat templates are rendered in
-jinja2's immutable sandbox, so a model directory from the internet cannot run code through them.
+a bounded sandbox (:mod:`.template`), so a model directory from the internet can neither run code
+nor hang a caller through them. The files come from a :class:`ModelDirectory`, or from any
+:class:`TokenizerSource` (the HTTP client builds one from a server's tokenizer files, no weights).
 """
 
 from __future__ import annotations
 
-import json
+import base64
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from ..errors import InvalidModelError
+from ..errors import ChatTemplateError, InvalidModelError
 from .model_dir import ModelDirectory
+from .template import ChatTemplate, render_messages
 
 logger = logging.getLogger(__name__)
+_LONG_TEXT = 20_000
+
+
+class TokenizerSource(Protocol):
+    """What a tokenizer is built from (a :class:`ModelDirectory` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tokenizer_json(self) -> Path | None: ...
+
+    @property
+    def tokenizer_model(self) -> Path | None: ...
+
+    @property
+    def tokenizer_config(self) -> dict[str, Any]: ...
+
+    @property
+    def generation_config(self) -> dict[str, Any]: ...
+
+    @property
+    def config(self) -> dict[str, Any]: ...
+
+    @property
+    def chat_template(self) -> str | None: ...
 
 
 def _token_text(v: Any) -> str | None:
@@ -28,8 +58,65 @@ def _token_text(v: Any) -> str | None:
     return None
 
 
-class ChatTemplateError(InvalidModelError):
-    """The model's chat template failed to render (or tried to do something the sandbox forbids)."""
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """A tokenizer's files without a model (what a server shares with its clients); a TokenizerSource."""
+
+    name: str
+    tokenizer_json: Path | None
+    tokenizer_model: Path | None
+    tokenizer_config: dict[str, Any] = field(default_factory=dict)
+    generation_config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None
+
+    @staticmethod
+    def bundle(source: TokenizerSource) -> dict[str, Any]:
+        """The files of ``source`` as plain data (JSON-safe; tokenizer.model base64-encoded)."""
+        from .files import TOKENIZER_LIMIT, read_bytes, read_text
+
+        ids = {k: source.config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        return {
+            "name": source.name,
+            "tokenizer.json": read_text(source.tokenizer_json, "tokenizer.json", TOKENIZER_LIMIT)
+            if source.tokenizer_json
+            else None,
+            "tokenizer.model": base64.b64encode(read_bytes(source.tokenizer_model, "tokenizer.model", TOKENIZER_LIMIT))
+            .decode()
+            if source.tokenizer_model and not source.tokenizer_json
+            else None,
+            "tokenizer_config": source.tokenizer_config,
+            "generation_config": source.generation_config,
+            "config": {k: v for k, v in ids.items() if v is not None},
+            "chat_template": source.chat_template,
+        }
+
+    @classmethod
+    def from_bundle(cls, bundle: dict[str, Any], folder: Path) -> TokenizerFiles:
+        """Write a bundle's tokenizer file under ``folder`` (named by its content) and describe it."""
+        import hashlib
+
+        text, model = bundle.get("tokenizer.json"), bundle.get("tokenizer.model")
+        if not isinstance(text, str) and not isinstance(model, str):
+            raise InvalidModelError("the server shared no tokenizer.json or tokenizer.model.")
+        data = text.encode() if isinstance(text, str) else base64.b64decode(model or "")
+        name = "tokenizer.json" if isinstance(text, str) else "tokenizer.model"
+        path = folder / hashlib.sha256(data).hexdigest()[:32] / name
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        template = bundle.get("chat_template")
+        return cls(
+            name=str(bundle.get("name") or "model"),
+            tokenizer_json=path if name == "tokenizer.json" else None,
+            tokenizer_model=path if name == "tokenizer.model" else None,
+            tokenizer_config=dict(bundle.get("tokenizer_config") or {}),
+            generation_config=dict(bundle.get("generation_config") or {}),
+            config=dict(bundle.get("config") or {}),
+            chat_template=template if isinstance(template, str) else None,
+        )
 
 
 class NativeTokenizer:
@@ -41,7 +128,7 @@ class NativeTokenizer:
         'Hello world'
     """
 
-    def __init__(self, model: ModelDirectory) -> None:
+    def __init__(self, model: TokenizerSource) -> None:
         self._model = model
         self._cfg = model.tokenizer_config
         self._special_ids: set[int] = set()
@@ -55,6 +142,8 @@ class NativeTokenizer:
                 self._hf = Tokenizer.from_file(str(model.tokenizer_json))
             except Exception as e:  # tokenizers raises plain Exception subclasses
                 raise InvalidModelError(f"tokenizer.json could not be loaded: {e}") from None
+            self._literal = Tokenizer.from_str(self._hf.to_str())
+            self._literal.encode_special_tokens = True
             for tid, added in self._hf.get_added_tokens_decoder().items():
                 if added.special:
                     self._special_ids.add(tid)
@@ -83,6 +172,14 @@ class NativeTokenizer:
             if self._special_by_text
             else None
         )
+        self._templates: dict[str, ChatTemplate] = {}
+        self._template_error: ChatTemplateError | None = None
+        if model.chat_template is not None:
+            try:
+                self._template(model.chat_template)
+            except ChatTemplateError as e:  # completions still work; chat calls report it
+                logger.warning("the chat template of %s does not compile: %s", model.name, e)
+                self._template_error = e
 
     @classmethod
     def from_model_dir(cls, model: ModelDirectory | str) -> NativeTokenizer:
@@ -149,18 +246,34 @@ class NativeTokenizer:
 
     # ------------------------------------------------------------------ encode / decode
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``. Special-token strings in the text become their ids.
+    def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``. Special-token strings in the text become their ids unless ``parse_special=False``.
 
         ``add_special_tokens`` adds what the tokenizer adds to a plain prompt (BOS for Llama);
         use False for text rendered by a chat template, which carries its own.
+
+        Raises:
+            InvalidSettingsError: ``text`` is not a str, or holds lone surrogates (not encodable as UTF-8).
         """
+        from ..errors import InvalidSettingsError
+
         if not isinstance(text, str):
-            raise TypeError(f"text must be str, got {type(text).__name__}")
+            raise InvalidSettingsError(f"text must be str, got {type(text).__name__}.")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidSettingsError(
+                "the text holds characters that are not valid UTF-8 (lone surrogates, e.g. from bytes decoded "
+                "with 'surrogateescape'); decode the input with errors='replace' first."
+            ) from None
         if self._hf is not None:
-            ids = list(self._hf.encode(text, add_special_tokens=add_special_tokens).ids)
+            hf = self._hf if parse_special else self._literal
+            if len(text) > _LONG_TEXT:  # encode_batch releases the GIL: other threads (an event loop) keep running
+                ids = list(hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
+            else:
+                ids = list(hf.encode(text, add_special_tokens=add_special_tokens).ids)
         else:
-            ids = self._sp_encode(text)
+            ids = self._sp_encode(text) if parse_special else list(self._sp.EncodeAsIds(text))
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             if not ids or ids[0] != self.bos_token_id:
                 ids.insert(0, self.bos_token_id)
@@ -224,54 +337,18 @@ class NativeTokenizer:
 
     # ------------------------------------------------------------------ chat template
 
-    @cached_property
+    @property
     def chat_template(self) -> str | None:
-        """The model's chat template (tokenizer_config.json, chat_template.jinja or .json), or None."""
-        t = self._cfg.get("chat_template")
-        if isinstance(t, list):  # named templates: take "default"
-            named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
-            t = named.get("default") or next(iter(named.values()), None)
-        if isinstance(t, str) and t.strip():
-            return t
-        root = self._model.path
-        if (root / "chat_template.jinja").is_file():
-            return (root / "chat_template.jinja").read_text(encoding="utf-8")
-        if (root / "chat_template.json").is_file():
-            data = json.loads((root / "chat_template.json").read_text(encoding="utf-8"))
-            if isinstance(data, dict) and isinstance(data.get("chat_template"), str):
-                return str(data["chat_template"])
-        return None
+        """The model's chat template, or None (then a ChatML fallback is used, with a warning)."""
+        return self._model.chat_template
 
-    @cached_property
-    def _compiled_template(self) -> Any:
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise ChatTemplateError(f"the chat template refused the messages: {message}")
-
-        def tojson(
-            x: Any,
-            ensure_ascii: bool = False,
-            indent: int | None = None,
-            separators: Any = None,
-            sort_keys: bool = False,
-        ) -> str:
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-        def strftime_now(fmt: str) -> str:
-            return datetime.now().strftime(fmt)
-
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = strftime_now
-        try:
-            return env.from_string(self.chat_template or _FALLBACK_TEMPLATE)
-        except TemplateError as e:
-            raise ChatTemplateError(f"the model's chat template does not compile: {e}") from None
+    def _template(self, source: str) -> ChatTemplate:
+        t = self._templates.get(source)
+        if t is None:
+            t = ChatTemplate(source)
+            if len(self._templates) < 16:
+                self._templates[source] = t
+        return t
 
     def apply_chat_template(
         self,
@@ -279,18 +356,21 @@ class NativeTokenizer:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        chat_template: str | None = None,
         **kwargs: Any,
     ) -> str:
         """Render messages (``{"role", "content", ...}`` dicts) into the prompt text the model expects.
 
-        Models without a template use a documented ChatML fallback (and a warning once).
+        ``chat_template`` replaces the model's own (rendered in the same sandbox). Models without a
+        template use a documented ChatML fallback (and a warning once).
 
         Raises:
-            ChatTemplateError: the template failed, or tried to reach what the sandbox forbids.
+            ChatTemplateError: the template failed, tried what the sandbox forbids, or ran out of budget.
         """
-        from jinja2.exceptions import SecurityError, TemplateError
-
-        if self.chat_template is None and not getattr(self, "_warned_fallback", False):
+        source = chat_template or self.chat_template
+        if chat_template is None and self._template_error is not None:
+            raise self._template_error
+        if source is None and not getattr(self, "_warned_fallback", False):
             logger.warning("model %s has no chat template; using the ChatML fallback", self._model.name)
             self._warned_fallback = True
         ctx = {
@@ -298,23 +378,10 @@ class NativeTokenizer:
             "eos_token": _token_text(self._cfg.get("eos_token")) or "",
             **kwargs,
         }
-        try:
-            return str(
-                self._compiled_template.render(
-                    messages=[dict(m) for m in messages],
-                    tools=list(tools) if tools else None,
-                    add_generation_prompt=add_generation_prompt,
-                    **ctx,
-                )
-            )
-        except ChatTemplateError:
-            raise
-        except SecurityError as e:
-            raise ChatTemplateError(f"the chat template tried an unsafe operation and was stopped: {e}") from None
-        except TemplateError as e:
-            raise ChatTemplateError(f"the chat template failed to render: {e}") from None
-        except Exception as e:  # noqa: BLE001 - a model's template is untrusted input; never let it escape raw
-            raise ChatTemplateError(f"the chat template failed to render: {type(e).__name__}: {e}") from None
+        template = self._template(source or _FALLBACK_TEMPLATE)
+        return render_messages(
+            template, messages, tools=list(tools) if tools else None, add_generation_prompt=add_generation_prompt, **ctx
+        )
 
 
 # ChatML, used when a model ships no template (documented in the README).

@@ -121,8 +121,8 @@ def test_stopped_reader_frees_its_job_within_a_step(rt) -> None:
 
 
 def test_constrained_json_and_forced_tool_call_on_exllamav3(rt) -> None:
+    from exllama_integrations import Grammar
     from exllama_integrations.langchain import ChatExLlama
-    from exllama_integrations.runtime.constraints import TokenConstraint
 
     schema = {
         "type": "object",
@@ -137,7 +137,7 @@ def test_constrained_json_and_forced_tool_call_on_exllamav3(rt) -> None:
     for seed in range(5):
         r = rt.generate(
             PROMPT,
-            constraint=TokenConstraint.json_schema(rt.tokenizer, schema),
+            grammar=Grammar.json_schema(schema),
             temperature=1.0,
             seed=seed,
             max_new_tokens=64,

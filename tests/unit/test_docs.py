@@ -2,13 +2,18 @@
 
 import doctest
 import importlib
+import pkgutil
 import pydoc
 
 import pytest
 
+import exllama_integrations
+
 PUBLIC_CLASSES = [
     ("exllama_integrations", "ExLlamaRuntime"),
     ("exllama_integrations", "GenerationSettings"),
+    ("exllama_integrations", "Grammar"),
+    ("exllama_integrations.runtime.template", "ChatTemplate"),
     ("exllama_integrations.langchain", "ExLlamaLLM"),
     ("exllama_integrations.langchain", "ChatExLlama"),
     ("exllama_integrations.llama_index", "ExLlamaLLM"),
@@ -17,25 +22,11 @@ PUBLIC_CLASSES = [
     ("exllama_integrations.runtime", "StopStringMatcher"),
     ("exllama_integrations.runtime.constraints", "TokenConstraint"),
 ]
-MODULES = [
-    "exllama_integrations",
-    "exllama_integrations.runtime",
-    "exllama_integrations.runtime.runtime",
-    "exllama_integrations.runtime.settings",
-    "exllama_integrations.runtime.streaming",
-    "exllama_integrations.runtime.tokenizer",
-    "exllama_integrations.runtime.constraints",
-    "exllama_integrations.runtime.chat",
-    "exllama_integrations.runtime.model_dir",
-    "exllama_integrations.errors",
-    "exllama_integrations.langchain",
-    "exllama_integrations.llama_index",
-    "exllama_integrations.demo_model",
-    "exllama_integrations.runtime.backends.exllamav3",
-    "exllama_integrations.runtime.backends.exllama",
-    "exllama_integrations.runtime.backends.exllamav2",
-    "exllama_integrations.runtime.backends.transformers",
-]
+MODULES = sorted(
+    m.name
+    for m in pkgutil.walk_packages(exllama_integrations.__path__, "exllama_integrations.")
+    if not m.name.endswith("__main__")
+)
 
 
 @pytest.mark.parametrize(("module", "name"), PUBLIC_CLASSES)
@@ -44,7 +35,15 @@ def test_public_class_has_an_example(module: str, name: str) -> None:
     assert "Example" in doc and (">>>" in doc or "code-block" in doc)
 
 
-@pytest.mark.parametrize("module", ["exllama_integrations.runtime.streaming", "exllama_integrations.runtime.settings"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "exllama_integrations.runtime.streaming",
+        "exllama_integrations.runtime.settings",
+        "exllama_integrations.runtime.api",
+        "exllama_integrations.runtime.template",
+    ],
+)
 def test_docstring_examples_run(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
@@ -54,3 +53,9 @@ def test_docstring_examples_run(module: str) -> None:
 def test_pydoc_renders(module: str) -> None:
     text = pydoc.render_doc(importlib.import_module(module), renderer=pydoc.plaintext)
     assert module.split(".")[-1] in text
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_module_says_its_job(module: str) -> None:
+    doc = importlib.import_module(module).__doc__ or ""
+    assert len(doc.strip()) > 20, f"{module} has no opening docstring"

@@ -8,20 +8,26 @@ def test_public_api_is_pinned():
     assert sorted(exllama_integrations.__all__) == sorted(
         [
             "BackendUnavailableError",
+            "ChatTemplateError",
             "ConstraintError",
             "ConstraintViolationError",
             "ContextLengthError",
             "ExLlamaIntegrationsError",
             "ExLlamaRuntime",
-            "GenerationChunk",
+            "GenerationError",
             "GenerationResult",
             "GenerationSettings",
+            "Grammar",
             "InvalidModelError",
             "InvalidSettingsError",
             "MissingDependencyError",
+            "ModelInfo",
             "ModelLoadError",
             "ModelNotFoundError",
+            "RemoteRuntime",
+            "Runtime",
             "RuntimeClosedError",
+            "StreamChunk",
             "UnsupportedModelError",
             "__version__",
         ]
@@ -37,6 +43,29 @@ def test_import_is_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_old_chunk_name_still_works_with_a_warning():
+    import pytest
+
+    from exllama_integrations import StreamChunk
+
+    with pytest.warns(DeprecationWarning, match="StreamChunk"):
+        from exllama_integrations import GenerationChunk
+    assert GenerationChunk is StreamChunk
+
+
+def test_adapters_import_no_concrete_runtime_at_module_level():
+    """Adapters speak the contract: they name the in-process runtime only where they build one from model_dir."""
+    import ast
+    from pathlib import Path
+
+    root = Path(exllama_integrations.__file__).parent
+    for path in [root / "_adapter.py", *root.glob("langchain/*.py"), *root.glob("llama_index/*.py")]:
+        tree = ast.parse(path.read_text())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name for n in top for a in n.names} | {getattr(n, "module", "") or "" for n in top}
+        assert not any("local" in n or n == "ExLlamaRuntime" for n in names), path.name
 
 
 def test_missing_extra_names_the_extra(monkeypatch):

@@ -177,3 +177,37 @@ def test_matcher_never_emits_a_stop_and_never_loses_text(stops, text, cuts):
     assert text.startswith(out)
     if stopped is None:
         assert out == text
+
+
+class _Bytes:
+    """A byte tokenizer: each id is one byte, decoded as UTF-8 with replacement."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", "replace")
+
+
+def test_a_run_of_invalid_bytes_streams_in_linear_time():
+    import time
+
+    ids = [0x80] * 4000 + list(b"done")  # lone continuation bytes: never a character
+    d = IncrementalDetokenizer(_Bytes())
+    t0 = time.perf_counter()
+    pieces = [d.add([i]) for i in ids]
+    elapsed = time.perf_counter() - t0
+    assert "".join(pieces) + d.flush() == _Bytes().decode(ids)
+    shown = 0
+    for n, p in enumerate(pieces[:4000], 1):  # each lone byte is one replacement character
+        shown += len(p)
+        assert n - shown <= 9, f"{n - shown} tokens held back after {n}: the text is not shown as it comes"
+    assert elapsed < 0.5, f"{elapsed:.2f}s for 4000 tokens: the held window grows"
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    ids=st.lists(st.sampled_from([0x80, 0xBF, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0, 0x9F, 0xA6, 0x99, 0x41]), max_size=60)
+)
+def test_detok_of_any_byte_soup_equals_full_decode(ids):
+    cuts = list(range(0, len(ids), 3))
+    assert feed_all(IncrementalDetokenizer(_Bytes()), ids, cuts) == _Bytes().decode(ids)
+    d = IncrementalDetokenizer(_Bytes())
+    assert "".join(d.add([i]) for i in ids) + d.flush() == _Bytes().decode(ids)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from ...errors import BackendUnavailableError, InvalidSettingsError, UnsupportedModelError
 from ..model_dir import ModelDirectory
-from .base import Backend, BackendOptions, BackendRequest, TokenLogprob, TokenStep
+from .base import Backend, BackendOptions, BackendRequest, RawLogprob, TokenStep, build_options
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +58,19 @@ def resolve_backend(name: str, model: ModelDirectory) -> type[Backend]:
     raise UnsupportedModelError("no installed backend can run this model:\n  " + "\n  ".join(reasons))
 
 
+def options_for(cls: type[Backend], values: Mapping[str, Any]) -> BackendOptions:
+    """The backend's typed load options from ``values``, defaults resolved (unknown keys refused by name)."""
+    return cls.resolve_options(build_options(cls.Options, cls.name, values))
+
+
 __all__ = [
     "BACKEND_NAMES",
     "Backend",
     "BackendOptions",
     "BackendRequest",
-    "TokenLogprob",
+    "RawLogprob",
     "TokenStep",
     "backend_class",
+    "options_for",
     "resolve_backend",
 ]

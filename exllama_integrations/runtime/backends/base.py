@@ -1,38 +1,69 @@
-"""The backend protocol: the only place that knows an inference library exists.
+"""The backend contract, on one page: the only place that knows an inference library exists.
 
-A backend turns (prompt ids, settings, constraint, cancel signal) into a stream of token ids.
-Detokenizing, stop strings, usage and timing happen once, in the runtime.
+A backend turns requests (prompt ids, settings, a token mask source, a cancel signal) into token
+steps, delivered to each request's ``emit`` from the backend's own worker thread. It never blocks
+its caller and never waits for a reader: a reader that stops reading holds nothing. Detokenizing,
+stop strings, feeding the grammar, usage and timing happen once, in the runtime.
+
+Rules every backend keeps:
+
+* ``submit`` returns at once; every submitted request gets steps and exactly one final step
+  (``finish`` set), also when it is cancelled, when the backend fails, and when it is closed.
+* The last token of a step with ``finish="stop_token"`` is one of ``request.stop_token_ids``.
+* ``request.cancel`` is checked before each step; a cancelled request ends within one step.
+* ``close()`` stops taking requests, cancels the ones it has, waits for the step in flight, and
+  only then frees weights and cache, so no step runs on freed memory. It always returns.
+* Load options are a typed :class:`BackendOptions` subclass (unknown keys are refused by name), and
+  settings a backend cannot honour are listed in ``unsupported_settings`` (refused when set, before
+  anything runs).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from ...errors import MissingDependencyError, UnsupportedModelError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ...errors import InvalidSettingsError, MissingDependencyError, UnsupportedModelError
 from ..model_dir import ModelDirectory
 from ..settings import GenerationSettings
 
 if TYPE_CHECKING:
-    from ..constraints import TokenConstraint
+    from ..constraints import ConstraintMatcher
     from ..tokenizer import NativeTokenizer
+
+StepFinish = Literal["stop_token", "length", "end", "cancelled", "error"]
+"""Why a backend ended a request: its last token is a stop id; max_new_tokens; the backend ended it
+for a reason equal to end-of-sequence (e.g. a completed grammar); cancelled; or it failed (``error``)."""
 
 
 @dataclass(frozen=True)
-class TokenLogprob:
-    """Log-probability of a chosen token, with the top alternatives."""
+class RawLogprob:
+    """A chosen token's log-probability and the top alternatives, as ids (the runtime adds the text)."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
 
 
-@dataclass
+@dataclass(frozen=True)
+class TokenStep:
+    """Tokens produced by one decoding step (usually one), and, on the last step, why it ended."""
+
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[RawLogprob, ...] | None = None
+    finish: StepFinish | None = None
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
 class BackendRequest:
     """One generation as a backend sees it."""
 
@@ -40,30 +71,55 @@ class BackendRequest:
     settings: GenerationSettings
     max_new_tokens: int
     stop_token_ids: frozenset[int]
+    emit: Callable[[TokenStep], None]
+    """Called from the backend's thread with each step; the runtime feeds the grammar inside it, so the
+    next mask is ready when it returns."""
     cancel: threading.Event = field(default_factory=threading.Event)
-    constraint: TokenConstraint | None = None
+    constraint: ConstraintMatcher | None = None
+    """This generation's grammar matcher: logits-level backends read its mask; exllamav3 gets it as a filter."""
 
 
-@dataclass
-class TokenStep:
-    """Tokens produced by one decoding step (usually one)."""
+class BackendOptions(BaseModel):
+    """Load options every backend takes; each backend extends this with its own (unknown keys refused)."""
 
-    token_ids: list[int]
-    logprobs: list[TokenLogprob] | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-
-@dataclass(frozen=True)
-class BackendOptions:
-    """Load options shared by all backends; backend-specific ones travel in ``extra``."""
-
-    max_seq_len: int | None = None
+    max_seq_len: int | None = Field(default=None, ge=16)
+    """Context (cache) length to allocate; None: the model's, capped by the backend's default."""
     dtype: str | None = None
+    """Weights dtype, for backends that take one."""
     device: str | None = None
-    extra: tuple[tuple[str, Any], ...] = ()
+    """Device, for backends that take one (``cpu``, ``cuda:0``)."""
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """A backend-specific option."""
-        return dict(self.extra).get(key, default)
+    def key(self) -> str:
+        """A canonical form, for the shared-runtime registry."""
+        return self.model_dump_json()
+
+
+def build_options(cls: type[BackendOptions], backend: str, values: Mapping[str, Any]) -> BackendOptions:
+    """Validate load options for ``backend``; an unknown key is named with its closest match.
+
+    Raises:
+        InvalidSettingsError: an unknown or invalid option.
+    """
+    clean = {k: v for k, v in values.items() if v is not None}
+    known = list(cls.model_fields)
+    unknown = [k for k in clean if k not in known]
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, known, n=1)
+            hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise InvalidSettingsError(
+            f"unknown option(s) for backend {backend!r}: {', '.join(hints)}; it takes {', '.join(known)}."
+        )
+    try:
+        return cls(**clean)
+    except ValidationError as e:
+        lines = [
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})" for err in e.errors()
+        ]
+        raise InvalidSettingsError(f"invalid option(s) for backend {backend!r}: " + "; ".join(lines)) from None
 
 
 def require(module: str, extra: str, purpose: str) -> Any:
@@ -92,8 +148,10 @@ class Backend(ABC):
     """Name used in ``backend=`` and logs."""
     extra: ClassVar[str]
     """The pip extra that installs it."""
-    concurrent: ClassVar[bool] = False
-    """Whether ``generate`` may run for several requests at once (dynamic batching)."""
+    Options: ClassVar[type[BackendOptions]] = BackendOptions
+    """Its load options."""
+    unsupported_settings: ClassVar[Mapping[str, str]] = {}
+    """Generation settings it cannot honour, each with the reason shown when one is set."""
 
     @classmethod
     @abstractmethod
@@ -105,6 +163,11 @@ class Backend(ABC):
     def check_model(cls, model: ModelDirectory) -> None:
         """Raise UnsupportedModelError (before anything is loaded) if it cannot run this model."""
 
+    @classmethod
+    def resolve_options(cls, options: BackendOptions) -> BackendOptions:
+        """Options with the backend's defaults filled in (so equal loads share one registry entry)."""
+        return options
+
     @abstractmethod
     def __init__(self, model: ModelDirectory, tokenizer: NativeTokenizer, options: BackendOptions) -> None:
         """Load the model. On failure, free whatever was allocated before raising."""
@@ -114,20 +177,28 @@ class Backend(ABC):
     def context_length(self) -> int:
         """Longest prompt + completion this loaded model can hold."""
 
-    @abstractmethod
-    def generate(self, request: BackendRequest) -> Iterator[TokenStep]:
-        """Yield generated tokens until ``max_new_tokens``, a stop token, or ``request.cancel``.
+    @property
+    def max_batch_size(self) -> int:
+        """How many requests decode together (1: one at a time)."""
+        return 1
 
-        Closing the iterator must free the request's resources within one decoding step.
-        """
+    @abstractmethod
+    def submit(self, requests: Sequence[BackendRequest]) -> None:
+        """Start decoding ``requests`` (together, where the backend batches); returns at once."""
 
     @abstractmethod
     def close(self) -> None:
-        """Free the model (and GPU memory). Idempotent."""
+        """Cancel what runs, wait for the step in flight, then free the model. Idempotent; always returns."""
 
     def info(self) -> dict[str, Any]:
         """Facts about the loaded model for metadata and logs."""
-        return {"backend": self.name}
+        return {}
+
+
+def fail_all(requests: Sequence[BackendRequest], error: BaseException | None = None) -> None:
+    """End every request at once: with ``error`` if given, else as cancelled."""
+    for r in requests:
+        r.emit(TokenStep(finish="error" if error is not None else "cancelled", error=error))
 
 
 def unsupported(backend: str, model: ModelDirectory, why: str) -> UnsupportedModelError:

@@ -27,14 +27,13 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailableError, InvalidSettingsError, MissingDependencyError, ModelLoadError
 from ..model_dir import ModelDirectory, safetensors_header
-from ._torch_sampling import cached_forward_loop, release
-from .base import Backend, BackendOptions, BackendRequest, TokenStep, cuda_available, unsupported
+from ._logits import LogitsBackend, LogitsSession, release
+from .base import BackendOptions, cuda_available, unsupported
 
 if TYPE_CHECKING:
     from ..tokenizer import NativeTokenizer
@@ -128,12 +127,21 @@ def shape_problems(config: dict[str, Any], model: ModelDirectory | None = None) 
     return out
 
 
-class ExLlamaV1Backend(Backend):
+class ExLlamaV1Options(BackendOptions):
+    """Load options of the ExLlama v1 backend."""
+
+    gpu_split: list[float] | None = None
+    """GB of weights per GPU, in device order."""
+    lora_dir: str | None = None
+    """A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors)."""
+
+
+class ExLlamaV1Backend(LogitsBackend):
     """exllama 0.1.0 (v1) on CUDA: 4-bit GPTQ Llama, one request at a time, optional LoRA."""
 
     name = "exllama"
     extra = "exllama"
-    concurrent = False
+    Options = ExLlamaV1Options
 
     @classmethod
     def check_available(cls) -> None:
@@ -169,10 +177,10 @@ class ExLlamaV1Backend(Backend):
     def __init__(self, model: ModelDirectory, tokenizer: NativeTokenizer, options: BackendOptions) -> None:
         import torch
 
+        assert isinstance(options, ExLlamaV1Options)
         _load_extension()
         from exllama.model import ExLlama, ExLlamaCache, ExLlamaConfig
 
-        self._lock = threading.Lock()
         self._model = self._cache = self._lora = None
         cfg = dict(model.config)
         # Keys ExLlamaConfig reads unconditionally but many config.json files lack.
@@ -196,9 +204,9 @@ class ExLlamaV1Backend(Backend):
         xcfg.max_seq_len = ctx
         xcfg.max_input_len = min(ctx, 2048)
         xcfg.max_attention_size = xcfg.max_input_len**2
-        if options.get("gpu_split"):
-            xcfg.set_auto_map(",".join(str(x) for x in options.get("gpu_split")))
-        if options.get("lora_dir"):
+        if options.gpu_split:
+            xcfg.set_auto_map(",".join(str(x) for x in options.gpu_split))
+        if options.lora_dir:
             # v1's fused single-token kernels apply LoRA wrongly (decode steps part from a merged-weights
             # oracle at the first token while prefill matches); its unfused path is correct.
             xcfg.fused_attn = False
@@ -206,11 +214,10 @@ class ExLlamaV1Backend(Backend):
         try:
             self._model = ExLlama(xcfg)
             self._cache = ExLlamaCache(self._model)
-            lora_dir = options.get("lora_dir")
-            if lora_dir:
+            if options.lora_dir:
                 from exllama.lora import ExLlamaLora
 
-                lora_dir = Path(lora_dir)
+                lora_dir = Path(options.lora_dir)
                 weights = lora_dir / "adapter_model.safetensors"
                 if not weights.is_file():
                     raise InvalidSettingsError(
@@ -219,25 +226,47 @@ class ExLlamaV1Backend(Backend):
                 safetensors_header(weights)
                 self._lora = ExLlamaLora(self._model, str(lora_dir / "adapter_config.json"), str(weights))
         except (InvalidSettingsError, ModelLoadError):
-            self.close()
+            self._free()
             raise
         except (KeyError, ValueError, RuntimeError, torch.cuda.OutOfMemoryError) as e:
-            self.close()
+            self._free()
             raise ModelLoadError(f"ExLlama v1 could not load {model.name!r}: {type(e).__name__}: {e}") from e
         self._context = ctx
+        self._start_worker()
 
     @property
     def context_length(self) -> int:
         return self._context
 
     def info(self) -> dict[str, Any]:
-        return {"backend": self.name, "lora": self._lora is not None}
+        return {"lora": self._lora is not None}
 
-    def generate(self, request: BackendRequest) -> Iterator[TokenStep]:
-        if self._model is None:
-            return
-        yield from cached_forward_loop(request, self._model, self._cache, self._lock, lora=self._lora)
+    def open_session(self) -> LogitsSession:
+        return CachedForwardSession(self._model, self._cache, lora=self._lora)
 
-    def close(self) -> None:
+    def _free(self) -> None:
         model, self._model, self._cache, self._lora = self._model, None, None, None
         release((model, "free_unmanaged"))
+
+
+class CachedForwardSession:
+    """The one cache of an ExLlama v1/v2 model: ``model.forward(ids, cache, last_id_only=True)`` per step."""
+
+    def __init__(self, model: Any, cache: Any, **forward_kwargs: Any) -> None:
+        self.model, self.cache, self.kw = model, cache, forward_kwargs
+
+    def _forward(self, ids: list[int]) -> Any:
+        import torch
+
+        x = torch.tensor([ids], dtype=torch.long)
+        return self.model.forward(x, self.cache, last_id_only=True, **self.kw)[:, -1, :]
+
+    def prefill(self, ids: list[int]) -> Any:
+        self.cache.current_seq_len = 0
+        return self._forward(ids)
+
+    def step(self, token: int) -> Any:
+        return self._forward([token])
+
+    def close(self) -> None:
+        pass

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailableError, InvalidSettingsError, ModelLoadError
+from ...errors import BackendUnavailableError, ModelLoadError
 from ..model_dir import ModelDirectory
-from ._torch_sampling import cached_forward_loop, release
-from .base import Backend, BackendOptions, BackendRequest, TokenStep, cuda_available, require, unsupported
+from ._logits import LogitsBackend, LogitsSession, release
+from .base import BackendOptions, cuda_available, require, unsupported
+from .exllama import CachedForwardSession
 
 if TYPE_CHECKING:
     from ..tokenizer import NativeTokenizer
@@ -33,12 +32,11 @@ logger = logging.getLogger(__name__)
 _SUPPORTED = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
 
 
-class ExLlamaV2Backend(Backend):
+class ExLlamaV2Backend(LogitsBackend):
     """exllamav2 on CUDA: fp16, GPTQ and EXL2 weights; SDPA fallback replaced by causal matmul attention."""
 
     name = "exllamav2"
     extra = "exllamav2"
-    concurrent = False
 
     @classmethod
     def check_available(cls) -> None:
@@ -60,9 +58,6 @@ class ExLlamaV2Backend(Backend):
         from exllamav2 import ExLlamaV2, ExLlamaV2Cache, ExLlamaV2Config
         from exllamav2.attn import has_flash_attn
 
-        if options.get("lora_dir"):
-            raise InvalidSettingsError("LoRA on the exllamav2 backend is not wired yet; use backend='exllama'.")
-        self._lock = threading.Lock()
         self._model = self._cache = None
         try:
             config = ExLlamaV2Config(str(model.path))
@@ -74,23 +69,22 @@ class ExLlamaV2Backend(Backend):
             self._cache = ExLlamaV2Cache(self._model, max_seq_len=ctx, lazy=True)
             self._model.load_autosplit(self._cache, progress=False)
         except (AssertionError, ValueError, KeyError, RuntimeError, torch.cuda.OutOfMemoryError) as e:
-            self.close()
+            self._free()
             raise ModelLoadError(f"exllamav2 could not load {model.name!r}: {type(e).__name__}: {e}") from e
         self._context = ctx
         self.attention = "flash-attn" if has_flash_attn else "matmul (no_sdpa)"
+        self._start_worker()
 
     @property
     def context_length(self) -> int:
         return self._context
 
     def info(self) -> dict[str, Any]:
-        return {"backend": self.name, "attention": self.attention}
+        return {"attention": self.attention}
 
-    def generate(self, request: BackendRequest) -> Iterator[TokenStep]:
-        if self._model is None:
-            return
-        yield from cached_forward_loop(request, self._model, self._cache, self._lock)
+    def open_session(self) -> LogitsSession:
+        return CachedForwardSession(self._model, self._cache)
 
-    def close(self) -> None:
+    def _free(self) -> None:
         model, self._model, self._cache = self._model, None, None
         release((model, "unload"))

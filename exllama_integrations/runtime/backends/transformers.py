@@ -1,21 +1,21 @@
 """CPU reference backend: the same model directory through transformers.
 
-Real token-by-token decoding with a KV cache and transformers' own logits processors, one
-request at a time. It is how the whole package is tested without a GPU, and the oracle the GPU
-backends are checked against (``device="cuda", dtype="float32"``).
+Real token-by-token decoding with a KV cache per request and transformers' own logits processors,
+on the shared logits-level worker (up to 8 requests interleaved a step at a time). It is how the
+whole package is tested without a GPU, and the oracle the GPU backends are checked against
+(``device="cuda", dtype="float32"``).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
-import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ...errors import InvalidModelError
+from ...errors import InvalidModelError, InvalidSettingsError
 from ..model_dir import ModelDirectory
-from ._torch_sampling import sample_loop
-from .base import Backend, BackendOptions, BackendRequest, TokenStep, require, unsupported
+from ._logits import LogitsBackend, LogitsSession
+from .base import BackendOptions, require, unsupported
 
 if TYPE_CHECKING:
     import torch
@@ -35,12 +35,24 @@ _DTYPES = {
 }
 
 
-class TransformersBackend(Backend):
+class TransformersBackend(LogitsBackend):
     """Hugging Face transformers on CPU (or any torch device), fp32/bf16/fp16 safetensors."""
 
     name = "transformers"
     extra = "transformers"
-    concurrent = False
+    max_sessions = 8
+
+    @classmethod
+    def resolve_options(cls, options: BackendOptions) -> BackendOptions:
+        device = options.device or "cpu"
+        dtype = (options.dtype or "auto").lower()
+        if dtype == "auto":
+            dtype = "float32" if device == "cpu" else "float16"
+        elif dtype not in _DTYPES:
+            raise InvalidSettingsError(
+                f"dtype must be one of auto, {', '.join(sorted(_DTYPES))}; got {options.dtype!r}."
+            )
+        return options.model_copy(update={"device": device, "dtype": _DTYPES[dtype]})
 
     @classmethod
     def check_available(cls) -> None:
@@ -68,15 +80,9 @@ class TransformersBackend(Backend):
         import transformers
         from transformers import AutoModelForCausalLM
 
-        self._model_dir = model
-        self._lock = threading.Lock()
+        options = self.resolve_options(options)
         device = options.device or "cpu"
-        dtype_name = _DTYPES.get((options.dtype or "auto").lower())
-        if options.dtype not in (None, "auto") and dtype_name is None:
-            raise InvalidModelError(f"dtype must be one of auto, {', '.join(sorted(_DTYPES))}; got {options.dtype!r}")
-        if dtype_name is None:
-            dtype_name = "float32" if device == "cpu" else "float16"
-        self.dtype = getattr(torch, dtype_name)
+        self.dtype = getattr(torch, options.dtype or "float32")
         major = int(transformers.__version__.split(".")[0])
         dtype_kw = {"dtype": self.dtype} if major >= 5 else {"torch_dtype": self.dtype}
         loaded: Any
@@ -103,39 +109,53 @@ class TransformersBackend(Backend):
             )
         self.model.to(device)
         self.model.eval()
-        import inspect
-
         # transformers renamed `past_key_values` to `cache` (5.2x); pass whichever this version takes.
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.device = torch.device(device)
         self._context = min(options.max_seq_len or model.context_length, model.context_length)
+        self._start_worker()
 
     @property
     def context_length(self) -> int:
         return self._context
 
     def info(self) -> dict[str, Any]:
-        return {"backend": self.name, "device": str(self.device), "dtype": str(self.dtype).replace("torch.", "")}
+        return {"device": str(self.device), "dtype": str(self.dtype).replace("torch.", "")}
 
-    def generate(self, request: BackendRequest) -> Iterator[TokenStep]:
-        import torch
+    def open_session(self) -> LogitsSession:
+        return _Session(self)
+
+    def _free(self) -> None:
+        if hasattr(self, "model"):
+            del self.model
+        import gc
+
+        gc.collect()
+
+
+class _Session:
+    """One request's KV cache on the loaded model."""
+
+    def __init__(self, backend: TransformersBackend) -> None:
         from transformers import DynamicCache
 
-        cache = DynamicCache()
+        self.backend = backend
+        self.cache: Any = DynamicCache()
 
-        def forward(ids: list[int]) -> torch.Tensor:
-            x = torch.tensor([ids], dtype=torch.long, device=self.device)
-            out = self.model(input_ids=x, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-            return out.logits[:, -1, :]
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        import torch
 
-        with self._lock, torch.inference_mode():
-            yield from sample_loop(request, forward, lambda token: forward([token]))
+        b = self.backend
+        x = torch.tensor([ids], dtype=torch.long, device=b.device)
+        out = b.model(input_ids=x, use_cache=True, logits_to_keep=1, **{b._cache_kw: self.cache})
+        return out.logits[:, -1, :]
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        return self._forward(ids)
+
+    def step(self, token: int) -> torch.Tensor:
+        return self._forward([token])
 
     def close(self) -> None:
-        with self._lock:
-            if hasattr(self, "model"):
-                del self.model
-            import gc
-
-            gc.collect()
+        self.cache = None

@@ -1,0 +1,80 @@
+"""LlamaIndex types to and from the chat contract's plain values (messages, logprobs, streamed responses)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage, LogProb, MessageRole
+
+from ..errors import InvalidSettingsError
+from ..runtime.api import TokenLogprob
+
+
+def message_text(message: ChatMessage) -> str:
+    parts = []
+    for block in message.blocks:
+        kind = getattr(block, "block_type", "text")
+        if kind == "text":
+            parts.append(block.text)  # type: ignore[union-attr]
+        elif kind not in ("tool_call", "thinking"):
+            raise InvalidSettingsError(
+                f"message blocks of type {kind!r} are not supported: this model takes text only."
+            )
+    return "".join(parts)
+
+
+def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """LlamaIndex messages as template dicts in Hugging Face conventions (see runtime.chat)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.role.value if isinstance(m.role, MessageRole) else str(m.role)
+        d: dict[str, Any] = {
+            "role": "system" if role == MessageRole.DEVELOPER.value else role,
+            "content": message_text(m),
+        }
+        calls = m.additional_kwargs.get("tool_calls") or []
+        if role == MessageRole.ASSISTANT.value and calls:
+            d["tool_calls"] = [{"id": c.get("id"), "type": "function", "function": dict(c["function"])} for c in calls]
+        if role in (MessageRole.TOOL.value, MessageRole.FUNCTION.value):
+            d = {"role": "tool", "content": d["content"], "tool_call_id": m.additional_kwargs.get("tool_call_id")}
+        out.append(d)
+    return out
+
+
+def li_logprobs(lps: Sequence[TokenLogprob] | None) -> list[list[LogProb]] | None:
+    """LlamaIndex's shape: per token, the most likely alternatives (the chosen token when none were asked for)."""
+    if not lps:
+        return None
+    return [
+        [LogProb(token=t.token, logprob=t.logprob, bytes=list(t.token.encode())) for t in lp.top]
+        or [LogProb(token=lp.token, logprob=lp.logprob, bytes=list(lp.token.encode()))]
+        for lp in lps
+    ]
+
+
+def last_response(responses: Any, all_logprobs: bool = False) -> Any:
+    """The last of a stream of responses; with ``all_logprobs``, carrying every token's logprobs."""
+    last, lps = None, []  # type: ignore[var-annotated]
+    for last in responses:  # noqa: B007 - keep the last
+        lps.extend(last.logprobs or [])
+    assert last is not None
+    if all_logprobs or lps:
+        last.logprobs = lps or None
+    return last
+
+
+async def alast_response(responses: Any, all_logprobs: bool = False) -> Any:
+    last, lps = None, []  # type: ignore[var-annotated]
+    async for last in responses:  # noqa: B007
+        lps.extend(last.logprobs or [])
+    assert last is not None
+    if all_logprobs or lps:
+        last.logprobs = lps or None
+    return last
+
+
+def is_custom_messages_to_prompt(fn: Any) -> bool:
+    from llama_index.core.base.llms.generic_utils import messages_to_prompt as default
+
+    return fn is not None and fn is not default and getattr(fn, "__name__", "") != "messages_to_prompt"

@@ -1,0 +1,124 @@
+"""What every Runtime implementation shares: settings resolution, and generate/batch built on streams."""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from ..errors import InvalidSettingsError
+from .api import GenerationResult, Grammar, ModelInfo, Prompt, StreamChunk, TextStream, result_of
+from .settings import GenerationSettings
+
+
+def check_setting_names(names: Sequence[str], what: str = "generation setting") -> None:
+    """Refuse names that are not settings, naming the closest match.
+
+    Raises:
+        InvalidSettingsError: an unknown name.
+    """
+    known = list(GenerationSettings.model_fields)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        hints = []
+        for n in sorted(unknown):
+            close = difflib.get_close_matches(n, known, n=1)
+            hints.append(f"{n!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise InvalidSettingsError(f"unknown {what}(s): {', '.join(hints)}; valid ones are {', '.join(known)}.")
+
+
+class RuntimeCommon(ABC):
+    """Settings, ``generate``, ``agenerate`` and ``abatch`` in terms of ``stream`` / ``astream``."""
+
+    settings: GenerationSettings
+
+    @abstractmethod
+    def model_info(self) -> ModelInfo: ...
+
+    @abstractmethod
+    def stream(
+        self,
+        prompt: Prompt,
+        settings: GenerationSettings | None = None,
+        *,
+        grammar: Grammar | None = None,
+        add_special_tokens: bool = True,
+        **overrides: Any,
+    ) -> TextStream: ...
+
+    @abstractmethod
+    def astream(
+        self,
+        prompt: Prompt,
+        settings: GenerationSettings | None = None,
+        *,
+        grammar: Grammar | None = None,
+        add_special_tokens: bool = True,
+        **overrides: Any,
+    ) -> AsyncIterator[StreamChunk]: ...
+
+    def resolve_settings(self, settings: GenerationSettings | None = None, **overrides: Any) -> GenerationSettings:
+        """The runtime's defaults, then ``settings``, then ``overrides`` (None ignored).
+
+        Raises:
+            InvalidSettingsError: an unknown name, a bad value, or a setting this backend cannot honour.
+        """
+        check_setting_names(list(overrides))
+        s = (settings or self.settings).merged(**overrides) if overrides else (settings or self.settings)
+        refused = self.model_info().unsupported_settings
+        default = GenerationSettings()
+        for name, why in refused.items():
+            if getattr(s, name) != getattr(default, name):
+                raise InvalidSettingsError(why)
+        return s
+
+    def generate(
+        self,
+        prompt: Prompt,
+        settings: GenerationSettings | None = None,
+        *,
+        grammar: Grammar | None = None,
+        add_special_tokens: bool = True,
+        **overrides: Any,
+    ) -> GenerationResult:
+        """Generate a whole completion (the stream, collected)."""
+        with self.stream(prompt, settings, grammar=grammar, add_special_tokens=add_special_tokens, **overrides) as s:
+            chunks = list(s)
+        return s.result if s.result is not None else result_of(chunks, self.model_info().backend)
+
+    async def agenerate(
+        self,
+        prompt: Prompt,
+        settings: GenerationSettings | None = None,
+        *,
+        grammar: Grammar | None = None,
+        add_special_tokens: bool = True,
+        **overrides: Any,
+    ) -> GenerationResult:
+        """Async :meth:`generate`, not blocking the event loop."""
+        chunks = [
+            c
+            async for c in self.astream(
+                prompt, settings, grammar=grammar, add_special_tokens=add_special_tokens, **overrides
+            )
+        ]
+        return result_of(chunks, self.model_info().backend)
+
+    async def abatch(
+        self,
+        prompts: Sequence[Prompt],
+        settings: GenerationSettings | None = None,
+        *,
+        grammar: Grammar | None = None,
+        add_special_tokens: bool = True,
+        **overrides: Any,
+    ) -> list[GenerationResult]:
+        """Async :meth:`batch`: every prompt at once."""
+        s = self.resolve_settings(settings, **overrides)
+        return list(
+            await asyncio.gather(
+                *(self.agenerate(p, s, grammar=grammar, add_special_tokens=add_special_tokens) for p in prompts)
+            )
+        )

@@ -1,0 +1,235 @@
+"""One generation as an object: backend steps in, stream chunks out.
+
+The backend's thread hands steps to :meth:`Run.emit` (which feeds the grammar and timestamps them)
+and never waits for the reader; the reader turns them into chunks with :meth:`Run.feed`
+(detokenizing, stop strings, usage), through :class:`LocalStream` (a thread) or :func:`aiter_run`
+(an event loop). A reader that stops reading, or closes, cancels the request: the backend ends it
+within a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ExLlamaIntegrationsError, GenerationError
+from ..api import GenerationResult, StreamChunk, Timings, TokenLogprob, TopLogprob, Usage, result_of
+from ..backends.base import BackendRequest, RawLogprob, TokenStep
+from ..streaming import IncrementalDetokenizer, StopStringMatcher
+
+if TYPE_CHECKING:
+    from ..constraints import ConstraintMatcher
+    from ..settings import GenerationSettings
+    from ..tokenizer import NativeTokenizer
+
+_NATIVE_FINISH = {"length": "length", "end": "eos", "cancelled": "cancelled", "stop_token": "eos"}
+
+
+class Run:
+    """The state of one generation on the reader's side."""
+
+    def __init__(
+        self,
+        tokenizer: NativeTokenizer,
+        settings: GenerationSettings,
+        prompt_ids: list[int],
+        stop_token_ids: frozenset[int],
+        matcher: ConstraintMatcher | None,
+        backend: str,
+    ) -> None:
+        self.tokenizer, self.settings, self.matcher, self.backend = tokenizer, settings, matcher, backend
+        self.prompt_len = len(prompt_ids)
+        self.stop_token_ids = stop_token_ids
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._stops = StopStringMatcher(settings.stop)
+        self._t0 = time.perf_counter()
+        self._t_first: float | None = None
+        self._t_last = self._t0
+        self._n = 0
+        self._chunks: list[StreamChunk] = []
+        self.result: GenerationResult | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the final chunk was produced."""
+        return self.result is not None
+
+    def emit_to(self, put: Callable[[tuple[TokenStep, float]], None]) -> Callable[[TokenStep], None]:
+        """The ``emit`` for the backend: feed the grammar (so the next mask is ready), timestamp, hand on."""
+        matcher = self.matcher
+
+        def emit(step: TokenStep) -> None:
+            t = time.perf_counter()
+            if matcher is not None:
+                for tid in step.token_ids:
+                    matcher.accept(tid)
+            put((step, t))
+
+        return emit
+
+    def _logprobs(self, raw: tuple[RawLogprob, ...]) -> tuple[TokenLogprob, ...]:
+        def text(tid: int) -> str:
+            return self.tokenizer.decode([tid], skip_special_tokens=False)
+
+        return tuple(
+            TokenLogprob(
+                lp.token_id, text(lp.token_id), lp.logprob, tuple(TopLogprob(t, text(t), v) for t, v in lp.top)
+            )
+            for lp in raw
+        )
+
+    def feed(self, step: TokenStep, t: float) -> list[StreamChunk]:
+        """The chunks for one backend step (the final one included when the generation ends here)."""
+        if step.error is not None:
+            if isinstance(step.error, ExLlamaIntegrationsError):
+                raise step.error
+            raise GenerationError(
+                f"the {self.backend} backend failed: {type(step.error).__name__}: {step.error}"
+            ) from (step.error)
+        if step.token_ids:
+            self._t_first = self._t_first if self._t_first is not None else t
+            self._t_last = t
+        finish: str | None = None
+        visible: list[int] = []
+        for tid in step.token_ids:
+            self._n += 1
+            if tid in self.stop_token_ids:
+                finish = "stop" if tid in self.settings.stop_token_ids else "eos"
+                break
+            visible.append(tid)
+        lps = self._logprobs(step.logprobs[: len(visible)]) if step.logprobs else None
+        text = self._stops.push(self._detok.add(visible)) if visible else ""
+        stop_string = self._stops.stopped
+        if stop_string is not None:
+            finish = "stop"
+        out: list[StreamChunk] = []
+        if text or (lps and finish is None):
+            out.append(StreamChunk(text, tuple(visible), lps))
+            self._chunks.append(out[-1])
+        if finish is None and step.finish is not None:
+            finish = _NATIVE_FINISH[step.finish]
+        if finish is not None:
+            out.append(self._final(finish, stop_string))
+        return out
+
+    def _final(self, finish: Any, stop_string: str | None) -> StreamChunk:
+        tail = ""
+        if stop_string is None:
+            tail = self._stops.push(self._detok.flush())
+            if self._stops.stopped is not None:  # a stop string completed in the last held-back bytes
+                finish, stop_string = "stop", self._stops.stopped
+            else:
+                tail += self._stops.flush()
+        now = time.perf_counter()
+        t_first = self._t_first
+        tps = (self._n - 1) / (self._t_last - t_first) if t_first is not None and self._t_last > t_first else None
+        complete = self.matcher.is_accepting() if self.matcher is not None else None
+        final = StreamChunk(
+            tail,
+            (),
+            None,
+            finish,
+            Usage(self.prompt_len, self._n),
+            Timings(None if t_first is None else t_first - self._t0, now - self._t0, tps),
+            stop_string,
+            complete,
+        )
+        self.result = result_of([*self._chunks, final], self.backend)
+        if self.settings.logprobs is not None and self.result.logprobs is None:
+            self.result = dataclasses.replace(self.result, logprobs=())
+        return final
+
+
+class LocalStream:
+    """A generation read from a thread: iterate for chunks; ``close()`` (or ``break``) cancels it.
+
+    After it is exhausted, :attr:`result` holds the :class:`~exllama_integrations.runtime.api.GenerationResult`.
+    """
+
+    def __init__(self, run: Run, request: BackendRequest, steps: queue.SimpleQueue[Any], done: Callable[[], None]):
+        self._run, self._request, self._steps, self._done_cb = run, request, steps, done
+        self._pending: deque[StreamChunk] = deque()
+        self._closed = False
+
+    @property
+    def result(self) -> GenerationResult | None:
+        """The finished generation (None until the stream is exhausted)."""
+        return self._run.result
+
+    def __iter__(self) -> LocalStream:
+        return self
+
+    def __next__(self) -> StreamChunk:
+        while not self._pending:
+            if self._closed or self._run.finished:
+                self._release()
+                raise StopIteration
+            step, t = self._steps.get()
+            try:
+                self._pending.extend(self._run.feed(step, t))
+            except BaseException:
+                self._release()
+                raise
+            if self._run.finished:
+                self._release()
+        return self._pending.popleft()
+
+    def cancel(self) -> None:
+        """Ask the generation to stop at its next step (safe from any thread)."""
+        self._request.cancel.set()
+
+    def _release(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._request.cancel.set()  # after a stop string, the backend may still be decoding
+            self._done_cb()
+
+    def close(self) -> None:
+        """Stop the generation now; the backend ends it within a step."""
+        self._pending.clear()
+        self._release()
+
+    def __enter__(self) -> LocalStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+def async_queue() -> tuple[asyncio.Queue[Any], Callable[[Any], None]]:
+    """A queue on the running loop, and a thread-safe ``put`` for the backend's side."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue[Any] = asyncio.Queue()
+
+    def put(item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    return q, put
+
+
+async def aiter_run(
+    run: Run, request: BackendRequest, steps: asyncio.Queue[Any], done: Callable[[], None]
+) -> AsyncIterator[StreamChunk]:
+    """A generation read from an event loop (no thread per stream); leaving early cancels it."""
+    try:
+        while not run.finished:
+            step, t = await steps.get()
+            for chunk in run.feed(step, t):
+                yield chunk
+    finally:
+        request.cancel.set()
+        done()

@@ -1,0 +1,369 @@
+"""ExLlamaRuntime: one model directory loaded in this process, shared by every wrapper built on it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from ...errors import RuntimeClosedError
+from .._common import RuntimeCommon
+from ..api import GenerationResult, Grammar, ModelInfo, Prompt, StreamChunk
+from ..backends import BackendRequest
+from ..constraints import TokenConstraint
+from ..model_dir import ModelDirectory
+from ..settings import GenerationSettings
+from ..tokenizer import NativeTokenizer
+from .prompt import fit_to_context, prompt_ids
+from .registry import Registry, close_at_exit, plan_load
+from .run import LocalStream, Run, aiter_run, async_queue
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend, BackendOptions
+
+logger = logging.getLogger(__name__)
+
+_registry: Registry[ExLlamaRuntime] = Registry(lambda rt: not rt.closed)
+
+
+class ExLlamaRuntime(RuntimeCommon):
+    """One model directory loaded once: backend, tokenizer and generation, shared by wrappers.
+
+    Build it directly for a private runtime, or with :meth:`shared` to get the same loaded runtime
+    for every caller asking for the same directory, backend and options (what the LangChain and
+    LlamaIndex wrappers do). Safe to call from many threads and from asyncio at once; decoding runs
+    on the backend's own worker, so a reader that stops reading never holds the model.
+
+    Example:
+        >>> rt = ExLlamaRuntime.shared("~/models/SmolLM2-135M-Instruct")  # doctest: +SKIP
+        >>> rt.generate("The capital of France is", temperature=0, max_new_tokens=8).text  # doctest: +SKIP
+        ' Paris.'
+        >>> for chunk in rt.stream("Once upon a time", max_new_tokens=16):  # doctest: +SKIP
+        ...     print(chunk.text, end="")
+    """
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike[str],
+        backend: str = "auto",
+        *,
+        max_seq_len: int | None = None,
+        dtype: str | None = None,
+        device: str | None = None,
+        settings: GenerationSettings | None = None,
+        **backend_options: Any,
+    ) -> None:
+        """Load ``model_dir`` (a directory, or a Hugging Face Hub id) with ``backend``.
+
+        ``backend``: ``auto``, ``exllamav3``, ``exllama``, ``exllamav2`` or ``transformers``; the other
+        keyword arguments are the backend's load options (unknown ones are refused by name).
+
+        Raises:
+            ModelLoadError: (ModelNotFoundError, InvalidModelError, UnsupportedModelError) the directory
+                cannot be loaded; nothing stays loaded.
+            MissingDependencyError: the backend's extra is not installed.
+            BackendUnavailableError: the backend cannot run on this machine.
+            InvalidSettingsError: an unknown or invalid load option.
+        """
+        model, backend_cls, options = plan_load(model_dir, backend, max_seq_len, dtype, device, backend_options)
+        self.model: ModelDirectory = model
+        self.tokenizer = NativeTokenizer(model)
+        self.options: BackendOptions = options
+        self.settings = settings or GenerationSettings()
+        self._refused = dict(backend_cls.unsupported_settings)
+        t0 = time.perf_counter()
+        self._backend: Backend | None = backend_cls(model, self.tokenizer, options)
+        self.backend_name = backend_cls.name
+        self.load_seconds = time.perf_counter() - t0
+        self._closed = False
+        self._key: tuple[Any, ...] | None = None
+        self._lock = threading.Lock()
+        self._active: set[BackendRequest] = set()
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="exllama-aio")
+        self._grammars = lru_cache(maxsize=64)(self._compile)
+        self._info = self._model_info()
+        close_at_exit(self)
+        logger.info("loaded %s on %s in %.1fs", model.name, self.backend_name, self.load_seconds)
+
+    # ----------------------------------------------------------------- sharing
+
+    @classmethod
+    def shared(
+        cls,
+        model_dir: str | os.PathLike[str],
+        backend: str = "auto",
+        *,
+        max_seq_len: int | None = None,
+        dtype: str | None = None,
+        device: str | None = None,
+        settings: GenerationSettings | None = None,
+        **backend_options: Any,
+    ) -> ExLlamaRuntime:
+        """The loaded runtime for this directory, backend and options, loading it on first use.
+
+        Every caller whose request resolves to the same directory, backend and options (after
+        ``auto`` and defaults are resolved) gets the same object, so an LLM, a chat model and a
+        LlamaIndex LLM on one directory load the weights once.
+        """
+        model, backend_cls, options = plan_load(model_dir, backend, max_seq_len, dtype, device, backend_options)
+        key = (str(model.path), backend_cls.name, options.key(), (settings or GenerationSettings()).model_dump_json())
+
+        def load() -> ExLlamaRuntime:
+            rt = cls(model.path, backend_cls.name, settings=settings, **options.model_dump(exclude_none=True))
+            rt._key = key
+            return rt
+
+        return _registry.get_or_load(key, load)
+
+    @staticmethod
+    def loaded() -> list[ExLlamaRuntime]:
+        """Shared runtimes currently loaded."""
+        return _registry.live()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def active_requests(self) -> int:
+        """Generations submitted and not yet finished or cancelled (what waits for or holds the backend)."""
+        with self._lock:
+            return len(self._active)
+
+    def close(self) -> None:
+        """Cancel running generations and free the model (GPU memory included). Idempotent; always returns.
+
+        Generations in flight end with ``finish_reason="cancelled"`` after the step in flight.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            active = list(self._active)
+        for req in active:
+            req.cancel.set()
+        if self._key is not None:
+            _registry.forget(self._key, self)
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            backend.close()
+        self._executor.shutdown(wait=False)
+        logger.info("closed %s (%s)", self.model.name, self.backend_name)
+
+    def __enter__(self) -> ExLlamaRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "loaded"
+        return f"ExLlamaRuntime({str(self.model.path)!r}, backend={self.backend_name!r}, {state})"
+
+    # ----------------------------------------------------------------- facts
+
+    def _model_info(self) -> ModelInfo:
+        backend = self._require_backend()
+        template = self.tokenizer.chat_template
+        return ModelInfo(
+            name=self.model.name,
+            backend=self.backend_name,
+            context_length=backend.context_length,
+            vocab_size=self.tokenizer.vocab_size,
+            eos_token_ids=tuple(self.tokenizer.eos_token_ids),
+            bos_token_id=self.tokenizer.bos_token_id,
+            has_chat_template=template is not None,
+            renders_tools="tools" in (template or ""),
+            max_batch_size=backend.max_batch_size,
+            unsupported_settings=self._refused,
+            details={"model_dir": str(self.model.path), "load_seconds": round(self.load_seconds, 3), **backend.info()},
+        )
+
+    def model_info(self) -> ModelInfo:
+        """Facts about the loaded model (name, backend, context, tokens, template, batching, refusals)."""
+        self._require_backend()
+        return self._info
+
+    @property
+    def context_length(self) -> int:
+        """Longest prompt + completion the loaded model (and its cache) can hold."""
+        return self.model_info().context_length
+
+    @property
+    def model_name(self) -> str:
+        """The model directory's name."""
+        return self.model.name
+
+    def tokenizer_files(self) -> dict[str, Any]:
+        """The tokenizer's files as plain data (what the HTTP server shares, so clients count tokens exactly)."""
+        from ..tokenizer import TokenizerFiles
+
+        return TokenizerFiles.bundle(self.model)
+
+    def count_tokens(self, text: str) -> int:
+        """Number of tokens in ``text`` by the native tokenizer (no BOS)."""
+        return self.tokenizer.count(text)
+
+    def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text`` by the native tokenizer (``parse_special=False``: special-token text stays text)."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids (special tokens dropped)."""
+        return self.tokenizer.decode(ids)
+
+    def chat_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render chat messages with the model's own template, or ``chat_template`` (bounded sandbox).
+
+        Stream the result with ``add_special_tokens=False``: the template carries its own BOS.
+        """
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=chat_template,
+            **template_kwargs,
+        )
+
+    def _require_backend(self) -> Backend:
+        backend = self._backend
+        if self._closed or backend is None:
+            raise RuntimeClosedError(
+                f"the runtime for {self.model.name!r} was closed; build a new one to load it again."
+            )
+        return backend
+
+    # ----------------------------------------------------------------- requests
+
+    def _compile(self, grammar: Grammar) -> TokenConstraint:
+        return TokenConstraint.compile(self.tokenizer, grammar)
+
+    def _prepare(
+        self,
+        prompt: Prompt,
+        settings: GenerationSettings | None,
+        grammar: Grammar | None,
+        add_special_tokens: bool,
+        overrides: dict[str, Any],
+        put: Any,
+    ) -> tuple[Run, BackendRequest]:
+        """Validate and tokenize one request (raising typed errors before anything runs)."""
+        self._require_backend()
+        s = self.resolve_settings(settings, **overrides)
+        ids, max_new = fit_to_context(prompt_ids(self.tokenizer, prompt, add_special_tokens), s, self.context_length)
+        matcher = self._grammars(grammar).matcher() if grammar is not None else None
+        stop_ids = frozenset(s.stop_token_ids) | (
+            frozenset() if s.ignore_eos else frozenset(self.tokenizer.eos_token_ids)
+        )
+        run = Run(self.tokenizer, s, ids, stop_ids, matcher, self.backend_name)
+        request = BackendRequest(ids, s, max_new, stop_ids, run.emit_to(put), constraint=matcher)
+        return run, request
+
+    def _submit(self, requests: list[BackendRequest]) -> None:
+        with self._lock:
+            backend = self._require_backend()
+            self._active.update(requests)
+        backend.submit(requests)
+
+    def _done(self, request: BackendRequest) -> None:
+        with self._lock:
+            self._active.discard(request)
+
+    def stream(
+        self,
+        prompt: Prompt,
+        settings: GenerationSettings | None = None,
+        *,
+        grammar: Grammar | None = None,
+        add_special_tokens: bool = True,
+        **overrides: Any,
+    ) -> LocalStream:
+        """Stream a completion of ``prompt`` (text, or token ids) chunk by chunk.
+
+        Overrides are generation settings (``temperature=0``, ``stop=[...]``, ...); ``grammar``
+        constrains the output. Breaking out of the loop or closing the stream cancels the generation
+        within one decoding step.
+
+        Raises:
+            InvalidSettingsError: bad settings, empty or non-UTF-8 prompt.
+            ContextLengthError: prompt + max_new_tokens exceed the context.
+            ConstraintError: the grammar does not compile.
+            RuntimeClosedError: the runtime was closed.
+        """
+        steps: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        run, request = self._prepare(prompt, settings, grammar, add_special_tokens, overrides, steps.put)
+        self._submit([request])
+        return LocalStream(run, request, steps, lambda: self._done(request))
+
+    def batch(
+        self,
+        prompts: Sequence[Prompt],
+        settings: GenerationSettings | None = None,
+        *,
+        grammar: Grammar | None = None,
+        add_special_tokens: bool = True,
+        **overrides: Any,
+    ) -> list[GenerationResult]:
+        """Generate completions for several prompts, handed to the backend together (one dynamic batch).
+
+        Every prompt is validated before any runs.
+        """
+        s = self.resolve_settings(settings, **overrides)
+        streams = []
+        for p in prompts:
+            steps: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            run, req = self._prepare(p, s, grammar, add_special_tokens, {}, steps.put)
+            streams.append((run, req, steps))
+        if not streams:
+            return []
+        self._submit([req for _, req, _ in streams])
+        out = []
+        for run, req, steps in streams:
+            with LocalStream(run, req, steps, lambda r=req: self._done(r)) as stream:  # type: ignore[misc]
+                for _ in stream:
+                    pass
+            assert run.result is not None
+            out.append(run.result)
+        return out
+
+    async def astream(
+        self,
+        prompt: Prompt,
+        settings: GenerationSettings | None = None,
+        *,
+        grammar: Grammar | None = None,
+        add_special_tokens: bool = True,
+        **overrides: Any,
+    ) -> AsyncIterator[StreamChunk]:
+        """Async :meth:`stream`: tokenizing runs on the runtime's executor and decoding on the backend's worker.
+
+        Cancelling the consuming task (or closing the async generator) cancels the generation.
+        """
+        steps, put = async_queue()
+        loop = asyncio.get_running_loop()
+        run, request = await loop.run_in_executor(
+            self._executor, self._prepare, prompt, settings, grammar, add_special_tokens, overrides, put
+        )
+        self._submit([request])
+        try:
+            async for chunk in aiter_run(run, request, steps, lambda: self._done(request)):
+                yield chunk
+        finally:  # synchronous, so a closed or cancelled reader frees the backend at once
+            request.cancel.set()
+            self._done(request)

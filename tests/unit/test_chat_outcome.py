@@ -1,0 +1,117 @@
+"""Chat finished once: the streamer's deltas and outcome, and both frameworks' conversion of them.
+
+Each behaviour is asserted on LangChain's chunks and LlamaIndex's responses alike.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from exllama_integrations import ConstraintViolationError, GenerationSettings, Grammar
+from exllama_integrations.runtime.api import StreamChunk, Timings, TokenLogprob, TopLogprob, Usage
+from exllama_integrations.runtime.chat import PreparedChat
+from exllama_integrations.runtime.chat_outcome import ChatDelta, ChatOutcome, ChatStreamer, metadata
+
+TOOLS = ({"type": "function", "function": {"name": "add", "parameters": {}}},)
+FINAL = StreamChunk("", (), None, "eos", Usage(3, 9), Timings(0.1, 1.0, 10.0))
+
+
+def _items(pieces, tools: bool, final: StreamChunk = FINAL, grammar=None):
+    prepared = PreparedChat("prompt", grammar, TOOLS if tools else ())
+    s = ChatStreamer(prepared, GenerationSettings(), model_name="m", backend="b")
+    out = [s.feed(StreamChunk(p)) for p in pieces]
+    out.append(s.feed(final))
+    return [i for i in out if i is not None]
+
+
+def _langchain(items):
+    from exllama_integrations.langchain._chat_utils import lc_chat_chunk
+
+    chunks = [lc_chat_chunk(i, False) for i in items]
+    full = chunks[0].message
+    for c in chunks[1:]:
+        full = full + c.message
+    shown = [c.message.content for c in chunks[:-1]]
+    calls = [(c["name"], c["args"]) for c in full.tool_calls]
+    invalid = [(c["name"], c["args"]) for c in full.invalid_tool_calls]
+    return shown, full.content, calls, invalid, full.response_metadata["finish_reason"]
+
+
+def _llama_index(items):
+    import json
+
+    from exllama_integrations.llama_index.llms import ExLlamaLLM
+
+    acc, responses = "", []
+    for i in items:
+        acc += i.text if isinstance(i, ChatDelta) else ""
+        responses.append(ExLlamaLLM._chat_response(acc, i))
+    shown = [r.delta for r in responses[:-1]]
+    last = responses[-1]
+    calls, invalid = [], []
+    for c in last.message.additional_kwargs.get("tool_calls", []):
+        try:
+            calls.append((c["function"]["name"], json.loads(c["function"]["arguments"])))
+        except json.JSONDecodeError:
+            invalid.append((c["function"]["name"], c["function"]["arguments"]))
+    return shown, last.message.content, calls, invalid, last.raw["finish_reason"]
+
+
+FRAMEWORKS = [pytest.param(_langchain, id="langchain"), pytest.param(_llama_index, id="llama_index")]
+
+
+@pytest.mark.parametrize("convert", FRAMEWORKS)
+def test_text_then_a_tool_call_split_across_chunks(convert):
+    items = _items(["Sure, <tool", '_call>{"name": "add", ', '"arguments": {"a": 1, "b": 2}}</tool_call>'], True)
+    shown, content, calls, invalid, finish = convert(items)
+    assert shown == ["Sure, "]  # the partial tag was held, never shown
+    assert content == "Sure, "  # what was streamed; the call is not part of the content
+    assert calls == [("add", {"a": 1, "b": 2})] and not invalid
+    assert finish == "tool_calls"
+
+
+@pytest.mark.parametrize("convert", FRAMEWORKS)
+def test_a_false_start_of_the_tag_is_released(convert):
+    shown, content, calls, _, finish = convert(_items(["a <to", "y> b"], True))
+    assert content == "a <toy> b" == "".join(shown) and not calls and finish == "stop"
+
+
+@pytest.mark.parametrize("convert", FRAMEWORKS)
+def test_malformed_call_becomes_an_invalid_tool_call(convert):
+    _, _, calls, invalid, _ = convert(_items(['<tool_call>{"name": "add", "arguments": {"a": </tool_call>'], True))
+    assert not calls and invalid and invalid[0][0] == "add"
+
+
+@pytest.mark.parametrize("convert", FRAMEWORKS)
+def test_without_tools_the_tag_is_plain_text(convert):
+    shown, content, calls, _, _ = convert(_items(["<tool_call>x</tool_call>"], False))
+    assert content == "<tool_call>x</tool_call>" and not calls
+    assert "".join(shown) == content
+
+
+def test_outcome_carries_usage_and_both_finish_names():
+    out = _items(["hi"], False, StreamChunk("", (), None, "length", Usage(3, 9), Timings(0.1, 1.0, 10.0)))[-1]
+    assert isinstance(out, ChatOutcome)
+    assert (out.finish_reason, out.native_finish_reason) == ("length", "length")
+    assert out.metadata["usage"] == {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}
+    assert _items(["hi"], False)[-1].metadata["finish_reason"] == "stop"  # eos is reported OpenAI-style
+
+
+def test_a_constrained_reply_cut_short_raises():
+    cut = StreamChunk("", (), None, "length", Usage(3, 9), Timings(0.1, 1.0, 10.0), constraint_complete=False)
+    with pytest.raises(ConstraintViolationError, match="raise max_tokens"):
+        _items(['{"a": '], False, cut, grammar=Grammar.json_schema({"type": "object"}))
+
+
+def test_metadata_logprobs_are_openai_shaped():
+    lp = TokenLogprob(5, "hi", -0.5, (TopLogprob(5, "hi", -0.5), TopLogprob(6, "yo", -1.5)))
+    md = metadata(FINAL, model_name="m", backend="b", logprobs=[lp])
+    assert md["logprobs"] == {
+        "content": [
+            {
+                "token": "hi",
+                "logprob": -0.5,
+                "top_logprobs": [{"token": "hi", "logprob": -0.5}, {"token": "yo", "logprob": -1.5}],
+            }
+        ]
+    }
