@@ -12,8 +12,13 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import public_stream  # noqa: E402
 
 
 def main() -> None:
@@ -46,12 +51,9 @@ def main() -> None:
         return n / (time.perf_counter() - t0)
 
     def run_ours() -> float:
-        t0 = time.perf_counter()
-        info = {}
-        for chunk in llm._stream(prompt, ignore_eos=True):
-            info = chunk.generation_info or info
-        assert info["completion_tokens"] == args.new_tokens
-        return args.new_tokens / (time.perf_counter() - t0)
+        r = public_stream(llm, prompt, ignore_eos=True)
+        assert r["tokens"] == args.new_tokens
+        return r["tps"]
 
     run_hf(), run_ours()  # warm-up
     hf_runs, our_runs = [], []

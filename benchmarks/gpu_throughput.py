@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import public_stream  # noqa: E402
 
 from fixture_models import LLAMA2_7B, Shape, convert_exl3, make_llama  # noqa: E402
 
@@ -99,15 +102,8 @@ def ours_stream(rt: Any, text: str, new: int = NEW) -> Callable[[], tuple[int, f
     llm = ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=new)
 
     def run() -> tuple[int, float | None]:
-        t0 = time.perf_counter()
-        ttft = None
-        info: dict[str, Any] = {}
-        for chunk in llm._stream(text, ignore_eos=True):
-            if ttft is None and chunk.text:
-                ttft = time.perf_counter() - t0
-            if chunk.generation_info:
-                info = chunk.generation_info
-        return int(info["completion_tokens"]), ttft
+        r = public_stream(llm, text, ignore_eos=True)
+        return int(r["tokens"]), r["ttft"]
 
     return run
 

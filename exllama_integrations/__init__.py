@@ -21,6 +21,8 @@ from .errors import (
     ModelLoadError,
     ModelNotFoundError,
     RuntimeClosedError,
+    ServerBusyError,
+    ServerError,
     UnsupportedModelError,
 )
 from .runtime import ExLlamaRuntime, GenerationResult, GenerationSettings, Grammar, ModelInfo, Runtime, StreamChunk
@@ -64,6 +66,8 @@ __all__ = [
     "RemoteRuntime",
     "Runtime",
     "RuntimeClosedError",
+    "ServerBusyError",
+    "ServerError",
     "StreamChunk",
     "UnsupportedModelError",
     "__version__",

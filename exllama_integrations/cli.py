@@ -1,4 +1,4 @@
-"""The ``exllama-integrations`` command: demo, generate, chat."""
+"""The ``exllama-integrations`` command: demo, generate, prepare-demo, serve."""
 
 from __future__ import annotations
 
@@ -76,6 +76,65 @@ def _run_chain(llm: Any, template: str, inputs: dict[str, str]) -> None:
     )
 
 
+def _options(pairs: Sequence[str]) -> dict[str, Any]:
+    import json
+
+    from .errors import InvalidSettingsError
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise InvalidSettingsError(f"--option takes KEY=VALUE, got {pair!r}.")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import os
+
+    key = args.api_key or os.environ.get("EXLLAMA_API_KEY")
+    model_dir = args.model_dir
+    if model_dir is None:
+        from .demo_model import demo_model_dir
+
+        model_dir = str(demo_model_dir())
+    options = {"max_seq_len": args.max_seq_len, **_options(args.option)}
+    if args.ray:
+        from .serve.ray import run_ray
+
+        return run_ray(
+            model_dir,
+            backend=args.backend,
+            host=args.host,
+            port=args.port,
+            replicas=args.replicas,
+            num_gpus=args.num_gpus,
+            api_key=key,
+            served_model_name=args.served_model_name,
+            runtime_options={k: v for k, v in options.items() if v is not None},
+            limits={
+                "max_tokens": args.max_tokens,
+                "max_pending": args.max_pending,
+                "max_body_bytes": args.max_body_bytes,
+            },
+        )
+    import uvicorn
+
+    from .runtime.local import ExLlamaRuntime
+    from .serve.app import ServeLimits, create_app
+
+    rt = ExLlamaRuntime(model_dir, args.backend, **{k: v for k, v in options.items() if v is not None})
+    limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens, max_pending=args.max_pending)
+    app = create_app(rt, served_model_name=args.served_model_name, api_key=key, limits=limits, on_shutdown=rt.close)
+    print(f"serving {rt.model_name} ({rt.backend_name}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=30, log_level="info")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``exllama-integrations`` command."""
     parser = argparse.ArgumentParser(prog="exllama-integrations", description=__doc__)
@@ -94,6 +153,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sub.add_parser("prepare-demo", help="download and convert the demo model, print its directory")
 
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over one loaded model (or Ray Serve replicas)")
+    sv.add_argument("--model-dir", help="model directory or Hub id (default: the demo model)")
+    sv.add_argument("--backend", default="auto", help="auto, exllamav3, exllama, exllamav2, transformers")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set EXLLAMA_API_KEY)")
+    sv.add_argument("--served-model-name", help="the model name clients use (default: the directory's name)")
+    sv.add_argument("--max-seq-len", type=int, help="context/cache length to allocate")
+    sv.add_argument("--max-tokens", type=int, help="largest max_tokens a request may ask for")
+    sv.add_argument("--max-pending", type=int, default=256, help="requests in flight at once; more get 503")
+    sv.add_argument("--max-body-bytes", type=int, default=8 * 2**20, help="largest request body; larger get 413")
+    sv.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a backend load option, e.g. cache_size=65536 (repeatable; values parsed as JSON)",
+    )
+    sv.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas (extra 'ray')")
+    sv.add_argument("--replicas", type=int, default=1, help="with --ray: number of replicas")
+    sv.add_argument("--num-gpus", type=float, help="with --ray: GPUs per replica (default 1 on CUDA, else 0)")
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
@@ -101,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .demo_model import demo_model_dir
 
             print(demo_model_dir())
+        elif args.command == "serve":
+            return _serve(args)
         elif args.command == "demo":
             from .demo_model import demo_model_dir
 

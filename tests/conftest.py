@@ -68,3 +68,17 @@ def demo_runtime(demo_dir: Path):
     from exllama_integrations import ExLlamaRuntime
 
     return ExLlamaRuntime.shared(demo_dir, backend="transformers")
+
+
+@pytest.fixture(scope="session", params=["local", "remote"])
+def where(request: pytest.FixtureRequest, demo_dir: Path) -> dict:
+    """Where the adapters find the demo model: loaded in this process, or on a real server (base_url=).
+
+    Every test that takes it runs against both, so the adapters keep everything they have in process
+    when the model is served.
+    """
+    if request.param == "local":
+        return {"model_dir": str(demo_dir), "backend": "transformers"}
+    from servers import demo_server
+
+    return {"base_url": demo_server()}

@@ -11,23 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fixture_models import SMALL_GQA, SMALL_MHA, SMALL_PADDED, make_llama, make_lora, twin
+from fixture_models import make_lora, twin
 
 pytestmark = pytest.mark.gpu
 
 PROMPT = "the quick brown fox jumps over the lazy dog and then"
 GREEDY = {"temperature": 0.0, "max_new_tokens": 64, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {
-        "fp16-gqa": make_llama(root / "fp16-gqa", SMALL_GQA, seed=1),
-        "fp16-mha": make_llama(root / "fp16-mha", SMALL_MHA, seed=2),
-        "gptq": make_llama(root / "gptq", SMALL_GQA, seed=3, gptq=True),
-        "fp16-pad": make_llama(root / "fp16-pad", SMALL_PADDED, seed=4),
-    }
 
 
 # 4-bit GPTQ kernels (v1 and v2) sum with atomics in a run-dependent order: two greedy runs of one

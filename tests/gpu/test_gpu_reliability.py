@@ -30,7 +30,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def rt(model: Path):
     from exllama_integrations import ExLlamaRuntime
 
-    r = ExLlamaRuntime(model, "exllamav3")
+    r = ExLlamaRuntime(model, "exllamav3", cache_size=16384)  # explicit: other runtimes load beside it
     yield r
     r.close()
 
@@ -226,7 +226,14 @@ def test_quantized_cache_and_gpu_split_options(model: Path) -> None:
     ref = ExLlamaRuntime(model, "exllamav3")
     want = ref.generate(PROMPT, temperature=0, max_new_tokens=32, ignore_eos=True).token_ids
     ref.close()
-    for opts in ({"cache_bits": 8}, {"cache_bits": 4}, {"gpu_split": [40]}, {"max_seq_len": 1024}):
+    for opts in (
+        {"cache_bits": 8},
+        {"cache_bits": (8, 6)},
+        {"cache_bits": (6, 8)},
+        {"cache_bits": 4},
+        {"gpu_split": [40]},
+        {"max_seq_len": 1024},
+    ):
         r = ExLlamaRuntime(model, "exllamav3", **opts)
         try:
             got = r.generate(PROMPT, temperature=0, max_new_tokens=32, ignore_eos=True).token_ids
@@ -237,5 +244,23 @@ def test_quantized_cache_and_gpu_split_options(model: Path) -> None:
                 assert got == want
             elif opts["cache_bits"] == 8:
                 assert same >= 8
+            elif isinstance(opts["cache_bits"], tuple):
+                k, v = opts["cache_bits"]
+                layers = r._backend._cache.layers.values()
+                assert all((layer.k_bits, layer.v_bits) == (k, v) for layer in layers)  # K and V apart
         finally:
             r.close()
+
+
+def test_auto_cache_fills_the_gpu_and_reports_capacity(model: Path) -> None:
+    from exllama_integrations import ExLlamaRuntime
+
+    r = ExLlamaRuntime(model, "exllamav3")  # cache_size="auto" is the default
+    try:
+        d = r.model_info().details
+        jobs = d["jobs_of_1024_tokens"]
+        print(f"auto cache: {d['cache_tokens']} tokens, {jobs} jobs of 1024 tokens,", d["cache_sizing"])
+        assert d["cache_tokens"] > 8192 and d["cache_sizing"]["bytes_per_token"] > 0
+        assert r.generate(PROMPT, temperature=0, max_new_tokens=8).usage.completion_tokens == 8
+    finally:
+        r.close()

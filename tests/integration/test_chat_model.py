@@ -17,8 +17,8 @@ from helpers import loop_ticks
 
 
 @pytest.fixture(scope="module")
-def chat(demo_dir) -> ChatExLlama:
-    return ChatExLlama(model_dir=str(demo_dir), backend="transformers", temperature=0, max_tokens=60)
+def chat(where) -> ChatExLlama:
+    return ChatExLlama(**where, temperature=0, max_tokens=60)
 
 
 def hf_render(model_dir, messages, **kw) -> str:
@@ -108,18 +108,18 @@ def test_stream_usage_set_once_and_matches_invoke(chat: ChatExLlama):
     assert full.content == chat.invoke("Name a color.").content
 
 
-def test_stop_from_call_and_constructor(chat: ChatExLlama, demo_dir):
+def test_stop_from_call_and_constructor(where, chat: ChatExLlama):
     full = chat.invoke("What is the capital of France?").content
     cut = chat.invoke("What is the capital of France?", stop=[" Paris"]).content
     assert " Paris" not in cut and full.startswith(cut)
-    c2 = ChatExLlama(model_dir=str(demo_dir), backend="transformers", temperature=0, stop=["capital"])
+    c2 = ChatExLlama(**where, temperature=0, stop=["capital"])
     assert "capital" not in c2.invoke("What is the capital of France?").content
 
 
-def test_shares_the_runtime_with_the_llm(chat: ChatExLlama, demo_dir):
-    llm = ExLlamaLLM(model_dir=str(demo_dir), backend="transformers")
+def test_shares_the_runtime_with_the_llm(where, chat: ChatExLlama):
+    llm = ExLlamaLLM(**where)
     assert llm.exllama_runtime is chat.exllama_runtime
-    many = [ChatExLlama(model_dir=str(demo_dir), backend="transformers", temperature=t / 10) for t in range(5)]
+    many = [ChatExLlama(**where, temperature=t / 10) for t in range(5)]
     assert {id(m.exllama_runtime) for m in many} == {id(chat.exllama_runtime)}
 
 

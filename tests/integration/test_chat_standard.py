@@ -50,3 +50,13 @@ class TestChatExLlamaIntegration(_ChatExLlamaSuite, ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict:
         return {**super().chat_model_params, "max_tokens": 100}  # keeps the xfailed loops short
+
+
+class TestChatExLlamaIntegrationServed(TestChatExLlamaIntegration):
+    """The same standard suite, with the model on a real server (base_url=)."""
+
+    @property
+    def chat_model_params(self) -> dict:
+        from servers import demo_server
+
+        return {"base_url": demo_server(), "temperature": 0, "max_tokens": 100}

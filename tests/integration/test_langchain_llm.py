@@ -17,8 +17,8 @@ PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def llm(demo_dir) -> ExLlamaLLM:
-    return ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=0, max_new_tokens=24)
+def llm(where) -> ExLlamaLLM:
+    return ExLlamaLLM(**where, temperature=0, max_new_tokens=24)
 
 
 class Tokens(BaseCallbackHandler):
@@ -55,11 +55,11 @@ def test_generate_reports_usage_and_finish_reason(llm: ExLlamaLLM):
     assert res.llm_output["model_name"] == "SmolLM2-135M-Instruct"
 
 
-def test_stop_from_call_and_field_are_merged(demo_dir, llm: ExLlamaLLM):
+def test_stop_from_call_and_field_are_merged(where, llm: ExLlamaLLM):
     full = llm.invoke(PROMPT)
     assert "." in full
     assert "." not in llm.invoke(PROMPT, stop=["."]) and full.startswith(llm.invoke(PROMPT, stop=["."]))
-    with_field = ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=0, stop=["Paris"])
+    with_field = ExLlamaLLM(**where, temperature=0, stop=["Paris"])
     assert with_field.exllama_runtime is llm.exllama_runtime  # shared, loaded once
     out = with_field.invoke(PROMPT, stop=["."])
     assert "Paris" not in out and "." not in out
@@ -84,8 +84,8 @@ def test_batch_of_four(llm: ExLlamaLLM):
     assert llm.batch(prompts) == [llm.invoke(p) for p in prompts]
 
 
-def test_seed_reproduces(demo_dir):
-    s = ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=1.0, seed=7, max_new_tokens=16)
+def test_seed_reproduces(where):
+    s = ExLlamaLLM(**where, temperature=1.0, seed=7, max_new_tokens=16)
     assert s.invoke("Once upon a time") == s.invoke("Once upon a time")
 
 
@@ -98,9 +98,9 @@ async def test_astream_keeps_loop_free_and_matches(llm: ExLlamaLLM):
     assert await llm.abatch([PROMPT, "The sky is"]) == [text, llm.invoke("The sky is")]
 
 
-def test_invalid_sampling_values_fail_at_construction_and_call(demo_dir, llm: ExLlamaLLM):
+def test_invalid_sampling_values_fail_at_construction_and_call(where, llm: ExLlamaLLM):
     with pytest.raises(InvalidSettingsError, match="temperature"):
-        ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=-1)
+        ExLlamaLLM(**where, temperature=-1)
     with pytest.raises(InvalidSettingsError, match="top_p"):
         llm.invoke(PROMPT, top_p=2.0)
     with pytest.raises(InvalidSettingsError, match="stop"):
@@ -139,9 +139,9 @@ def test_from_model_id_takes_huggingfacepipeline_arguments(demo_dir, llm: ExLlam
         ExLlamaLLM.from_model_id(str(demo_dir), model_kwargs={"trust_remote_code": True})
 
 
-def test_use_chat_template_answers_like_an_assistant(demo_dir):
+def test_use_chat_template_answers_like_an_assistant(where):
     chat = ExLlamaLLM(
-        model_dir=str(demo_dir), backend="transformers", temperature=0, max_new_tokens=30, use_chat_template=True
+        **where, temperature=0, max_new_tokens=30, use_chat_template=True
     )
     assert "Paris" in chat.invoke("What is the capital of France?")
 

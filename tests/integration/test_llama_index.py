@@ -17,8 +17,8 @@ Q = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def llm(demo_dir) -> ExLlamaLLM:
-    return ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=0, max_new_tokens=40)
+def llm(where) -> ExLlamaLLM:
+    return ExLlamaLLM(**where, temperature=0, max_new_tokens=40)
 
 
 def user(text: str) -> list[ChatMessage]:
@@ -27,7 +27,7 @@ def user(text: str) -> list[ChatMessage]:
 
 def test_metadata_is_read_from_the_model(llm: ExLlamaLLM):
     md = llm.metadata
-    assert md.context_window == llm.exllama_runtime.context_length == 8192
+    assert md.context_window == llm.exllama_runtime.model_info().context_length == 8192
     assert md.num_output == 40 and md.is_chat_model and md.is_function_calling_model
     assert md.model_name == "SmolLM2-135M-Instruct"
 
@@ -54,19 +54,18 @@ def test_chat_uses_the_template_natively(llm: ExLlamaLLM):
     assert "".join(s.delta for s in streamed) == r.message.content
 
 
-def test_stop_and_sampling_fields(llm: ExLlamaLLM, demo_dir):
+def test_stop_and_sampling_fields(where, llm: ExLlamaLLM):
     cut = llm.chat(user(Q), stop=[" Paris"]).message.content
     assert " Paris" not in cut and cut
     with pytest.raises(InvalidSettingsError, match="temperature"):
-        ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=-3)
-    seeded = ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", temperature=1.0, seed=3, max_new_tokens=12)
+        ExLlamaLLM(**where, temperature=-3)
+    seeded = ExLlamaLLM(**where, temperature=1.0, seed=3, max_new_tokens=12)
     assert seeded.complete("Once upon a time").text == seeded.complete("Once upon a time").text
 
 
-def test_system_prompt_and_prompt_overrides(demo_dir):
+def test_system_prompt_and_prompt_overrides(where):
     sys_llm = ExLlamaLLM(
-        model_dir=str(demo_dir),
-        backend="transformers",
+        **where,
         temperature=0,
         max_new_tokens=20,
         system_prompt="You only answer in French.",
@@ -74,8 +73,7 @@ def test_system_prompt_and_prompt_overrides(demo_dir):
     prepared, _ = sys_llm._prepare(user(Q), {})
     assert "You only answer in French." in prepared.prompt
     custom = ExLlamaLLM(
-        model_dir=str(demo_dir),
-        backend="transformers",
+        **where,
         temperature=0,
         max_new_tokens=8,
         messages_to_prompt=lambda msgs: "Q: " + msgs[-1].content + "\nA:",
@@ -184,9 +182,9 @@ async def test_function_agent_calls_a_tool(llm: ExLlamaLLM):
     assert result is not None
 
 
-def test_shares_the_runtime_with_langchain(llm: ExLlamaLLM, demo_dir):
+def test_shares_the_runtime_with_langchain(where, llm: ExLlamaLLM):
     from exllama_integrations.langchain import ChatExLlama
     from exllama_integrations.langchain import ExLlamaLLM as LCLLM
 
-    assert LCLLM(model_dir=str(demo_dir), backend="transformers").exllama_runtime is llm.exllama_runtime
-    assert ChatExLlama(model_dir=str(demo_dir), backend="transformers").exllama_runtime is llm.exllama_runtime
+    assert LCLLM(**where).exllama_runtime is llm.exllama_runtime
+    assert ChatExLlama(**where).exllama_runtime is llm.exllama_runtime

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import exllama_integrations
 
 
@@ -27,6 +29,8 @@ def test_public_api_is_pinned():
             "RemoteRuntime",
             "Runtime",
             "RuntimeClosedError",
+            "ServerBusyError",
+            "ServerError",
             "StreamChunk",
             "UnsupportedModelError",
             "__version__",
@@ -39,15 +43,13 @@ def test_import_is_light():
     code = (
         "import sys, exllama_integrations, exllama_integrations.runtime;"
         "heavy = [m for m in ('torch', 'transformers', 'langchain_core', 'llama_index', 'exllamav3', 'exllama',"
-        " 'exllamav2', 'llguidance') if m in sys.modules]; print(heavy)"
+        " 'exllamav2', 'llguidance', 'fastapi', 'uvicorn', 'httpx', 'ray') if m in sys.modules]; print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_the_old_chunk_name_still_works_with_a_warning():
-    import pytest
-
     from exllama_integrations import StreamChunk
 
     with pytest.warns(DeprecationWarning, match="StreamChunk"):
@@ -79,3 +81,16 @@ def test_missing_extra_names_the_extra(monkeypatch):
         assert isinstance(e, ImportError)
     else:
         raise AssertionError("expected MissingDependencyError")
+
+
+@pytest.mark.parametrize(
+    ("module", "blocked", "extra"),
+    [
+        ("exllama_integrations.serve.app", "fastapi", "serve"),
+        ("exllama_integrations.serve.remote", "httpx", "remote"),
+    ],
+)
+def test_a_missing_serving_extra_is_named(module, blocked, extra):
+    code = f"import sys; sys.modules[{blocked!r}] = None; import {module}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0 and f"exllama-integrations[{extra}]" in out.stderr

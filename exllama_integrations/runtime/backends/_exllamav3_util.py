@@ -4,18 +4,69 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
 from .base import BackendOptions, RawLogprob
 
+if TYPE_CHECKING:
+    from ..model_dir import ModelDirectory
+
+PAGE = 256
+RESERVE = 4 * 2**30
+"""GPU memory left free for activations, prefill chunks and workspace when sizing the cache."""
+
+
+def cache_bytes_per_token(config: dict[str, Any], cache_bits: int | tuple[int, int] | None) -> float:
+    """Bytes one cached token takes: K and V of every layer (fp16, or the quantized bits)."""
+    layers = int(config.get("num_hidden_layers") or 1)
+    heads = int(config.get("num_attention_heads") or 1)
+    kv = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or int(config.get("hidden_size") or heads) // heads)
+    k, v = cache_bits if isinstance(cache_bits, tuple) else (cache_bits or 16, cache_bits or 16)
+    return layers * kv * head_dim * (k + v) / 8
+
+
+def auto_cache_tokens(model: ModelDirectory, options: ExLlamaV3Options, context: int) -> tuple[int, dict[str, Any]]:
+    """The cache size for ``cache_size="auto"``, and how it was chosen (for the log and model info).
+
+    Free memory on the devices the model loads on, times ``cache_memory``, less the weights (their
+    size on disk) and a reserve for activations; at most ``max_batch_size`` jobs of the full context.
+    """
+    import torch
+
+    devices = range(torch.cuda.device_count()) if options.gpu_split else [torch.cuda.current_device()]
+    if options.device and not options.gpu_split:
+        devices = [torch.device(options.device).index or 0]
+    free = sum(torch.cuda.mem_get_info(d)[0] for d in devices)
+    weights = sum(p.stat().st_size for p in model.weight_files)
+    per_token = cache_bytes_per_token(model.config, options.cache_bits)
+    budget = free * options.cache_memory - weights - RESERVE
+    most = options.max_batch_size * context
+    tokens = max(PAGE, min(int(budget // per_token), most) // PAGE * PAGE)
+    why = {
+        "free_gib": round(free / 2**30, 1),
+        "weights_gib": round(weights / 2**30, 1),
+        "bytes_per_token": int(per_token),
+        "limited_by": "memory" if budget // per_token < most else "max_batch_size x context",
+    }
+    return tokens, why
+
 
 class ExLlamaV3Options(BackendOptions):
     """Load options of the exllamav3 backend (TabbyAPI's names where it has one)."""
 
-    cache_size: int | None = Field(default=None, ge=256)
-    """Paged-cache tokens shared by all jobs (whole 256-token pages); None: min(context, 8192)."""
+    cache_size: int | Literal["auto"] = "auto"
+    """Paged-cache tokens shared by all jobs (whole 256-token pages). ``"auto"``: ``cache_memory`` of the GPU
+    memory left after the weights (like vLLM's ``gpu_memory_utilization``), at most what ``max_batch_size``
+    jobs of the full context can use."""
+    cache_memory: float = Field(default=0.9, gt=0.0, le=0.98)
+    """With ``cache_size="auto"``: the fraction of free GPU memory the weights and cache may take."""
+    cpu_cache_size: int = Field(default=0, ge=0)
+    """Bytes of pinned host memory for pages evicted from the GPU cache (kept for prefix reuse); 0: off."""
+    disk_cache_dir: str | None = None
+    """A folder for a third, persistent tier of cached pages behind ``cpu_cache_size`` (needs it > 0)."""
     cache_bits: int | tuple[int, int] | None = None
     """Quantized K/V cache: bits for both, or ``(k_bits, v_bits)``, each 2..8; None: fp16."""
     gpu_split: list[float] | None = None
@@ -30,6 +81,13 @@ class ExLlamaV3Options(BackendOptions):
     """A progress bar while loading; None: when stderr is a terminal or in a notebook."""
     lora_dir: str | None = None
     """Refused on exllamav3 for now (use backend='exllama' for LoRA)."""
+
+    @field_validator("cache_size")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        if v != "auto" and (not isinstance(v, int) or isinstance(v, bool) or v < 256):
+            raise ValueError('cache_size must be "auto" or an int of at least 256 tokens')
+        return v
 
     @field_validator("cache_bits")
     @classmethod

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailableError, InvalidSettingsError, ModelLoadError
 from ..model_dir import ModelDirectory
-from ._exllamav3_util import ExLlamaV3Options, sampler_for, show_progress, tokens_of, trim_gated_mlp_padding
+from ._exllamav3_util import (
+    ExLlamaV3Options,
+    auto_cache_tokens,
+    sampler_for,
+    show_progress,
+    tokens_of,
+    trim_gated_mlp_padding,
+)
 from ._logits import release
 from .base import (
     Backend,
@@ -98,8 +105,12 @@ class ExLlamaV3Backend(Backend):
             self._model = Model.from_config(config)
             if trim_gated_mlp_padding(self._model):
                 logger.info("exllamav3: trimmed padded gated-MLP outputs (hidden size not a multiple of 128)")
-            cache_tokens = options.max_seq_len or min(model.context_length, options.cache_size or 8192)
-            cache_tokens = max(256, math.ceil(cache_tokens / 256) * 256)  # whole pages
+            context = min(options.max_seq_len or model.context_length, model.context_length)
+            self._sizing: dict[str, Any] = {}
+            if options.cache_size == "auto":
+                cache_tokens, self._sizing = auto_cache_tokens(model, options, context)
+            else:
+                cache_tokens = max(256, math.ceil(int(options.cache_size) / 256) * 256)  # whole pages
             chunk = min(options.max_chunk_size or 2048, cache_tokens)  # a prefill chunk must fit the cache
             cache_kw: dict[str, Any] = {}
             if options.cache_bits is not None:
@@ -118,6 +129,10 @@ class ExLlamaV3Backend(Backend):
             gen_kw: dict[str, Any] = {"max_batch_size": options.max_batch_size, "max_chunk_size": chunk}
             if options.prefill_cooldown is not None:
                 gen_kw["prefill_cooldown"] = options.prefill_cooldown
+            if options.cpu_cache_size:
+                gen_kw["cpu_cache_size"] = options.cpu_cache_size
+                if options.disk_cache_dir:
+                    gen_kw["disk_cache_dir"] = options.disk_cache_dir
             self._generator = Generator(self._model, self._cache, self._xtok, **gen_kw)
         except (InvalidSettingsError, ModelLoadError):
             self._free()
@@ -125,8 +140,16 @@ class ExLlamaV3Backend(Backend):
         except (AssertionError, ValueError, KeyError, RuntimeError, torch.cuda.OutOfMemoryError) as e:
             self._free()
             raise ModelLoadError(f"exllamav3 could not load {model.name!r}: {type(e).__name__}: {e}") from e
-        self._context = cache_tokens
+        self._context = min(context, cache_tokens)
+        self._cache_tokens = cache_tokens
         self._batch = options.max_batch_size
+        logger.info(
+            "exllamav3: cache of %d tokens (%d jobs of the full %d-token context at once) %s",
+            cache_tokens,
+            cache_tokens // max(256, math.ceil(self._context / 256) * 256),
+            self._context,
+            self._sizing,
+        )
         self._cv = threading.Condition()
         self._inbox: deque[tuple[Any, BackendRequest]] = deque()
         self._closing = False
@@ -143,7 +166,13 @@ class ExLlamaV3Backend(Backend):
         return self._batch
 
     def info(self) -> dict[str, Any]:
-        return {"cache_tokens": self._context, "max_batch_size": self._batch}
+        return {
+            "cache_tokens": self._cache_tokens,
+            "max_batch_size": self._batch,
+            "jobs_of_1024_tokens": self._cache_tokens // 1024,
+            "jobs_of_the_full_context": self._cache_tokens // max(256, math.ceil(self._context / 256) * 256),
+            **({"cache_sizing": self._sizing} if self._sizing else {}),
+        }
 
     # ------------------------------------------------------------------ requests
 

@@ -1,0 +1,87 @@
+"""What the benchmarks share: the public-API stream timed with its usage, and exllamav3 driven raw, as users drive it.
+
+"Ours" rows go through what users call (``ExLlamaLLM.stream()`` with a callback for the usage), never
+private members; "raw" rows build exllamav3's own objects from the same model directory.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+
+def public_stream(llm: Any, text: str, **kwargs: Any) -> dict[str, float]:
+    """Time ``llm.stream(text)``: tokens (from the usage LangChain's callbacks report), TTFT, decode tok/s."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Usage(BaseCallbackHandler):
+        tokens = 0
+
+        def on_llm_end(self, response: Any, **kw: Any) -> None:
+            Usage.tokens = int(response.generations[0][0].generation_info["usage"]["completion_tokens"])
+
+    t0 = time.perf_counter()
+    arrivals = [time.perf_counter() for piece in llm.stream(text, config={"callbacks": [Usage()]}, **kwargs) if piece]
+    wall = time.perf_counter() - t0
+    first, last = arrivals[0], arrivals[-1]
+    return {
+        "tokens": Usage.tokens,
+        "wall": wall,
+        "tps": Usage.tokens / wall,
+        "decode_tok_s": (Usage.tokens - 1) / (last - first) if last > first else float("nan"),
+        "ttft": first - t0,
+    }
+
+
+class RawExLlamaV3:
+    """exllamav3 on its own: Config -> Model -> Cache -> Tokenizer -> Generator, jobs enqueued and iterated."""
+
+    def __init__(self, model_dir: Path, cache_tokens: int = 65536, max_batch_size: int = 64) -> None:
+        from exllamav3 import Cache, Config, Generator, Model, Tokenizer
+
+        config = Config.from_directory(str(model_dir))
+        self.model = Model.from_config(config)
+        self.cache = Cache(self.model, max_num_tokens=cache_tokens)
+        self.model.load(progressbar=False)
+        self.tokenizer = Tokenizer.from_config(config)
+        self.generator = Generator(self.model, self.cache, self.tokenizer, max_batch_size=max_batch_size)
+
+    def jobs(self, prompts: list[list[int]], new: int) -> dict[str, float]:
+        """All prompts enqueued together, greedy, ``new`` tokens each: aggregate tok/s and median TTFT."""
+        import torch
+        from exllamav3 import ArgmaxSampler, Job
+
+        first: dict[int, float] = {}
+        t0 = time.perf_counter()
+        for ids in prompts:
+            job = Job(input_ids=torch.tensor([ids]), max_new_tokens=new, sampler=ArgmaxSampler(), stop_conditions=[])
+            self.generator.enqueue(job)
+        tokens = 0
+        last = t0
+        with torch.inference_mode():
+            while self.generator.num_remaining_jobs():
+                for r in self.generator.iterate():
+                    t = r.get("token_ids")
+                    if t is not None and t.numel():
+                        now = time.perf_counter()
+                        tokens += t.numel()
+                        first.setdefault(id(r["job"]), now - t0)
+                        last = now
+        wall = time.perf_counter() - t0
+        out = {"tokens": tokens, "wall": wall, "tps": tokens / wall, "ttft": statistics.median(first.values())}
+        if len(prompts) == 1:
+            f = next(iter(first.values())) + t0
+            out["decode_tok_s"] = (tokens - 1) / (last - f) if last > f else float("nan")
+        return out
+
+    def close(self) -> None:
+        import gc
+
+        import torch
+
+        self.generator.close()
+        self.model.unload()
+        gc.collect()
+        torch.cuda.empty_cache()

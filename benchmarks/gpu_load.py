@@ -1,0 +1,356 @@
+"""Throughput under load on the H200, through what users call, each row beside its raw counterpart.
+
+Llama-2-7B shape, fp16, random weights (built from a seed on the GPU), exllamav3. Every pair of rows
+is taken in one run, interleaved, ``--reps`` times; medians with min and max are reported.
+
+* single: exllamav3's own Job loop vs ``ExLlamaLLM.stream()``
+* batch16: 16 Jobs enqueued together vs ``ExLlamaLLM.batch()``, ``ChatExLlama.batch()`` and LlamaIndex
+  (16 ``acomplete`` gathered): aggregate tokens/s and median time to first token
+* callers64: 64 Jobs together vs 64 independent threads calling ``ExLlamaLLM.invoke()``, with
+  exllamav3's default prefill cooldown (4) and with 0
+* cache: 64 callers of 256 + 256 tokens with today's 8192-token cache vs ``cache_size="auto"``
+* prefix: ChatExLlama with a 4000-token shared system prompt, 8 questions: TTFT of calls 2-8 vs a warm
+  prompt of the same length that shares nothing
+* serve: ``ExLlamaLLM(base_url=...)`` against ``exllama-integrations serve`` (another process on this GPU)
+  vs in process: one stream, and 64 concurrent callers
+* transformers: fp16 ``generate()`` (HuggingFacePipeline's path) and its static cache + torch.compile
+
+    python benchmarks/gpu_load.py --out DIR [--sections single,batch16,...] [--reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RawExLlamaV3, public_stream  # noqa: E402
+
+from fixture_models import LLAMA2_7B, make_llama  # noqa: E402
+
+SECTIONS = ("single", "batch16", "callers64", "cache", "prefix", "serve", "transformers")
+RESULTS: dict[str, Any] = {"rows": {}, "notes": {}}
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def record(out: Path, section: str, name: str, runs: list[dict[str, float]]) -> None:
+    RESULTS["rows"].setdefault(section, {})[name] = {k: summary([r[k] for r in runs]) for k in runs[0]}
+    (out / "gpu_load.json").write_text(json.dumps(RESULTS, indent=1))
+    cells = ", ".join(
+        f"{k} {v['median']:.3f} [{v['min']:.3f}..{v['max']:.3f}]" for k, v in RESULTS["rows"][section][name].items()
+    )
+    print(f"[{section}] {name}: {cells}", flush=True)
+
+
+def note(out: Path, key: str, value: Any) -> None:
+    RESULTS["notes"][key] = value
+    (out / "gpu_load.json").write_text(json.dumps(RESULTS, indent=1))
+    print(f"note {key}: {value}", flush=True)
+
+
+def prompt_text(rt: Any, n: int, seed: int = 0) -> str:
+    """A text of about n tokens (the fixture tokenizer is close to one token per character)."""
+    words = f"the quick brown fox {seed} jumps over lazy dog while other animals watch it".split()
+    text, i = "", 0
+    while len(rt.encode(text + " " + words[i % len(words)])) < n:
+        text = (text + " " + words[i % len(words)]).strip()
+        i += 1
+    return text
+
+
+def ttfts(gens: list[Any]) -> float:
+    return statistics.median(g.generation_info["time_to_first_token"] for g in gens)
+
+
+def interleave(out: Path, section: str, paths: dict[str, Callable[[], dict[str, float]]], reps: int) -> None:
+    for f in paths.values():  # warm-up
+        f()
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in paths}
+    for _ in range(reps):
+        for k, f in paths.items():
+            runs[k].append(f())
+    for k, rs in runs.items():
+        record(out, section, k, rs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--model", type=Path, default=Path("/tmp/models/llama7b-fp16"))
+    args = ap.parse_args()
+    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+    args.out.mkdir(parents=True, exist_ok=True)
+    sections = set(args.sections.split(","))
+    if not (args.model / ".complete").exists():
+        t0 = time.perf_counter()
+        make_llama(args.model, LLAMA2_7B, seed=7)
+        (args.model / ".complete").write_text("1")
+        note(args.out, "fixture_seconds", round(time.perf_counter() - t0, 1))
+    import torch
+
+    from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.langchain import ChatExLlama, ExLlamaLLM
+    from exllama_integrations.llama_index import ExLlamaLLM as LlamaIndexLLM
+
+    note(args.out, "gpu", torch.cuda.get_device_name(0))
+    new = args.new
+    raw = RawExLlamaV3(args.model, cache_tokens=32768)
+    rt = ExLlamaRuntime(args.model, "exllamav3", cache_size=32768)
+    llm = ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=new)
+
+    def raw_jobs(prompts: list[str]) -> dict[str, float]:
+        r = raw.jobs([rt.encode(p, add_special_tokens=True) for p in prompts], new)
+        return {"tok_s": r["decode_tok_s"] if len(prompts) == 1 else r["tps"], "ttft_s": r["ttft"]}
+
+    p128 = prompt_text(rt, 128)
+    prompts16 = [prompt_text(rt, 128, seed=i) for i in range(16)]
+    prompts64 = [prompt_text(rt, 128, seed=i) for i in range(64)]
+
+    if "single" in sections:
+
+        def ours_single() -> dict[str, float]:
+            r = public_stream(llm, p128, ignore_eos=True)
+            assert r["tokens"] == new
+            return {"tok_s": r["decode_tok_s"], "ttft_s": r["ttft"]}
+
+        interleave(
+            args.out,
+            "single",
+            {"raw exllamav3 Job loop": lambda: raw_jobs([p128]), "ExLlamaLLM.stream()": ours_single},
+            args.reps,
+        )
+
+    if "batch16" in sections:
+        chat = ChatExLlama(runtime=rt, temperature=0, max_tokens=new)
+        li = LlamaIndexLLM(runtime=rt, temperature=0, max_new_tokens=new)
+
+        def lc_batch() -> dict[str, float]:
+            t0 = time.perf_counter()
+            res = llm.generate(prompts16, ignore_eos=True)
+            wall = time.perf_counter() - t0
+            gens = [g[0] for g in res.generations]
+            return {
+                "tok_s": sum(g.generation_info["usage"]["completion_tokens"] for g in gens) / wall,
+                "ttft_s": ttfts(gens),
+            }
+
+        def chat_batch() -> dict[str, float]:
+            t0 = time.perf_counter()
+            msgs = chat.batch([[("human", p)] for p in prompts16], ignore_eos=True)
+            wall = time.perf_counter() - t0
+            return {
+                "tok_s": sum(m.usage_metadata["output_tokens"] for m in msgs) / wall,
+                "ttft_s": statistics.median(m.response_metadata["time_to_first_token"] for m in msgs),
+            }
+
+        def li_gather() -> dict[str, float]:
+            async def run() -> list[Any]:
+                return await asyncio.gather(*(li.acomplete(p, ignore_eos=True) for p in prompts16))
+
+            t0 = time.perf_counter()
+            rs = asyncio.run(run())
+            wall = time.perf_counter() - t0
+            return {
+                "tok_s": sum(r.raw["usage"]["completion_tokens"] for r in rs) / wall,
+                "ttft_s": statistics.median(r.raw["time_to_first_token"] for r in rs),
+            }
+
+        interleave(
+            args.out,
+            "batch16",
+            {
+                "raw exllamav3: 16 Jobs together": lambda: raw_jobs(prompts16),
+                "ExLlamaLLM.batch()": lc_batch,
+                "ChatExLlama.batch()": chat_batch,
+                "LlamaIndex: 16 acomplete() gathered": li_gather,
+            },
+            args.reps,
+        )
+
+    def callers(target: ExLlamaLLM, prompts: list[str]) -> dict[str, float]:
+        out: list[Any] = [None] * len(prompts)
+        t0 = time.perf_counter()
+
+        def call(i: int) -> None:
+            out[i] = target.generate([prompts[i]], ignore_eos=True).generations[0][0]
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        return {"tok_s": sum(g.generation_info["usage"]["completion_tokens"] for g in out) / wall, "ttft_s": ttfts(out)}
+
+    if "callers64" in sections:
+        rt0 = ExLlamaRuntime(args.model, "exllamav3", cache_size=32768, prefill_cooldown=0)
+        llm0 = ExLlamaLLM(runtime=rt0, temperature=0, max_new_tokens=new)
+        paths = {
+            "raw exllamav3: 64 Jobs together": lambda: raw_jobs(prompts64),
+            "64 threads of ExLlamaLLM.invoke(), prefill_cooldown 4 (exllamav3's)": lambda: callers(llm, prompts64),
+            "64 threads of ExLlamaLLM.invoke(), prefill_cooldown 0": lambda: callers(llm0, prompts64),
+        }
+        interleave(args.out, "callers64", paths, args.reps)
+        rt0.close()
+
+    if "prefix" in sections:
+        chat = ChatExLlama(runtime=rt, temperature=0, max_tokens=8)
+        doc = prompt_text(rt, 4000, seed=1)
+        other = prompt_text(rt, 4000, seed=2)
+        questions = [f"question number {i}: what happened?" for i in range(8)]
+
+        def ask(system: str, q: str) -> float:
+            m = chat.invoke([("system", system), ("human", q)])
+            return float(m.response_metadata["time_to_first_token"])
+
+        chat.invoke([("system", prompt_text(rt, 4000, seed=3)), ("human", "warm up")])
+        runs = []
+        for r in range(args.reps):
+            warm_unshared = ask(f"{other} {r}", questions[0])  # same length, nothing shared, model warm
+            shared = [ask(doc, q) for q in questions]  # the first fills the cache; 2-8 reuse its pages
+            runs.append(
+                {
+                    "unshared_ttft_s": warm_unshared,
+                    "first_ttft_s": shared[0],
+                    "reused_ttft_s": statistics.median(shared[1:]),
+                    "reused_over_unshared": statistics.median(shared[1:]) / warm_unshared,
+                }
+            )
+            doc = prompt_text(rt, 4000, seed=10 + r)  # a new document each repetition
+        record(args.out, "prefix", "ChatExLlama, 4000-token shared system prompt", runs)
+
+    rt.close()
+    raw.close()
+    torch.cuda.empty_cache()
+
+    if "cache" in sections:
+        for label, opts in (
+            ("cache_size 8192 (the old default)", {"cache_size": 8192}),
+            ('cache_size "auto" (the new default)', {}),
+        ):
+            r = ExLlamaRuntime(args.model, "exllamav3", **opts)
+            note(args.out, f"cache {label}", r.model_info().details)
+            target = ExLlamaLLM(runtime=r, temperature=0, max_new_tokens=256)
+            p256 = [prompt_text(r, 256, seed=i) for i in range(64)]
+            callers(target, p256[:8])  # warm-up
+            record(
+                args.out,
+                "cache",
+                f"64 threads of ExLlamaLLM.invoke(), 256+256 tokens, {label}",
+                [callers(target, p256) for _ in range(args.reps)],
+            )
+            r.close()
+            torch.cuda.empty_cache()
+
+    if "serve" in sections:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "exllama_integrations",
+                "serve",
+                "--model-dir",
+                str(args.model),
+                "--backend",
+                "exllamav3",
+                "--port",
+                str(port),
+                "--option",
+                "cache_size=65536",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            import httpx
+
+            url = f"http://127.0.0.1:{port}"
+            for _ in range(600):
+                try:
+                    if httpx.get(url + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.5)
+            rt = ExLlamaRuntime(args.model, "exllamav3", cache_size=32768)
+            local = ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=new)
+            served = ExLlamaLLM(base_url=url, temperature=0, max_new_tokens=new)
+
+            def single(target: ExLlamaLLM) -> Callable[[], dict[str, float]]:
+                def run() -> dict[str, float]:
+                    r = public_stream(target, p128, ignore_eos=True)
+                    return {"tok_s": r["decode_tok_s"], "ttft_s": r["ttft"]}
+
+                return run
+
+            interleave(
+                args.out,
+                "serve",
+                {
+                    "in process: ExLlamaLLM.stream()": single(local),
+                    "served: ExLlamaLLM(base_url).stream()": single(served),
+                    "in process: 64 threads of ExLlamaLLM.invoke()": lambda: callers(local, prompts64),
+                    "served: 64 threads of ExLlamaLLM(base_url).invoke()": lambda: callers(served, prompts64),
+                },
+                args.reps,
+            )
+            rt.close()
+        finally:
+            server.terminate()
+            server.wait(60)
+
+    if "transformers" in sections:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float16).cuda().eval()
+        ids = torch.tensor([list(range(3, 131))], device="cuda")
+
+        def hf_generate(**kw: Any) -> Callable[[], dict[str, float]]:
+            def run() -> dict[str, float]:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    o = hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, **kw)
+                torch.cuda.synchronize()
+                return {"tok_s": (o.shape[1] - ids.shape[1]) / (time.perf_counter() - t0)}
+
+            return run
+
+        paths = {"transformers fp16 generate() (HuggingFacePipeline's path)": hf_generate()}
+        try:  # its fastest plain path: a static cache, which transformers compiles on first use
+            t0 = time.perf_counter()
+            hf_generate(cache_implementation="static")()
+            note(
+                args.out, "transformers static cache: first call (compiles) seconds", round(time.perf_counter() - t0, 1)
+            )
+            paths["transformers fp16 generate(), static cache (compiled by transformers)"] = hf_generate(
+                cache_implementation="static"
+            )
+        except Exception as e:  # noqa: BLE001 - recorded, not hidden
+            note(args.out, "transformers static cache", f"failed on this stack: {type(e).__name__}: {str(e)[:300]}")
+        interleave(args.out, "transformers", paths, args.reps)
+
+
+if __name__ == "__main__":
+    main()

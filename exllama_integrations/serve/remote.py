@@ -1,0 +1,413 @@
+"""RemoteRuntime: the Runtime contract over HTTP, to a model served by ``exllama-integrations serve`` (or Ray).
+
+Every adapter works over it unchanged (``ExLlamaLLM(base_url=...)``, ``ChatExLlama(base_url=...)``,
+LlamaIndex's ``ExLlamaLLM(base_url=...)``). The tokenizer is loaded here from the server's files (no
+weights), so token counts and chat prompts are exact and computed locally; generation goes to
+``/v1/completions`` with our extensions (a grammar, every setting, ``return_details``), so chunks
+come back exactly as the in-process runtime makes them. Closing a stream closes its connection, and
+the server cancels the generation at its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import threading
+import weakref
+from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..errors import (
+    ConstraintError,
+    ConstraintViolationError,
+    ContextLengthError,
+    ExLlamaIntegrationsError,
+    InvalidModelError,
+    InvalidSettingsError,
+    MissingDependencyError,
+    ModelNotFoundError,
+    RuntimeClosedError,
+    ServerBusyError,
+    ServerError,
+)
+from ..runtime._common import RuntimeCommon
+from ..runtime.api import (
+    GenerationResult,
+    Grammar,
+    ModelInfo,
+    Prompt,
+    StreamChunk,
+    Timings,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    result_of,
+)
+from ..runtime.settings import GenerationSettings
+from ..runtime.tokenizer import NativeTokenizer, TokenizerFiles
+
+try:
+    import httpx
+except ImportError:  # pragma: no cover - exercised by the missing-extra test
+    raise MissingDependencyError("httpx", "remote", "RemoteRuntime (base_url=)") from None
+
+_TYPED: dict[str, type[ExLlamaIntegrationsError]] = {
+    c.__name__: c
+    for c in (InvalidSettingsError, ConstraintError, ConstraintViolationError, InvalidModelError, RuntimeClosedError)
+}
+_CONTEXT = re.compile(r"prompt is (\d+) tokens and max_new_tokens is (\d+), but the context is (\d+)")
+_shared: dict[tuple[str, str], weakref.ref[RemoteRuntime]] = {}
+_shared_lock = threading.Lock()
+
+
+def _error(status: int, body: Any, url: str) -> ExLlamaIntegrationsError:
+    """The typed error a server's error response stands for."""
+    err = body.get("error", {}) if isinstance(body, dict) else {}
+    message, code = str(err.get("message") or body), err.get("code")
+    if code == "context_length_exceeded" and (m := _CONTEXT.search(message)):
+        return ContextLengthError(*(int(g) for g in m.groups()))
+    if code in _TYPED:
+        return _TYPED[code](message)
+    if status == 404:
+        return ModelNotFoundError(message)
+    if status in (400, 413, 422):
+        return InvalidSettingsError(message)
+    if status == 503:
+        return ServerBusyError(message, status)
+    if status == 401:
+        return ServerError(f"{url} refused the API key: {message} (pass api_key= or set EXLLAMA_API_KEY)", status)
+    return ServerError(f"{url} answered {status}: {message}", status)
+
+
+def wire_settings(s: GenerationSettings) -> dict[str, Any]:
+    """Every setting as the server's fields (sent explicitly, so the server's defaults change nothing)."""
+    return {
+        "max_tokens": s.max_new_tokens,  # null: up to the context (our extension)
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "typical_p": s.typical,
+        "repetition_penalty": s.repetition_penalty,
+        "no_repeat_ngram_size": s.no_repeat_ngram_size,
+        "seed": s.seed,
+        "stop": list(s.stop),
+        "stop_token_ids": list(s.stop_token_ids),
+        "ignore_eos": s.ignore_eos,
+        "logprobs": s.logprobs,
+        "truncate_prompt": s.truncate_prompt,
+    }
+
+
+def _chunk(choice: dict[str, Any]) -> StreamChunk:
+    d = choice.get("exllama") or {}
+    lps = None
+    if d.get("logprobs") is not None:
+        lps = tuple(
+            TokenLogprob(x["token_id"], x["token"], x["logprob"], tuple(TopLogprob(*t) for t in x["top"]))
+            for x in d["logprobs"]
+        )
+    usage = timings = None
+    if d.get("finish_reason") is not None:
+        u, t = d["usage"], d["timings"]
+        usage = Usage(u["prompt_tokens"], u["completion_tokens"])
+        timings = Timings(t["time_to_first_token"], t["total"], t["tokens_per_second"])
+    return StreamChunk(
+        choice.get("text") or "",
+        tuple(d.get("token_ids") or ()),
+        lps,
+        d.get("finish_reason"),
+        usage,
+        timings,
+        d.get("stop_string"),
+        d.get("constraint_complete"),
+    )
+
+
+def _events(line: str) -> dict[str, Any] | None:
+    """One SSE line's event (None for comments, blank lines and [DONE])."""
+    if not line.startswith("data: "):
+        return None
+    data = line[6:].strip()
+    if data == "[DONE]":
+        return None
+    event: dict[str, Any] = json.loads(data)
+    return event
+
+
+class RemoteStream:
+    """A generation on the server, read as stream chunks; ``close()`` closes the connection (the server cancels)."""
+
+    def __init__(self, response: httpx.Response, backend: str, url: str) -> None:
+        self._response, self._backend, self._url = response, backend, url
+        self._lines = response.iter_lines()
+        self._chunks: list[StreamChunk] = []
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> RemoteStream:
+        return self
+
+    def __next__(self) -> StreamChunk:
+        if self.result is not None:
+            raise StopIteration
+        try:
+            for line in self._lines:
+                event = _events(line)
+                if event is None:
+                    continue
+                if "error" in event:
+                    raise _error(500, event, self._url)
+                if not event.get("choices"):
+                    continue
+                chunk = _chunk(event["choices"][0])
+                self._chunks.append(chunk)
+                if chunk.finish_reason is not None:
+                    self.result = result_of(self._chunks, self._backend)
+                    self.close()
+                return chunk
+        except httpx.HTTPError as e:
+            self.close()
+            raise ServerError(f"the connection to {self._url} broke mid-stream: {e}") from None
+        self.close()
+        raise ServerError(f"{self._url} ended the stream before its last chunk.")
+
+    def close(self) -> None:
+        self._response.close()
+
+    def __enter__(self) -> RemoteStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RemoteRuntime(RuntimeCommon):
+    """A model on an exllama-integrations server, as a Runtime.
+
+    Example:
+        >>> rt = RemoteRuntime("http://127.0.0.1:8000")  # doctest: +SKIP
+        >>> rt.generate("The capital of France is", temperature=0, max_new_tokens=8).text  # doctest: +SKIP
+        ' Paris.'
+        >>> ChatExLlama(base_url="http://127.0.0.1:8000").invoke("Hi")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        settings: GenerationSettings | None = None,
+        cache_dir: str | Path | None = None,
+    ) -> None:
+        """Connect, read the served model's facts and load its tokenizer here (no weights).
+
+        Raises:
+            ServerError: the server cannot be reached or refuses the key.
+        """
+        import os
+
+        url = base_url.rstrip("/")
+        self.base_url = url[:-3] if url.endswith("/v1") else url
+        key = api_key or os.environ.get("EXLLAMA_API_KEY")
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._timeout = httpx.Timeout(timeout, connect=10.0)
+        self._client = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self._timeout)
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.settings = settings or GenerationSettings()
+        self._closed = False
+        info = self._get("/v1/exllama/info")
+        self.served_model_name = str(info.pop("served_model_name"))
+        info["eos_token_ids"] = tuple(info["eos_token_ids"])
+        self._info = ModelInfo(**info)
+        self._bundle = self._get("/v1/exllama/tokenizer")
+        from ..demo_model import cache_dir as default_cache
+
+        folder = Path(cache_dir) if cache_dir else default_cache() / "remote-tokenizers"
+        self.tokenizer = NativeTokenizer(TokenizerFiles.from_bundle(self._bundle, folder))
+
+    @classmethod
+    def shared(cls, base_url: str, *, api_key: str | None = None) -> RemoteRuntime:
+        """One client per server and key, shared by every wrapper that names it."""
+        key = (base_url.rstrip("/"), hashlib.sha256((api_key or "").encode()).hexdigest())
+        with _shared_lock:
+            ref = _shared.get(key)
+            rt = ref() if ref is not None else None
+            if rt is None or rt.closed:
+                rt = cls(base_url, api_key=api_key)
+                _shared[key] = weakref.ref(rt)
+            return rt
+
+    def _get(self, path: str) -> Any:
+        try:
+            r = self._client.get(path)
+        except httpx.HTTPError as e:
+            raise ServerError(f"cannot reach {self.base_url}: {e}") from None
+        if r.status_code != 200:
+            raise _error(r.status_code, _json(r), self.base_url)
+        return r.json()
+
+    # ----------------------------------------------------------------- facts, tokens, templates (local)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def model_info(self) -> ModelInfo:
+        if self._closed:
+            raise RuntimeClosedError(f"the RemoteRuntime for {self.base_url} was closed.")
+        return self._info
+
+    def tokenizer_files(self) -> dict[str, Any]:
+        """The tokenizer files it took from its server (so a server can front this runtime in turn)."""
+        return dict(self._bundle)
+
+    def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
+
+    def count_tokens(self, text: str) -> int:
+        return self.tokenizer.count(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def chat_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=chat_template,
+            **template_kwargs,
+        )
+
+    # ----------------------------------------------------------------- generation (on the server)
+
+    def _body(
+        self, prompt: Prompt, settings: GenerationSettings, grammar: Grammar | None, add_special_tokens: bool
+    ) -> dict[str, Any]:
+        if isinstance(prompt, (bytes, bytearray)):
+            raise InvalidSettingsError("the prompt is bytes; decode it to str first (e.g. data.decode('utf-8')).")
+        body: dict[str, Any] = {
+            "model": self.served_model_name,
+            "prompt": prompt if isinstance(prompt, str) else list(prompt),
+            "stream": True,
+            "return_details": True,
+            "add_special_tokens": add_special_tokens,
+            **wire_settings(settings),
+        }
+        if grammar is not None:
+            body["grammar"] = grammar.to_dict()
+        return body
+
+    def stream(
+        self,
+        prompt: Prompt,
+        settings: GenerationSettings | None = None,
+        *,
+        grammar: Grammar | None = None,
+        add_special_tokens: bool = True,
+        **overrides: Any,
+    ) -> RemoteStream:
+        s = self.resolve_settings(settings, **overrides)
+        body = self._body(prompt, s, grammar, add_special_tokens)
+        try:
+            response = self._client.send(self._client.build_request("POST", "/v1/completions", json=body), stream=True)
+        except httpx.HTTPError as e:
+            raise ServerError(f"cannot reach {self.base_url}: {e}") from None
+        if response.status_code != 200:
+            response.read()
+            response.close()
+            raise _error(response.status_code, _json(response), self.base_url)
+        return RemoteStream(response, self._info.backend, self.base_url)
+
+    def _aclient(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._aclients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self._timeout)
+            self._aclients[loop] = client
+        return client
+
+    async def astream(
+        self,
+        prompt: Prompt,
+        settings: GenerationSettings | None = None,
+        *,
+        grammar: Grammar | None = None,
+        add_special_tokens: bool = True,
+        **overrides: Any,
+    ) -> AsyncIterator[StreamChunk]:
+        s = self.resolve_settings(settings, **overrides)
+        body = self._body(prompt, s, grammar, add_special_tokens)
+        client = self._aclient()
+        try:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise _error(response.status_code, _json(response), self.base_url)
+                async for line in response.aiter_lines():
+                    event = _events(line)
+                    if event is None:
+                        continue
+                    if "error" in event:
+                        raise _error(500, event, self.base_url)
+                    if event.get("choices"):
+                        chunk = _chunk(event["choices"][0])
+                        yield chunk
+                        if chunk.finish_reason is not None:
+                            return
+        except httpx.HTTPError as e:
+            raise ServerError(f"the connection to {self.base_url} failed: {e}") from None
+        raise ServerError(f"{self.base_url} ended the stream before its last chunk.")
+
+    def batch(
+        self,
+        prompts: Sequence[Prompt],
+        settings: GenerationSettings | None = None,
+        *,
+        grammar: Grammar | None = None,
+        add_special_tokens: bool = True,
+        **overrides: Any,
+    ) -> list[GenerationResult]:
+        """All prompts at once, as concurrent requests (the server batches them)."""
+        s = self.resolve_settings(settings, **overrides)
+        if not prompts:
+            return []
+        with ThreadPoolExecutor(min(len(prompts), 32), thread_name_prefix="exllama-remote") as pool:
+            futures = [
+                pool.submit(self.generate, p, s, grammar=grammar, add_special_tokens=add_special_tokens)
+                for p in prompts
+            ]
+            return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Close the connections (the server and its model stay up)."""
+        self._closed = True
+        self._client.close()
+
+    def __repr__(self) -> str:
+        return f"RemoteRuntime({self.base_url!r}, model={self.served_model_name!r})"
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return {"error": {"message": response.text[:500]}}
+
+
+__all__ = ["RemoteRuntime", "RemoteStream", "wire_settings"]

@@ -1,0 +1,95 @@
+"""Ray Serve: a real local Ray with 2 CPU replicas of the demo model behind Ray's HTTP proxy.
+
+Everything stays on 127.0.0.1 (checked with ``ss``); 16 concurrent clients stream through the proxy
+and get the in-process answer; both replicas serve; a client that drops is cancelled on its replica.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import run_isolated
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = r"""
+import json, os, socket, subprocess, threading, time
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray starts: the node is 127.0.0.1
+import httpx, ray
+from ray import serve
+from exllama_integrations.serve.ray import build_app
+
+MODEL_DIR = {model_dir!r}
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+out = {{}}
+t0 = time.perf_counter()
+ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+serve.start(http_options={{"host": "127.0.0.1", "port": port}})
+app = build_app({{"model_dir": MODEL_DIR, "backend": "transformers", "num_replicas": 2, "num_gpus": 0,
+                  "num_cpus": 1, "max_ongoing_requests": 32}})
+serve.run(app, name="exllama", route_prefix="/")
+out["up_s"] = time.perf_counter() - t0
+url = f"http://127.0.0.1:{{port}}"
+prompt = "The capital of France is"
+want = httpx.post(url + "/v1/completions", json={{"model": "SmolLM2-135M-Instruct", "prompt": prompt,
+                  "max_tokens": 16, "temperature": 0}}, timeout=120).json()["choices"][0]["text"]
+results = []
+def client(i):
+    body = {{"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": 16, "temperature": 0,
+             "stream": True}}
+    t = time.perf_counter(); arrivals = []; text = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {{"):
+                arrivals.append(time.perf_counter() - t)
+                text.append(json.loads(line[6:])["choices"][0]["text"])
+    results.append({{"text": "".join(text), "chunks": len(arrivals), "first": arrivals[0], "last": arrivals[-1]}})
+threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+for t in threads: t.start()
+for t in threads: t.join(300)
+out["clients"] = results
+out["want"] = want
+out["pids"] = sorted({{httpx.get(url + "/health", timeout=30).json()["pid"] for _ in range(40)}})
+body = {{"model": "SmolLM2-135M-Instruct", "prompt": "Tell me a long story.", "max_tokens": 400,
+         "ignore_eos": True, "stream": True}}
+with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+    lines = r.iter_lines()
+    for _ in range(4): next(lines)
+time.sleep(2)
+out["in_flight_after_drop"] = max(httpx.get(url + "/health", timeout=30).json()["in_flight"] for _ in range(20))
+ss = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout.splitlines()
+parent = {{}}
+for d in os.listdir("/proc"):
+    if d.isdigit():
+        try:
+            parent[int(d)] = int(open(f"/proc/{{d}}/stat").read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            pass
+tree, grew = {{os.getpid()}}, True
+while grew:  # every process this script started: Ray's GCS, raylet, workers, replicas, proxy
+    new = {{p for p, pp in parent.items() if pp in tree}} - tree
+    tree |= new
+    grew = bool(new)
+mine = [l for l in ss if any(f"pid={{p}}," in l for p in tree)]
+out["sockets"] = mine
+def loopback(a):
+    return a.startswith(("127.", "[::1]", "[::ffff:127."))
+def ok(line):
+    state, local, peer = line.split()[0], line.split()[3], line.split()[4]
+    return loopback(local) and (state == "LISTEN" or loopback(peer))  # a listener's "peer" column is a wildcard
+out["off_loopback"] = [l for l in mine if not ok(l)]
+serve.shutdown(); ray.shutdown()
+print(json.dumps(out))
+"""
+
+
+def test_two_replicas_stream_sixteen_clients_on_loopback(demo_dir):
+    out = run_isolated(SCRIPT.format(model_dir=str(demo_dir)), timeout=600)
+    print(f"Ray Serve with 2 CPU replicas up in {out['up_s']:.1f}s; replicas seen: {out['pids']}")
+    assert len(out["clients"]) == 16
+    for c in out["clients"]:
+        assert c["text"] == out["want"]
+        assert c["chunks"] >= 5 and c["first"] < c["last"]  # streamed through the proxy, not buffered
+    assert len(out["pids"]) == 2, "the two replicas did not both serve"
+    assert out["in_flight_after_drop"] == 0, "a dropped client's request still runs on its replica"
+    assert out["sockets"] and not out["off_loopback"], out["off_loopback"]

@@ -1,0 +1,71 @@
+"""`exllama-integrations serve` as a user runs it: a process on 127.0.0.1, drained gracefully on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_drains_a_stream_in_flight_on_sigterm(demo_dir):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exllama_integrations", "serve", "--model-dir", str(demo_dir), "--backend",
+         "transformers", "--port", str(port), "--api-key", "k1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 120:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError("the server did not come up")
+        lines: list[str] = []
+        started = threading.Event()
+
+        def read() -> None:
+            body = {"model": "SmolLM2-135M-Instruct", "prompt": "Tell me a story.", "max_tokens": 40,
+                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            with httpx.stream("POST", url + "/v1/completions", json=body, headers={"Authorization": "Bearer k1"},
+                              timeout=60) as r:
+                for line in r.iter_lines():
+                    if line:
+                        lines.append(line)
+                    started.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert started.wait(60)
+        proc.send_signal(signal.SIGTERM)  # what a container stop or systemd sends
+        reader.join(60)
+        assert lines[-1] == "data: [DONE]", "the stream in flight was cut instead of drained"
+        usage = [json.loads(x[6:])["usage"] for x in lines if x.startswith("data: {") and '"usage"' in x]
+        assert usage and usage[-1]["completion_tokens"] == 40
+        assert proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out = proc.stdout.read() if proc.stdout else ""
+    assert "127.0.0.1" in out and "Waiting for connections to close" in out and "Application shutdown complete" in out
