@@ -20,14 +20,77 @@ def _speed_table(rows: list[dict]) -> list[str]:
     return out
 
 
-def main() -> None:
+RUNS = {
+    "gpu_load_run1.json": "run 1 (readers took one step at a time; our default prefill_cooldown was still "
+    "exllamav3's 4; the prefix row's 'unshared' baseline reused its own earlier repetitions, so compare "
+    "reused_ttft_s with first_ttft_s here, and see run 3)",
+    "gpu_load_run2_serve.json": "run 2 (serving; readers coalesce; prefill_cooldown still exllamav3's 4 in both)",
+    "gpu_load_run3.json": "run 3 (readers coalesce; prefill_cooldown 0 is our default)",
+    "gpu_load_run4.json": "run 4 (single stream again; transformers baselines)",
+}
+
+
+def _cell(v: dict) -> str:
+    return f"{v['median']:.3f} [{v['min']:.3f}..{v['max']:.3f}]"
+
+
+def _load_sections() -> list[str]:
+    """The H200 load benchmark (benchmarks/gpu_load.py): every cell is median [min..max] of interleaved runs."""
+    lines = [
+        "## Throughput under load, H200 (2026-12-01, `python benchmarks/gpu_load.py --sections ... --reps 5`)",
+        "",
+        "Llama-2-7B shape, fp16, random weights, exllamav3 1.6.5, prompt ~128 tokens, 128 new tokens, greedy.",
+        "Each cell is the median [min..max] of 5 interleaved repetitions, after a warm-up. `tok_s` of a",
+        "single stream is decode speed (tokens after the first over the time after the first); of a batch",
+        "or callers, aggregate tokens over wall time. Raw rows drive exllamav3's own Generator/Job loop",
+        "(benchmarks/_common.py); ours go through the public API.",
+        "",
+    ]
+    for name, label in RUNS.items():
+        path = RESULTS / name
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        lines += [f"### {label}", ""]
+        for section, rows in data["rows"].items():
+            keys = sorted({k for r in rows.values() for k in r})
+            lines += [f"{section}:", "", "| path | " + " | ".join(keys) + " |", "| --- |" + " ---: |" * len(keys)]
+            for path_name, r in rows.items():
+                lines.append(f"| {path_name} | " + " | ".join(_cell(r[k]) if k in r else "" for k in keys) + " |")
+            lines.append("")
+        notes = {k: v for k, v in data.get("notes", {}).items() if k not in ("gpu",)}
+        if notes:
+            lines += ["Notes: " + "; ".join(f"{k}: {v}" for k, v in notes.items()), ""]
+    cpu = RESULTS / "serve_cpu.json"
+    if cpu.exists():
+        d = json.loads(cpu.read_text())
+        lines += [
+            f"## Serving on CPU ({d['model']}, {d['machine']}, `python benchmarks/{d['command']}`)",
+            "",
+            f"{d['new_tokens']} new tokens; {d['clients']} concurrent callers; the server is",
+            "`exllama-integrations serve` in its own process on 127.0.0.1. Median [min..max] of interleaved",
+            "repetitions.",
+            "",
+            "| path | tok/s (decode, or aggregate) | time to first token (s) |",
+            "| --- | ---: | ---: |",
+        ]
+        for r in d["rows"]:
+            tps = r.get("tok_s") or r.get("agg_tok_s")
+            lines.append(f"| {r['path']} | {_cell(tps)} | {_cell(r['ttft_s']) if 'ttft_s' in r else ''} |")
+        lines += ["", *(f"- {k}: {v:.3f}" for k, v in d["ratios"].items()), ""]
+    return lines
+
+
+def render() -> str:
+    """RESULTS.md's text, made from the committed JSON alone (a test checks the committed file is this)."""
     gpu = json.loads((RESULTS / "gpu_throughput.json").read_text())
     cpu = json.loads((RESULTS / "cpu_stream_vs_generate.json").read_text())
     m = gpu["meta"]
     lines = [
         "# Benchmark results",
         "",
-        f"## GPU: {m['gpu']}, torch {m['torch']}",
+        *_load_sections(),
+        f"## GPU, single streams by backend (2026-11-30): {m['gpu']}, torch {m['torch']}",
         "",
         f"Llama-2-7B shape (hidden {m['shape']['hidden']}, {m['shape']['layers']} layers, "
         f"vocab {m['shape']['vocab']}), "
@@ -99,7 +162,12 @@ def main() -> None:
         f"| ratio | {cpu['ratio']} |",
         "",
     ]
-    (RESULTS / "RESULTS.md").write_text("\n".join(lines))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    (RESULTS / "RESULTS.md").write_text(render())
+    gpu = json.loads((RESULTS / "gpu_throughput.json").read_text())
 
     import matplotlib
 

@@ -12,6 +12,20 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+# the OpenAI-shaped tool the tool-calling tests ask the demo model to call
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+
 
 @dataclass
 class LoopWatch:

@@ -1,16 +1,19 @@
-"""What every Runtime implementation shares: settings resolution, and generate/batch built on streams."""
+"""What every Runtime implementation shares: settings, tokens and templates from a local tokenizer, generate/abatch."""
 
 from __future__ import annotations
 
 import asyncio
 import difflib
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidSettingsError
 from .api import GenerationResult, Grammar, ModelInfo, Prompt, StreamChunk, TextStream, result_of
 from .settings import GenerationSettings
+
+if TYPE_CHECKING:
+    from .tokenizer import NativeTokenizer
 
 
 def check_setting_names(names: Sequence[str], what: str = "generation setting") -> None:
@@ -30,9 +33,47 @@ def check_setting_names(names: Sequence[str], what: str = "generation setting") 
 
 
 class RuntimeCommon(ABC):
-    """Settings, ``generate``, ``agenerate`` and ``abatch`` in terms of ``stream`` / ``astream``."""
+    """Settings, and ``generate``, ``agenerate``, ``abatch`` in terms of ``stream`` / ``astream``.
+
+    Tokens and chat prompts come from ``self.tokenizer``: every runtime holds the model's tokenizer here,
+    a remote one included (loaded from the server's files).
+    """
 
     settings: GenerationSettings
+    tokenizer: NativeTokenizer
+
+    def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text`` by the native tokenizer (``parse_special=False``: special-token text stays text)."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
+
+    def count_tokens(self, text: str) -> int:
+        """Number of tokens in ``text`` by the native tokenizer (no BOS)."""
+        return self.tokenizer.count(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids (special tokens dropped)."""
+        return self.tokenizer.decode(ids)
+
+    def chat_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render chat messages with the model's own template, or ``chat_template`` (bounded sandbox).
+
+        Stream the result with ``add_special_tokens=False``: the template carries its own BOS.
+        """
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=chat_template,
+            **template_kwargs,
+        )
 
     @abstractmethod
     def model_info(self) -> ModelInfo: ...

@@ -11,33 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import difflib
-import hmac
-import json
 import logging
 import os
-import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import (
-    ConstraintError,
-    ConstraintViolationError,
-    ContextLengthError,
     ExLlamaIntegrationsError,
-    InvalidModelError,
-    InvalidSettingsError,
     MissingDependencyError,
-    RuntimeClosedError,
 )
-from ..runtime.api import Runtime, StreamChunk
-from ..runtime.chat import prepare_chat
-from ..runtime.chat_outcome import ChatDelta, ChatOutcome, astream_chat, usage_dict
-from . import convert
-from .convert import WireError
-from .schema import ChatCompletionRequest, CompletionRequest
 
 try:
     import anyio
@@ -46,6 +29,15 @@ try:
     from fastapi.responses import JSONResponse, StreamingResponse
 except ImportError:  # pragma: no cover - exercised by the missing-extra test
     raise MissingDependencyError("fastapi", "serve", "the HTTP server") from None
+
+from ..runtime.api import Runtime
+from ..runtime.chat import prepare_chat
+from ..runtime.chat_outcome import ChatOutcome, astream_chat, usage_dict
+from . import convert
+from .convert import WireError
+from .events import chat_events, completion_events, record
+from .guard import Guard, error_body, error_response, field_error
+from .schema import ChatCompletionRequest, CompletionRequest
 
 logger = logging.getLogger("exllama_integrations.serve")
 
@@ -60,109 +52,6 @@ class ServeLimits:
     """Largest ``max_tokens`` a request may ask for (None: the context decides)."""
     max_pending: int = 256
     """Requests in flight at once (decoding or waiting); more get 503 with ``Retry-After``."""
-
-
-def error_body(message: str, kind: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def _error_response(e: BaseException) -> JSONResponse:
-    if isinstance(e, WireError):
-        kind = "invalid_request_error" if e.status < 500 else "server_error"
-        body = error_body(str(e), kind, param=e.param, code=e.code)
-        headers = {"Retry-After": "1"} if e.status == 503 else None
-        return JSONResponse(body, status_code=e.status, headers=headers)
-    if isinstance(e, ContextLengthError):
-        return JSONResponse(error_body(str(e), "invalid_request_error", code="context_length_exceeded"), 400)
-    if isinstance(e, (InvalidSettingsError, ConstraintError, ConstraintViolationError, InvalidModelError)):
-        return JSONResponse(error_body(str(e), "invalid_request_error", code=type(e).__name__), 400)
-    if isinstance(e, RuntimeClosedError):
-        return JSONResponse(error_body(str(e), "server_error", code=type(e).__name__), 503)
-    logger.exception("request failed", exc_info=e)
-    return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error", code=type(e).__name__), 500)
-
-
-class _Guard:
-    """Pure ASGI middleware (streaming-safe): bearer key on /v1/, body size cap, one log line per request."""
-
-    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int) -> None:
-        self.app, self.api_key, self.max_body = app, api_key, max_body_bytes
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope.get("path", "")
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if path.startswith("/v1/") and self.api_key is not None:
-            given = headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), self.api_key.encode()):
-                body = error_body(
-                    "invalid or missing API key (Authorization: Bearer ...)",
-                    "invalid_request_error",
-                    code="invalid_api_key",
-                )
-                await JSONResponse(body, 401)(scope, receive, send)
-                return
-        size = headers.get("content-length", "")
-        too_big = error_body(
-            f"the body is larger than the {self.max_body} bytes this server accepts",
-            "invalid_request_error",
-            code="request_too_large",
-        )
-        if size.isdigit() and int(size) > self.max_body:
-            await JSONResponse(too_big, 413)(scope, receive, send)
-            return
-        seen = [0]
-        status = [0]
-        t0 = time.perf_counter()
-        rid = headers.get("x-request-id") or uuid.uuid4().hex[:16]
-        state = scope.setdefault("state", {})
-
-        async def counted() -> Any:
-            message = await receive()
-            if message["type"] == "http.request":
-                seen[0] += len(message.get("body", b""))
-                if seen[0] > self.max_body:
-                    raise _TooLarge
-            return message
-
-        async def watched(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
-            await send(message)
-
-        try:
-            await self.app(scope, counted, watched)
-        except _TooLarge:
-            if not status[0]:
-                await JSONResponse(too_big, 413)(scope, receive, send)
-        if scope.get("method") == "POST":
-            tokens = state.get("usage")
-            counts = f" prompt={tokens[0]} completion={tokens[1]} ttft={tokens[2]:.3f}s" if tokens else ""
-            logger.info("id=%s POST %s %s%s total=%.3fs", rid, path, status[0], counts, time.perf_counter() - t0)
-
-
-class _TooLarge(Exception):
-    pass
-
-
-_FIELDS = sorted(set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields))
-
-
-def _field_error(err: Any) -> str:
-    where = ".".join(str(p) for p in err["loc"] if p != "body")
-    if err.get("type") == "extra_forbidden":
-        close = difflib.get_close_matches(str(err["loc"][-1]), _FIELDS, n=1)
-        return f"{where}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
-    return f"{where}: {err['msg']}"
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
 def create_app(
@@ -199,18 +88,18 @@ def create_app(
                 ),
                 400,
             )
-        msg = "; ".join(_field_error(e) for e in errs[:5])
+        msg = "; ".join(field_error(e) for e in errs[:5])
         return JSONResponse(error_body(msg, "invalid_request_error", param=where or None, code=first.get("type")), 422)
 
     @app.exception_handler(ExLlamaIntegrationsError)
     async def _typed(request: Request, exc: ExLlamaIntegrationsError) -> JSONResponse:
-        return _error_response(exc)
+        return error_response(exc)
 
     @app.exception_handler(WireError)
     async def _wire(request: Request, exc: WireError) -> JSONResponse:
-        return _error_response(exc)
+        return error_response(exc)
 
-    app.add_middleware(_Guard, api_key=api_key, max_body_bytes=limits.max_body_bytes)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=limits.max_body_bytes)
 
     def check(model: str, max_tokens: int | None) -> None:
         if model not in (name, info.name):
@@ -314,7 +203,7 @@ def create_app(
         chunks = runtime.astream(prompt, settings, grammar=grammar, add_special_tokens=req.add_special_tokens)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return await start(_completion_events(chunks, rid, name, req.return_details, include_usage, request.state))
+            return await start(completion_events(chunks, rid, name, req.return_details, include_usage, request.state))
         pending[0] += 1
         try:
             parts = [c async for c in chunks]
@@ -322,7 +211,7 @@ def create_app(
             pending[0] -= 1
         final = parts[-1]
         assert final.finish_reason is not None and final.usage is not None
-        _record(request.state, final.usage, final.timings)
+        record(request.state, final.usage, final.timings)
         lps = [lp for c in parts for lp in (c.logprobs or ())] if settings.logprobs is not None else None
         choice: dict[str, Any] = {
             "index": 0,
@@ -343,14 +232,14 @@ def create_app(
         rid = convert.new_id("chatcmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return await start(_chat_events(items, rid, name, include_usage, request.state))
+            return await start(chat_events(items, rid, name, include_usage, request.state))
         pending[0] += 1
         try:
             outcome = [i async for i in items][-1]
         finally:
             pending[0] -= 1
         assert isinstance(outcome, ChatOutcome)
-        _record(request.state, outcome.usage, outcome.timings)
+        record(request.state, outcome.usage, outcome.timings)
         choice = {
             "index": 0,
             "message": convert.chat_message(outcome),
@@ -371,73 +260,3 @@ def _model_card(name: str, info: Any) -> dict[str, Any]:
         "context_length": info.context_length,
         "backend": info.backend,
     }
-
-
-async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    yield first
-    async for item in rest:
-        yield item
-
-
-def _record(state: Any, usage: Any, timings: Any) -> None:
-    """What the request's log line reports."""
-    state.usage = (usage.prompt_tokens, usage.completion_tokens, (timings and timings.time_to_first_token) or 0.0)
-
-
-async def _completion_events(
-    chunks: AsyncIterator[StreamChunk], rid: str, model: str, with_details: bool, include_usage: bool, state: Any
-) -> AsyncIterator[bytes]:
-    offset = 0
-    try:
-        async for c in chunks:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "text": c.text,
-                "logprobs": convert.completion_logprobs(c.logprobs, offset),
-                "finish_reason": convert.finish_name(c.finish_reason) if c.finish_reason else None,
-            }
-            offset += len(c.text)
-            if with_details:
-                choice["exllama"] = convert.details(c)
-            yield _sse(convert.envelope("text_completion", rid, model, [choice]))
-            if c.finish_reason is not None and c.usage is not None:
-                _record(state, c.usage, c.timings)
-            if c.finish_reason is not None and include_usage and c.usage is not None:
-                yield _sse(convert.envelope("text_completion", rid, model, [], usage_dict(c.usage)))
-    except ExLlamaIntegrationsError as e:  # after the first event the status is sent: report in the stream
-        yield _sse(error_body(str(e), "server_error", code=type(e).__name__))
-    finally:
-        with anyio.CancelScope(shield=True):
-            await chunks.aclose()  # type: ignore[attr-defined]
-    yield b"data: [DONE]\n\n"
-
-
-async def _chat_events(
-    items: AsyncIterator[ChatDelta | ChatOutcome], rid: str, model: str, include_usage: bool, state: Any
-) -> AsyncIterator[bytes]:
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return _sse(convert.envelope("chat.completion.chunk", rid, model, [choice]))
-
-    # the first step runs before anything is sent, so its errors (a prompt over the context, ...) get a status
-    first = await items.__anext__()
-    yield chunk({"role": "assistant", "content": ""})
-    try:
-        async for item in _prepend(first, items):
-            if isinstance(item, ChatDelta):
-                yield chunk({"content": item.text}, logprobs=convert.chat_logprobs(item.logprobs))
-                continue
-            _record(state, item.usage, item.timings)
-            if item.tail:
-                yield chunk({"content": item.tail})
-            if item.tool_calls:
-                yield chunk({"tool_calls": convert.tool_calls_wire(item.tool_calls, with_index=True)})
-            yield chunk({}, item.finish_reason)
-            if include_usage:
-                yield _sse(convert.envelope("chat.completion.chunk", rid, model, [], usage_dict(item.usage)))
-    except ExLlamaIntegrationsError as e:
-        yield _sse(error_body(str(e), "server_error", code=type(e).__name__))
-    finally:
-        with anyio.CancelScope(shield=True):
-            await items.aclose()  # type: ignore[attr-defined]
-    yield b"data: [DONE]\n\n"

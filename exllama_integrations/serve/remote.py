@@ -12,28 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import re
 import threading
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ..errors import (
-    ConstraintError,
-    ConstraintViolationError,
-    ContextLengthError,
-    ExLlamaIntegrationsError,
-    InvalidModelError,
     InvalidSettingsError,
     MissingDependencyError,
-    ModelNotFoundError,
     RuntimeClosedError,
-    ServerBusyError,
     ServerError,
 )
+
+try:
+    import httpx
+except ImportError:  # pragma: no cover - exercised by the missing-extra test
+    raise MissingDependencyError("httpx", "remote", "RemoteRuntime (base_url=)") from None
+
 from ..runtime._common import RuntimeCommon
 from ..runtime.api import (
     GenerationResult,
@@ -41,46 +38,14 @@ from ..runtime.api import (
     ModelInfo,
     Prompt,
     StreamChunk,
-    Timings,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
-    result_of,
 )
 from ..runtime.settings import GenerationSettings
-from ..runtime.tokenizer import NativeTokenizer, TokenizerFiles
+from ..runtime.tokenizer import NativeTokenizer
+from ..runtime.tokenizer_files import TokenizerFiles
+from .remote_stream import RemoteStream, chunk_of, error_of, event_of
 
-try:
-    import httpx
-except ImportError:  # pragma: no cover - exercised by the missing-extra test
-    raise MissingDependencyError("httpx", "remote", "RemoteRuntime (base_url=)") from None
-
-_TYPED: dict[str, type[ExLlamaIntegrationsError]] = {
-    c.__name__: c
-    for c in (InvalidSettingsError, ConstraintError, ConstraintViolationError, InvalidModelError, RuntimeClosedError)
-}
-_CONTEXT = re.compile(r"prompt is (\d+) tokens and max_new_tokens is (\d+), but the context is (\d+)")
 _shared: dict[tuple[str, str], weakref.ref[RemoteRuntime]] = {}
 _shared_lock = threading.Lock()
-
-
-def _error(status: int, body: Any, url: str) -> ExLlamaIntegrationsError:
-    """The typed error a server's error response stands for."""
-    err = body.get("error", {}) if isinstance(body, dict) else {}
-    message, code = str(err.get("message") or body), err.get("code")
-    if code == "context_length_exceeded" and (m := _CONTEXT.search(message)):
-        return ContextLengthError(*(int(g) for g in m.groups()))
-    if code in _TYPED:
-        return _TYPED[code](message)
-    if status == 404:
-        return ModelNotFoundError(message)
-    if status in (400, 413, 422):
-        return InvalidSettingsError(message)
-    if status == 503:
-        return ServerBusyError(message, status)
-    if status == 401:
-        return ServerError(f"{url} refused the API key: {message} (pass api_key= or set EXLLAMA_API_KEY)", status)
-    return ServerError(f"{url} answered {status}: {message}", status)
 
 
 def wire_settings(s: GenerationSettings) -> dict[str, Any]:
@@ -101,88 +66,6 @@ def wire_settings(s: GenerationSettings) -> dict[str, Any]:
         "logprobs": s.logprobs,
         "truncate_prompt": s.truncate_prompt,
     }
-
-
-def _chunk(choice: dict[str, Any]) -> StreamChunk:
-    d = choice.get("exllama") or {}
-    lps = None
-    if d.get("logprobs") is not None:
-        lps = tuple(
-            TokenLogprob(x["token_id"], x["token"], x["logprob"], tuple(TopLogprob(*t) for t in x["top"]))
-            for x in d["logprobs"]
-        )
-    usage = timings = None
-    if d.get("finish_reason") is not None:
-        u, t = d["usage"], d["timings"]
-        usage = Usage(u["prompt_tokens"], u["completion_tokens"])
-        timings = Timings(t["time_to_first_token"], t["total"], t["tokens_per_second"])
-    return StreamChunk(
-        choice.get("text") or "",
-        tuple(d.get("token_ids") or ()),
-        lps,
-        d.get("finish_reason"),
-        usage,
-        timings,
-        d.get("stop_string"),
-        d.get("constraint_complete"),
-    )
-
-
-def _events(line: str) -> dict[str, Any] | None:
-    """One SSE line's event (None for comments, blank lines and [DONE])."""
-    if not line.startswith("data: "):
-        return None
-    data = line[6:].strip()
-    if data == "[DONE]":
-        return None
-    event: dict[str, Any] = json.loads(data)
-    return event
-
-
-class RemoteStream:
-    """A generation on the server, read as stream chunks; ``close()`` closes the connection (the server cancels)."""
-
-    def __init__(self, response: httpx.Response, backend: str, url: str) -> None:
-        self._response, self._backend, self._url = response, backend, url
-        self._lines = response.iter_lines()
-        self._chunks: list[StreamChunk] = []
-        self.result: GenerationResult | None = None
-
-    def __iter__(self) -> RemoteStream:
-        return self
-
-    def __next__(self) -> StreamChunk:
-        if self.result is not None:
-            raise StopIteration
-        try:
-            for line in self._lines:
-                event = _events(line)
-                if event is None:
-                    continue
-                if "error" in event:
-                    raise _error(500, event, self._url)
-                if not event.get("choices"):
-                    continue
-                chunk = _chunk(event["choices"][0])
-                self._chunks.append(chunk)
-                if chunk.finish_reason is not None:
-                    self.result = result_of(self._chunks, self._backend)
-                    self.close()
-                return chunk
-        except httpx.HTTPError as e:
-            self.close()
-            raise ServerError(f"the connection to {self._url} broke mid-stream: {e}") from None
-        self.close()
-        raise ServerError(f"{self._url} ended the stream before its last chunk.")
-
-    def close(self) -> None:
-        self._response.close()
-
-    def __enter__(self) -> RemoteStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class RemoteRuntime(RuntimeCommon):
@@ -250,7 +133,7 @@ class RemoteRuntime(RuntimeCommon):
         except httpx.HTTPError as e:
             raise ServerError(f"cannot reach {self.base_url}: {e}") from None
         if r.status_code != 200:
-            raise _error(r.status_code, _json(r), self.base_url)
+            raise error_of(r.status_code, _json(r), self.base_url)
         return r.json()
 
     # ----------------------------------------------------------------- facts, tokens, templates (local)
@@ -267,32 +150,6 @@ class RemoteRuntime(RuntimeCommon):
     def tokenizer_files(self) -> dict[str, Any]:
         """The tokenizer files it took from its server (so a server can front this runtime in turn)."""
         return dict(self._bundle)
-
-    def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
-
-    def count_tokens(self, text: str) -> int:
-        return self.tokenizer.count(text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids)
-
-    def chat_prompt(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        chat_template: str | None = None,
-        **template_kwargs: Any,
-    ) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            chat_template=chat_template,
-            **template_kwargs,
-        )
 
     # ----------------------------------------------------------------- generation (on the server)
 
@@ -331,7 +188,7 @@ class RemoteRuntime(RuntimeCommon):
         if response.status_code != 200:
             response.read()
             response.close()
-            raise _error(response.status_code, _json(response), self.base_url)
+            raise error_of(response.status_code, _json(response), self.base_url)
         return RemoteStream(response, self._info.backend, self.base_url)
 
     def _aclient(self) -> httpx.AsyncClient:
@@ -358,15 +215,15 @@ class RemoteRuntime(RuntimeCommon):
             async with client.stream("POST", "/v1/completions", json=body) as response:
                 if response.status_code != 200:
                     await response.aread()
-                    raise _error(response.status_code, _json(response), self.base_url)
+                    raise error_of(response.status_code, _json(response), self.base_url)
                 async for line in response.aiter_lines():
-                    event = _events(line)
+                    event = event_of(line)
                     if event is None:
                         continue
                     if "error" in event:
-                        raise _error(500, event, self.base_url)
+                        raise error_of(500, event, self.base_url)
                     if event.get("choices"):
-                        chunk = _chunk(event["choices"][0])
+                        chunk = chunk_of(event["choices"][0])
                         yield chunk
                         if chunk.finish_reason is not None:
                             return

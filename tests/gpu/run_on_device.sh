@@ -8,7 +8,7 @@ source tests/gpu/device_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import torch, exllamav3; print('torch', torch.__version__, 'exllamav3', exllamav3.__version__)" | tee -a "$OUT/gpu.txt"
+python3 -c "import torch; from importlib.metadata import version as v; print('torch', torch.__version__, 'exllamav3', v('exllamav3'))" | tee -a "$OUT/gpu.txt"
 case "${1:-tests}" in
   tests)
     shift || true

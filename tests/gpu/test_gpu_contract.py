@@ -47,6 +47,7 @@ def test_an_unread_stream_holds_nothing_and_close_mid_stream_is_safe(fixtures, b
     assert rt.generate(PROMPT, temperature=0, max_new_tokens=4).usage.completion_tokens == 4  # same thread
     reading = rt.stream(PROMPT, temperature=0, max_new_tokens=300, ignore_eos=True)
     next(reading)
+    batch = rt.model_info().max_batch_size
     t0 = time.perf_counter()
     rt.close()  # while two generations are in flight
     took = time.perf_counter() - t0
@@ -56,7 +57,10 @@ def test_an_unread_stream_holds_nothing_and_close_mid_stream_is_safe(fixtures, b
         f"{backend}/{name}: close() mid-stream took {took:.3f}s; streams ended {ends}; "
         f"GPU memory {before:.0f} -> {after:.0f} MiB"
     )
-    assert took < 30 and ends == ["cancelled", "cancelled"]
+    # one-at-a-time backends (v1, v2) run the unread request to its end before the next one: it ends
+    # "length" when it is that short; a request being read is always cancelled
+    unread_may_end = ("cancelled",) if batch > 1 else ("cancelled", "length")
+    assert took < 30 and ends[0] in unread_may_end and ends[1] == "cancelled"
     assert after - before < 64, "close() left the model or cache allocated"
 
 

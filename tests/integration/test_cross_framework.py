@@ -13,19 +13,9 @@ from proxy_runtime import ThreadProxyRuntime
 from exllama_integrations import ConstraintViolationError, ExLlamaRuntime, InvalidSettingsError
 from exllama_integrations.runtime.chat import ChatRequest, prepare_chat
 
+from helpers import ADD_TOOL as ADD
+
 Q = "What is the capital of France?"
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
 
 
 @pytest.fixture(scope="module", params=["local", "proxy", "remote"])

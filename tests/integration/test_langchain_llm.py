@@ -140,9 +140,7 @@ def test_from_model_id_takes_huggingfacepipeline_arguments(demo_dir, llm: ExLlam
 
 
 def test_use_chat_template_answers_like_an_assistant(where):
-    chat = ExLlamaLLM(
-        **where, temperature=0, max_new_tokens=30, use_chat_template=True
-    )
+    chat = ExLlamaLLM(**where, temperature=0, max_new_tokens=30, use_chat_template=True)
     assert "Paris" in chat.invoke("What is the capital of France?")
 
 

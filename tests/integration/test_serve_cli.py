@@ -25,9 +25,23 @@ def _free_port() -> int:
 def test_serve_drains_a_stream_in_flight_on_sigterm(demo_dir):
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exllama_integrations", "serve", "--model-dir", str(demo_dir), "--backend",
-         "transformers", "--port", str(port), "--api-key", "k1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "exllama_integrations",
+            "serve",
+            "--model-dir",
+            str(demo_dir),
+            "--backend",
+            "transformers",
+            "--port",
+            str(port),
+            "--api-key",
+            "k1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -44,10 +58,17 @@ def test_serve_drains_a_stream_in_flight_on_sigterm(demo_dir):
         started = threading.Event()
 
         def read() -> None:
-            body = {"model": "SmolLM2-135M-Instruct", "prompt": "Tell me a story.", "max_tokens": 40,
-                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-            with httpx.stream("POST", url + "/v1/completions", json=body, headers={"Authorization": "Bearer k1"},
-                              timeout=60) as r:
+            body = {
+                "model": "SmolLM2-135M-Instruct",
+                "prompt": "Tell me a story.",
+                "max_tokens": 40,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            with httpx.stream(
+                "POST", url + "/v1/completions", json=body, headers={"Authorization": "Bearer k1"}, timeout=60
+            ) as r:
                 for line in r.iter_lines():
                     if line:
                         lines.append(line)

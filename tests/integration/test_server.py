@@ -21,6 +21,8 @@ from servers import ThreadServer, demo_server
 from exllama_integrations import ExLlamaRuntime
 from exllama_integrations.runtime.chat import ChatRequest, prepare_chat
 
+from helpers import ADD_TOOL
+
 MODEL = "SmolLM2-135M-Instruct"
 Q = "What is the capital of France?"
 PROMPTS = ["The capital of France is", "One, two, three,", "The sky is", "Water boils at"]
@@ -88,20 +90,7 @@ def test_openai_completions_with_logprobs_stop_and_seed(client, demo_runtime):
 
 
 def test_openai_tools_and_json_response_format_go_through_the_grammar(client):
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "add",
-                "description": "Add two integers.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                    "required": ["a", "b"],
-                },
-            },
-        }
-    ]
+    tools = [ADD_TOOL]
     messages = [{"role": "user", "content": "What is 2 + 3?"}]
     r = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, tool_choice="required")
     call = r.choices[0].message.tool_calls[0]

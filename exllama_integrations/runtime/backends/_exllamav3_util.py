@@ -75,8 +75,10 @@ class ExLlamaV3Options(BackendOptions):
     """Most jobs decoding together."""
     max_chunk_size: int | None = Field(default=None, ge=256)
     """Prefill chunk (tokens); None: min(2048, cache)."""
-    prefill_cooldown: int | None = Field(default=None, ge=0)
-    """Iterations between prefill passes while other jobs decode; None: exllamav3's default (4)."""
+    prefill_cooldown: int | None = Field(default=0, ge=0)
+    """Iterations between prefill passes while other jobs decode. 0 (ours): a caller who arrives while others
+    decode starts at the next step; exllamav3's own 4 smooths running streams but, measured with 64 callers
+    arriving ms apart on the H200, cost 44% of the throughput and 3.5x the time to first token."""
     progressbar: bool | None = None
     """A progress bar while loading; None: when stderr is a terminal or in a notebook."""
     lora_dir: str | None = None

@@ -108,7 +108,7 @@ class Run:
         if stop_string is not None:
             finish = "stop"
         out: list[StreamChunk] = []
-        if text or (lps and finish is None):
+        if visible or text:  # a token that shows no text yet (half a character) still travels with its id
             out.append(StreamChunk(text, tuple(visible), lps))
             self._chunks.append(out[-1])
         if finish is None and step.finish is not None:
@@ -116,6 +116,27 @@ class Run:
         if finish is not None:
             out.append(self._final(finish, stop_string))
         return out
+
+    def feed_all(self, steps: list[tuple[TokenStep, float]]) -> list[StreamChunk]:
+        """The chunks for several steps that were waiting, as one chunk of text (and the final one when it ends).
+
+        A reader that falls behind under load takes everything queued at once: one chunk, one callback,
+        instead of one per token, so the readers' work does not grow with the load (the GIL is shared with
+        the backend's driver).
+        """
+        out: list[StreamChunk] = []
+        for step, t in steps:
+            if self.finished:
+                break
+            out += self.feed(step, t)
+        body = [c for c in out if c.finish_reason is None]
+        if len(body) < 2:
+            return out
+        lps = [lp for c in body for lp in (c.logprobs or ())] if any(c.logprobs for c in body) else None
+        merged = StreamChunk(
+            "".join(c.text for c in body), tuple(t for c in body for t in c.token_ids), tuple(lps) if lps else None
+        )
+        return [merged, *(c for c in out if c.finish_reason is not None)]
 
     def _final(self, finish: Any, stop_string: str | None) -> StreamChunk:
         tail = ""
@@ -169,9 +190,14 @@ class LocalStream:
             if self._closed or self._run.finished:
                 self._release()
                 raise StopIteration
-            step, t = self._steps.get()
+            waiting = [self._steps.get()]
+            while True:  # take what else is already there (a reader that fell behind catches up at once)
+                try:
+                    waiting.append(self._steps.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                self._pending.extend(self._run.feed(step, t))
+                self._pending.extend(self._run.feed_all(waiting))
             except BaseException:
                 self._release()
                 raise
@@ -227,8 +253,10 @@ async def aiter_run(
     """A generation read from an event loop (no thread per stream); leaving early cancels it."""
     try:
         while not run.finished:
-            step, t = await steps.get()
-            for chunk in run.feed(step, t):
+            waiting = [await steps.get()]
+            while not steps.empty():
+                waiting.append(steps.get_nowait())
+            for chunk in run.feed_all(waiting):
                 yield chunk
     finally:
         request.cancel.set()

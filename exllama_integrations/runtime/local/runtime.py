@@ -8,7 +8,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -204,42 +204,9 @@ class ExLlamaRuntime(RuntimeCommon):
 
     def tokenizer_files(self) -> dict[str, Any]:
         """The tokenizer's files as plain data (what the HTTP server shares, so clients count tokens exactly)."""
-        from ..tokenizer import TokenizerFiles
+        from ..tokenizer_files import TokenizerFiles
 
         return TokenizerFiles.bundle(self.model)
-
-    def count_tokens(self, text: str) -> int:
-        """Number of tokens in ``text`` by the native tokenizer (no BOS)."""
-        return self.tokenizer.count(text)
-
-    def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
-        """Token ids of ``text`` by the native tokenizer (``parse_special=False``: special-token text stays text)."""
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of token ids (special tokens dropped)."""
-        return self.tokenizer.decode(ids)
-
-    def chat_prompt(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        chat_template: str | None = None,
-        **template_kwargs: Any,
-    ) -> str:
-        """Render chat messages with the model's own template, or ``chat_template`` (bounded sandbox).
-
-        Stream the result with ``add_special_tokens=False``: the template carries its own BOS.
-        """
-        return self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            chat_template=chat_template,
-            **template_kwargs,
-        )
 
     def _require_backend(self) -> Backend:
         backend = self._backend

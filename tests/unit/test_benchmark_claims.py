@@ -1,0 +1,75 @@
+"""The README's benchmark figures are the committed results: each median [min..max] it quotes is a row of
+benchmarks/results/*.json, and RESULTS.md is what render_results.py makes of those files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+NUM = r"\d[\d,]*(?:\.\d+)?"
+TRIPLE = re.compile(rf"({NUM})(?:\*\*)?(?: tok/s)?(?:\*\*)? \[({NUM})\.\.({NUM})\]")
+
+
+def _is_summary(v: Any) -> bool:
+    return isinstance(v, dict) and {"median", "min", "max"} <= set(v)
+
+
+def _rows(node: Any) -> Iterator[dict[str, dict[str, float]]]:
+    """Every result row of a JSON file: a mapping whose values include median/min/max summaries."""
+    if isinstance(node, dict):
+        summaries = {k: v for k, v in node.items() if _is_summary(v)}
+        if summaries:
+            yield summaries
+        for v in node.values():
+            if not _is_summary(v):
+                yield from _rows(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _rows(v)
+
+
+def _same(text: str, value: float) -> bool:
+    """``text`` is ``value`` written with as many decimals as ``text`` has."""
+    text = text.replace(",", "")
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return abs(round(value, decimals) - float(text)) < 10 ** -(decimals + 3)
+
+
+def _benchmarks_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Benchmarks")
+    return readme[start : readme.index("\n## ", start + 1)]
+
+
+def test_every_quoted_median_min_max_is_a_committed_result() -> None:
+    rows = [r for f in sorted(RESULTS.glob("*.json")) for r in _rows(json.loads(f.read_text()))]
+    quoted = 0
+    for line in _benchmarks_section().splitlines():
+        for median, lo, hi in TRIPLE.findall(line):
+            quoted += 1
+            matches = [
+                row
+                for row in rows
+                for s in row.values()
+                if _same(median, s["median"]) and _same(lo, s["min"]) and _same(hi, s["max"])
+            ]
+            assert matches, f"README quotes {median} [{lo}..{hi}], which no committed result has: {line}"
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("|") and len(cells) >= 3 and re.fullmatch(NUM, cells[2]):
+                # a table's time-to-first-token cell belongs to the same row as its tokens/s
+                assert any(_same(cells[2], s["median"]) for row in matches for s in row.values()), line
+    assert quoted >= 10, "the Benchmarks section lost its tables"
+
+
+def test_results_md_is_rendered_from_the_committed_json() -> None:
+    spec = importlib.util.spec_from_file_location("render_results", ROOT / "benchmarks" / "render_results.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (RESULTS / "RESULTS.md").read_text() == module.render(), "run python benchmarks/render_results.py"

@@ -1,0 +1,41 @@
+"""One generation as an object: every token's id is kept, also a token that shows no text yet."""
+
+from __future__ import annotations
+
+from exllama_integrations import GenerationSettings
+from exllama_integrations.runtime.backends.base import TokenStep
+from exllama_integrations.runtime.local.run import Run
+
+
+class _Bytes:
+    """Each id is one byte, decoded as UTF-8."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", "replace")
+
+
+def test_tokens_of_a_split_character_keep_their_ids_and_arrive_as_one_character():
+    run = Run(_Bytes(), GenerationSettings(), [65], frozenset({0}), None, "toy")
+    euro = list("€".encode())  # three byte tokens, no text until the last
+    chunks = []
+    for i, t in enumerate([*euro, 0x21]):
+        chunks += run.feed(TokenStep((t,), finish="length" if i == 3 else None), 0.1 * i)
+    assert [c.token_ids for c in chunks[:-1]] == [(t,) for t in [*euro, 0x21]]  # every id travels
+    assert "".join(c.text for c in chunks) == "€!" and all("\ufffd" not in c.text for c in chunks)
+    assert run.result is not None and run.result.token_ids == (*euro, 0x21) and run.result.text == "€!"
+    assert run.result.usage.completion_tokens == 4 and run.result.finish_reason == "length"
+
+
+def test_a_stop_id_ends_the_run_uncounted_in_the_text_but_counted_in_usage():
+    run = Run(_Bytes(), GenerationSettings(), [65], frozenset({0}), None, "toy")
+    chunks = run.feed(TokenStep((0x68, 0x69, 0), finish="stop_token"), 0.0)
+    assert "".join(c.text for c in chunks) == "hi" and run.result.token_ids == (0x68, 0x69)
+    assert run.result.finish_reason == "eos" and run.result.usage.completion_tokens == 3
+
+
+def test_steps_that_waited_arrive_as_one_chunk():
+    run = Run(_Bytes(), GenerationSettings(), [65], frozenset({0}), None, "toy")
+    waiting = [(TokenStep((t,)), 0.0) for t in b"hello"] + [(TokenStep((0x21,), finish="length"), 0.1)]
+    chunks = run.feed_all(waiting)
+    assert [c.text for c in chunks] == ["hello!", ""] and chunks[0].token_ids == tuple(b"hello!")
+    assert chunks[-1].finish_reason == "length" and run.result.text == "hello!"
