@@ -8,8 +8,8 @@ from the cancellation of a disconnect, so the generation is cancelled at its nex
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import anyio
 
@@ -19,16 +19,12 @@ from ..runtime.chat_outcome import ChatDelta, ChatOutcome, usage_dict
 from . import convert
 from .guard import error_body
 
+T = TypeVar("T")
+
 
 def sse(obj: Any) -> bytes:
     """One SSE event."""
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
-
-
-async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    yield first
-    async for item in rest:
-        yield item
 
 
 def record(state: Any, usage: Any, timings: Any) -> None:
@@ -36,36 +32,64 @@ def record(state: Any, usage: Any, timings: Any) -> None:
     state.usage = (usage.prompt_tokens, usage.completion_tokens, (timings and timings.time_to_first_token) or 0.0)
 
 
-async def completion_events(
+async def _framed(
+    source: AsyncIterator[T], render: Callable[[T], Iterable[bytes]], preamble: Iterable[bytes] = ()
+) -> AsyncIterator[bytes]:
+    """``source``'s items rendered as events, then ``data: [DONE]``.
+
+    The first item is awaited before anything is sent, outside the error handling: an error there (a
+    prompt over the context, bad settings) reaches the endpoint, which answers with its status. After
+    the first event the status is sent, so a typed error becomes an error event in the stream. The
+    source is closed at the end, shielded from a disconnect's cancellation, so its generation stops.
+    """
+    try:
+        first = await source.__anext__()
+    except StopAsyncIteration:
+        yield b"data: [DONE]\n\n"
+        return
+    try:
+        for b in preamble:
+            yield b
+        for b in render(first):
+            yield b
+        async for item in source:
+            for b in render(item):
+                yield b
+    except ExLlamaIntegrationsError as e:
+        yield sse(error_body(str(e), "server_error", code=type(e).__name__))
+    finally:
+        with anyio.CancelScope(shield=True):
+            await source.aclose()  # type: ignore[attr-defined]
+    yield b"data: [DONE]\n\n"
+
+
+def completion_events(
     chunks: AsyncIterator[StreamChunk], rid: str, model: str, with_details: bool, include_usage: bool, state: Any
 ) -> AsyncIterator[bytes]:
     """``/v1/completions`` chunks (with our ``exllama`` details when asked), usage last when asked."""
     offset = 0
-    try:
-        async for c in chunks:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "text": c.text,
-                "logprobs": convert.completion_logprobs(c.logprobs, offset),
-                "finish_reason": convert.finish_name(c.finish_reason) if c.finish_reason else None,
-            }
-            offset += len(c.text)
-            if with_details:
-                choice["exllama"] = convert.details(c)
-            yield sse(convert.envelope("text_completion", rid, model, [choice]))
-            if c.finish_reason is not None and c.usage is not None:
-                record(state, c.usage, c.timings)
-            if c.finish_reason is not None and include_usage and c.usage is not None:
+
+    def render(c: StreamChunk) -> Iterator[bytes]:
+        nonlocal offset
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": c.text,
+            "logprobs": convert.completion_logprobs(c.logprobs, offset),
+            "finish_reason": convert.finish_name(c.finish_reason) if c.finish_reason else None,
+        }
+        offset += len(c.text)
+        if with_details:
+            choice["exllama"] = convert.details(c)
+        yield sse(convert.envelope("text_completion", rid, model, [choice]))
+        if c.finish_reason is not None and c.usage is not None:
+            record(state, c.usage, c.timings)
+            if include_usage:
                 yield sse(convert.envelope("text_completion", rid, model, [], usage_dict(c.usage)))
-    except ExLlamaIntegrationsError as e:  # after the first event the status is sent: report in the stream
-        yield sse(error_body(str(e), "server_error", code=type(e).__name__))
-    finally:
-        with anyio.CancelScope(shield=True):
-            await chunks.aclose()  # type: ignore[attr-defined]
-    yield b"data: [DONE]\n\n"
+
+    return _framed(chunks, render)
 
 
-async def chat_events(
+def chat_events(
     items: AsyncIterator[ChatDelta | ChatOutcome], rid: str, model: str, include_usage: bool, state: Any
 ) -> AsyncIterator[bytes]:
     """``/v1/chat/completions`` chunks: the role, content deltas, tool calls, the finish, usage when asked."""
@@ -74,25 +98,17 @@ async def chat_events(
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return sse(convert.envelope("chat.completion.chunk", rid, model, [choice]))
 
-    # the first step runs before anything is sent, so its errors (a prompt over the context, ...) get a status
-    first = await items.__anext__()
-    yield chunk({"role": "assistant", "content": ""})
-    try:
-        async for item in _prepend(first, items):
-            if isinstance(item, ChatDelta):
-                yield chunk({"content": item.text}, logprobs=convert.chat_logprobs(item.logprobs))
-                continue
-            record(state, item.usage, item.timings)
-            if item.tail:
-                yield chunk({"content": item.tail})
-            if item.tool_calls:
-                yield chunk({"tool_calls": convert.tool_calls_wire(item.tool_calls, with_index=True)})
-            yield chunk({}, item.finish_reason)
-            if include_usage:
-                yield sse(convert.envelope("chat.completion.chunk", rid, model, [], usage_dict(item.usage)))
-    except ExLlamaIntegrationsError as e:
-        yield sse(error_body(str(e), "server_error", code=type(e).__name__))
-    finally:
-        with anyio.CancelScope(shield=True):
-            await items.aclose()  # type: ignore[attr-defined]
-    yield b"data: [DONE]\n\n"
+    def render(item: ChatDelta | ChatOutcome) -> Iterator[bytes]:
+        if isinstance(item, ChatDelta):
+            yield chunk({"content": item.text}, logprobs=convert.chat_logprobs(item.logprobs))
+            return
+        record(state, item.usage, item.timings)
+        if item.tail:
+            yield chunk({"content": item.tail})
+        if item.tool_calls:
+            yield chunk({"tool_calls": convert.tool_calls_wire(item.tool_calls, with_index=True)})
+        yield chunk({}, item.finish_reason)
+        if include_usage:
+            yield sse(convert.envelope("chat.completion.chunk", rid, model, [], usage_dict(item.usage)))
+
+    return _framed(items, render, preamble=[chunk({"role": "assistant", "content": ""})])

@@ -403,7 +403,22 @@ def test_extensions_max_tokens_null_ids_prompts_and_chat_options(url, demo_runti
     assert literal["usage"]["prompt_tokens"] > parsed["usage"]["prompt_tokens"]  # typed control tokens stay text
 
 
-def test_a_streamed_chat_over_the_context_is_a_400_not_a_broken_stream(url):
-    body = {"model": MODEL, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "word " * 9000}]}
-    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_stream_over_the_context_is_a_400_not_a_broken_stream(url, path):
+    long = "word " * 9000
+    body = {"model": MODEL, "stream": True, "max_tokens": 4}
+    body.update({"messages": [{"role": "user", "content": long}]} if "chat" in path else {"prompt": long})
+    r = httpx.post(url + path, json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_remote_stream_over_the_context_is_the_typed_error(url):
+    from exllama_integrations.errors import ContextLengthError
+    from exllama_integrations.serve.remote import RemoteRuntime
+
+    rt = RemoteRuntime(url)
+    with pytest.raises(ContextLengthError, match="context"):
+        rt.generate("word " * 9000, max_new_tokens=4)
+    with pytest.raises(ContextLengthError, match="context"):
+        asyncio.run(rt.agenerate("word " * 9000, max_new_tokens=4))
+    rt.close()
