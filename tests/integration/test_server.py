@@ -92,7 +92,9 @@ def test_openai_completions_with_logprobs_stop_and_seed(client, demo_runtime):
 def test_openai_tools_and_json_response_format_go_through_the_grammar(client):
     tools = [ADD_TOOL]
     messages = [{"role": "user", "content": "What is 2 + 3?"}]
-    r = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, tool_choice="required")
+    r = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=tools, tool_choice="required", temperature=0
+    )
     call = r.choices[0].message.tool_calls[0]
     assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 2, "b": 3}
     assert r.choices[0].finish_reason == "tool_calls"
