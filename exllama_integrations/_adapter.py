@@ -161,9 +161,9 @@ class ExLlamaConfig(BaseModel):
             from .runtime.template import ChatTemplate
 
             ChatTemplate(self.chat_template)  # a broken override fails here, not at the first chat
-        self._default_overrides()  # bad values fail before anything loads
+        defaults = self._default_overrides()  # bad values fail before anything loads
         self._runtime = self._open_runtime()
-        self._runtime.resolve_settings(None, **self._default_overrides())  # settings the backend cannot honour
+        self._runtime.resolve_settings(None, **defaults)  # settings the backend cannot honour
 
     @classmethod
     def _normalize_init(cls, data: dict[str, Any]) -> dict[str, Any]:

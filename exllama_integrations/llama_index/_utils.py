@@ -53,25 +53,27 @@ def li_logprobs(lps: Sequence[TokenLogprob] | None) -> list[list[LogProb]] | Non
     ]
 
 
+def _with_logprobs(last: Any, lps: list[Any], all_logprobs: bool) -> Any:
+    assert last is not None
+    if all_logprobs or lps:
+        last.logprobs = lps or None
+    return last
+
+
 def last_response(responses: Any, all_logprobs: bool = False) -> Any:
     """The last of a stream of responses; with ``all_logprobs``, carrying every token's logprobs."""
     last, lps = None, []  # type: ignore[var-annotated]
     for last in responses:  # noqa: B007 - keep the last
         lps.extend(last.logprobs or [])
-    assert last is not None
-    if all_logprobs or lps:
-        last.logprobs = lps or None
-    return last
+    return _with_logprobs(last, lps, all_logprobs)
 
 
 async def alast_response(responses: Any, all_logprobs: bool = False) -> Any:
+    """Async :func:`last_response`."""
     last, lps = None, []  # type: ignore[var-annotated]
-    async for last in responses:  # noqa: B007
+    async for last in responses:  # noqa: B007 - keep the last
         lps.extend(last.logprobs or [])
-    assert last is not None
-    if all_logprobs or lps:
-        last.logprobs = lps or None
-    return last
+    return _with_logprobs(last, lps, all_logprobs)
 
 
 def is_custom_messages_to_prompt(fn: Any) -> bool:

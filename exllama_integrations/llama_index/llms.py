@@ -98,7 +98,7 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
                 prompt = f"{self.system_prompt}\n\n{prompt}"
         return prompt
 
-    def _completion(self, acc: str, chunk: StreamChunk, settings: GenerationSettings) -> CompletionResponse:
+    def _completion(self, acc: str, chunk: StreamChunk) -> CompletionResponse:
         raw: dict[str, Any] = {}
         if chunk.finish_reason is not None:
             info = self._runtime.model_info()
@@ -126,7 +126,7 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
                 for chunk in stream:
                     acc += chunk.text
                     if chunk.text or chunk.logprobs or chunk.finish_reason is not None:
-                        yield self._completion(acc, chunk, settings)
+                        yield self._completion(acc, chunk)
 
         return gen()
 
@@ -149,7 +149,7 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
             async for chunk in self._runtime.astream(text, settings):
                 acc += chunk.text
                 if chunk.text or chunk.logprobs or chunk.finish_reason is not None:
-                    yield self._completion(acc, chunk, settings)
+                    yield self._completion(acc, chunk)
 
         return gen()
 

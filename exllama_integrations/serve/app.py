@@ -10,10 +10,11 @@ full); a client that disconnects cancels its generation at the next step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ try:
 except ImportError:  # pragma: no cover - exercised by the missing-extra test
     raise MissingDependencyError("fastapi", "serve", "the HTTP server") from None
 
-from ..runtime.api import Runtime
+from ..runtime.api import Runtime, result_of
 from ..runtime.chat import prepare_chat
 from ..runtime.chat_outcome import ChatOutcome, astream_chat, usage_dict
 from . import convert
@@ -137,6 +138,14 @@ def create_app(
             base = runtime.resolve_settings().model_copy(update={"max_new_tokens": None})
         return runtime.resolve_settings(base, **overrides)
 
+    @contextlib.contextmanager
+    def in_flight() -> Iterator[None]:
+        pending[0] += 1
+        try:
+            yield
+        finally:
+            pending[0] -= 1
+
     async def start(items: AsyncIterator[bytes]) -> StreamingResponse:
         """Run to the first event before answering, so errors before any output get their status.
 
@@ -204,24 +213,19 @@ def create_app(
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return await start(completion_events(chunks, rid, name, req.return_details, include_usage, request.state))
-        pending[0] += 1
-        try:
+        with in_flight():
             parts = [c async for c in chunks]
-        finally:
-            pending[0] -= 1
-        final = parts[-1]
-        assert final.finish_reason is not None and final.usage is not None
-        record(request.state, final.usage, final.timings)
-        lps = [lp for c in parts for lp in (c.logprobs or ())] if settings.logprobs is not None else None
+        result = result_of(parts, info.backend)
+        record(request.state, result.usage, result.timings)
         choice: dict[str, Any] = {
             "index": 0,
-            "text": "".join(c.text for c in parts),
-            "logprobs": convert.completion_logprobs(lps),
-            "finish_reason": convert.finish_name(final.finish_reason),
+            "text": result.text,
+            "logprobs": convert.completion_logprobs((result.logprobs or ()) if settings.logprobs is not None else None),
+            "finish_reason": convert.finish_name(result.finish_reason),
         }
         if req.return_details:
-            choice["exllama"] = convert.details(final)
-        return convert.envelope("text_completion", rid, name, [choice], usage_dict(final.usage))
+            choice["exllama"] = convert.details(parts[-1])
+        return convert.envelope("text_completion", rid, name, [choice], usage_dict(result.usage))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
@@ -233,11 +237,8 @@ def create_app(
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return await start(chat_events(items, rid, name, include_usage, request.state))
-        pending[0] += 1
-        try:
+        with in_flight():
             outcome = [i async for i in items][-1]
-        finally:
-            pending[0] -= 1
         assert isinstance(outcome, ChatOutcome)
         record(request.state, outcome.usage, outcome.timings)
         choice = {

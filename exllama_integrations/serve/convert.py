@@ -24,6 +24,22 @@ class WireError(Exception):
         self.status, self.param, self.code = status, param, code
 
 
+WIRE_SETTINGS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "seed": "seed",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "typical_p": "typical",
+    "no_repeat_ngram_size": "no_repeat_ngram_size",
+    "ignore_eos": "ignore_eos",
+    "truncate_prompt": "truncate_prompt",
+}
+"""Request fields that are one generation setting each, as is (wire name: setting name); ``max_tokens``,
+``logprobs``, ``stop`` and ``stop_token_ids`` take a conversion and are mapped where they are used."""
+
+
 def _refuse(field: str, why: str) -> WireError:
     return WireError(400, f"{field}: {why}", param=field, code="unsupported_parameter")
 
@@ -53,22 +69,13 @@ def settings_overrides(req: CompletionRequest | ChatCompletionRequest) -> dict[s
             bad = "echo" if req.echo else "suffix" if req.suffix is not None else "best_of"
             raise _refuse(bad, "not supported by this server.")
         logprobs = req.logprobs
-    values = {
-        "max_new_tokens": max_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "seed": req.seed,
-        "top_k": req.top_k,
-        "min_p": req.min_p,
-        "repetition_penalty": req.repetition_penalty,
-        "typical": req.typical_p,
-        "no_repeat_ngram_size": req.no_repeat_ngram_size,
-        "stop_token_ids": req.stop_token_ids,
-        "ignore_eos": req.ignore_eos,
-        "truncate_prompt": req.truncate_prompt,
-        "logprobs": logprobs,
-        "stop": [req.stop] if isinstance(req.stop, str) else req.stop,
-    }
+    values = {setting: getattr(req, field) for field, setting in WIRE_SETTINGS.items()}
+    values.update(
+        max_new_tokens=max_tokens,
+        stop_token_ids=req.stop_token_ids,
+        logprobs=logprobs,
+        stop=[req.stop] if isinstance(req.stop, str) else req.stop,
+    )
     return {k: v for k, v in values.items() if v is not None}
 
 

@@ -42,7 +42,8 @@ from ..runtime.api import (
 from ..runtime.settings import GenerationSettings
 from ..runtime.tokenizer import NativeTokenizer
 from ..runtime.tokenizer_files import TokenizerFiles
-from .remote_stream import RemoteStream, chunk_of, error_of, event_of
+from .convert import WIRE_SETTINGS
+from .remote_stream import RemoteStream, chunk_of_line, error_of
 
 _shared: dict[tuple[str, str], weakref.ref[RemoteRuntime]] = {}
 _shared_lock = threading.Lock()
@@ -51,20 +52,11 @@ _shared_lock = threading.Lock()
 def wire_settings(s: GenerationSettings) -> dict[str, Any]:
     """Every setting as the server's fields (sent explicitly, so the server's defaults change nothing)."""
     return {
+        **{field: getattr(s, setting) for field, setting in WIRE_SETTINGS.items()},
         "max_tokens": s.max_new_tokens,  # null: up to the context (our extension)
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k,
-        "min_p": s.min_p,
-        "typical_p": s.typical,
-        "repetition_penalty": s.repetition_penalty,
-        "no_repeat_ngram_size": s.no_repeat_ngram_size,
-        "seed": s.seed,
         "stop": list(s.stop),
         "stop_token_ids": list(s.stop_token_ids),
-        "ignore_eos": s.ignore_eos,
         "logprobs": s.logprobs,
-        "truncate_prompt": s.truncate_prompt,
     }
 
 
@@ -217,13 +209,8 @@ class RemoteRuntime(RuntimeCommon):
                     await response.aread()
                     raise error_of(response.status_code, _json(response), self.base_url)
                 async for line in response.aiter_lines():
-                    event = event_of(line)
-                    if event is None:
-                        continue
-                    if "error" in event:
-                        raise error_of(500, event, self.base_url)
-                    if event.get("choices"):
-                        chunk = chunk_of(event["choices"][0])
+                    chunk = chunk_of_line(line, self.base_url)
+                    if chunk is not None:
                         yield chunk
                         if chunk.finish_reason is not None:
                             return

@@ -74,15 +74,21 @@ def chunk_of(choice: dict[str, Any]) -> StreamChunk:
     )
 
 
-def event_of(line: str) -> dict[str, Any] | None:
-    """One SSE line's event (None for comments, blank lines and [DONE])."""
+def chunk_of_line(line: str, url: str) -> StreamChunk | None:
+    """One SSE line of a completion stream as its chunk (None for comments, blank lines, [DONE], usage).
+
+    Raises:
+        ExLlamaIntegrationsError: the server reported an error in the stream (typed as it was raised).
+    """
     if not line.startswith("data: "):
         return None
     data = line[6:].strip()
     if data == "[DONE]":
         return None
     event: dict[str, Any] = json.loads(data)
-    return event
+    if "error" in event:
+        raise error_of(500, event, url)
+    return chunk_of(event["choices"][0]) if event.get("choices") else None
 
 
 class RemoteStream:
@@ -102,14 +108,9 @@ class RemoteStream:
             raise StopIteration
         try:
             for line in self._lines:
-                event = event_of(line)
-                if event is None:
+                chunk = chunk_of_line(line, self._url)
+                if chunk is None:
                     continue
-                if "error" in event:
-                    raise error_of(500, event, self._url)
-                if not event.get("choices"):
-                    continue
-                chunk = chunk_of(event["choices"][0])
                 self._chunks.append(chunk)
                 if chunk.finish_reason is not None:
                     self.result = result_of(self._chunks, self._backend)

@@ -14,6 +14,13 @@ if TYPE_CHECKING:
     from ..model_dir import ModelDirectory
 
 PAGE = 256
+
+
+def whole_pages(tokens: int) -> int:
+    """``tokens`` rounded up to whole cache pages (one page at least)."""
+    return max(PAGE, -(-tokens // PAGE) * PAGE)
+
+
 RESERVE = 4 * 2**30
 """GPU memory left free for activations, prefill chunks and workspace when sizing the cache."""
 

@@ -10,7 +10,6 @@ driver after the iteration in flight, then frees the cache and the weights.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from ._exllamav3_util import (
     show_progress,
     tokens_of,
     trim_gated_mlp_padding,
+    whole_pages,
 )
 from ._logits import release
 from .base import (
@@ -110,7 +110,7 @@ class ExLlamaV3Backend(Backend):
             if options.cache_size == "auto":
                 cache_tokens, self._sizing = auto_cache_tokens(model, options, context)
             else:
-                cache_tokens = max(256, math.ceil(int(options.cache_size) / 256) * 256)  # whole pages
+                cache_tokens = whole_pages(int(options.cache_size))
             chunk = min(options.max_chunk_size or 2048, cache_tokens)  # a prefill chunk must fit the cache
             cache_kw: dict[str, Any] = {}
             if options.cache_bits is not None:
@@ -143,10 +143,11 @@ class ExLlamaV3Backend(Backend):
         self._context = min(context, cache_tokens)
         self._cache_tokens = cache_tokens
         self._batch = options.max_batch_size
+        self._full_context_jobs = cache_tokens // whole_pages(self._context)
         logger.info(
             "exllamav3: cache of %d tokens (%d jobs of the full %d-token context at once) %s",
             cache_tokens,
-            cache_tokens // max(256, math.ceil(self._context / 256) * 256),
+            self._full_context_jobs,
             self._context,
             self._sizing,
         )
@@ -170,7 +171,7 @@ class ExLlamaV3Backend(Backend):
             "cache_tokens": self._cache_tokens,
             "max_batch_size": self._batch,
             "jobs_of_1024_tokens": self._cache_tokens // 1024,
-            "jobs_of_the_full_context": self._cache_tokens // max(256, math.ceil(self._context / 256) * 256),
+            "jobs_of_the_full_context": self._full_context_jobs,
             **({"cache_sizing": self._sizing} if self._sizing else {}),
         }
 

@@ -247,17 +247,15 @@ def async_queue() -> tuple[asyncio.Queue[Any], Callable[[Any], None]]:
     return q, put
 
 
-async def aiter_run(
-    run: Run, request: BackendRequest, steps: asyncio.Queue[Any], done: Callable[[], None]
-) -> AsyncIterator[StreamChunk]:
-    """A generation read from an event loop (no thread per stream); leaving early cancels it."""
-    try:
-        while not run.finished:
-            waiting = [await steps.get()]
-            while not steps.empty():
-                waiting.append(steps.get_nowait())
-            for chunk in run.feed_all(waiting):
-                yield chunk
-    finally:
-        request.cancel.set()
-        done()
+async def aiter_run(run: Run, steps: asyncio.Queue[Any]) -> AsyncIterator[StreamChunk]:
+    """A generation read from an event loop (no thread per stream), all waiting steps at a time.
+
+    Its caller cancels the request when it stops reading (synchronously, in its own ``finally``: an
+    async generator abandoned mid-way is finalized only later).
+    """
+    while not run.finished:
+        waiting = [await steps.get()]
+        while not steps.empty():
+            waiting.append(steps.get_nowait())
+        for chunk in run.feed_all(waiting):
+            yield chunk

@@ -329,7 +329,7 @@ class ExLlamaRuntime(RuntimeCommon):
         )
         self._submit([request])
         try:
-            async for chunk in aiter_run(run, request, steps, lambda: self._done(request)):
+            async for chunk in aiter_run(run, steps):
                 yield chunk
         finally:  # synchronous, so a closed or cancelled reader frees the backend at once
             request.cancel.set()
