@@ -13,6 +13,8 @@ class _Decoder(Protocol):
 _REPLACEMENT = "\ufffd"
 _MAX_HELD = 8
 """Tokens held back at most while the text ends in an incomplete character."""
+_MAX_BACK = 64
+"""Whitespace-only tokens a decoding window may reach back over to open on a token with text."""
 
 
 class IncrementalDetokenizer:
@@ -52,7 +54,7 @@ class IncrementalDetokenizer:
         if len(new_text) > len(prefix_text) and not new_text.endswith(_REPLACEMENT):
             if new_text.startswith(prefix_text):
                 delta = new_text[len(prefix_text) :]
-                self._prefix_offset = self._read_offset
+                self._prefix_offset = self._window_start(self._read_offset)
                 self._read_offset = len(self.ids)
                 self._emitted.append(delta)
                 return delta
@@ -67,10 +69,23 @@ class IncrementalDetokenizer:
             done = self._decode(self.ids[self._prefix_offset : cut])
             if len(done) > len(prefix_text) and done.startswith(prefix_text) and new_text.startswith(done):
                 delta = done[len(prefix_text) :]
-                self._prefix_offset, self._read_offset = self._read_offset, cut
+                self._prefix_offset, self._read_offset = self._window_start(self._read_offset), cut
                 self._emitted.append(delta)
                 return delta
         return ""
+
+    def _window_start(self, start: int) -> int:
+        """Where the next decoding window starts: ``start``, or earlier, so that it opens on a token with text.
+
+        A tokenizer strips the leading whitespace of what it decodes (sentencepiece all of it), so a window
+        that opened on a lone space piece would decode it, and the space of the token after it, to nothing.
+        It looks back ``_MAX_BACK`` tokens at most (the window stays bounded): a longer run of tokens that
+        are only whitespace can still lose a space at a chunk boundary.
+        """
+        floor = max(0, start - _MAX_BACK)
+        while start > floor and not self._decode(self.ids[start : start + 1]).strip():
+            start -= 1
+        return start
 
     def _resync(self) -> str:
         full = self._decode(self.ids)

@@ -96,6 +96,20 @@ def test_detok_sentencepiece_leading_spaces_and_byte_fallback(sp_tok: NativeToke
     assert all("\ufffd" not in p for p in pieces)
 
 
+def test_detok_keeps_a_lone_space_piece_at_any_chunk_boundary(sp_tok: NativeTokenizer) -> None:
+    """Sentencepiece strips all leading whitespace of what it decodes: a window opening on a lone "▁" lost a space."""
+    import itertools
+
+    hello, world = sp_tok.encode("Hello", add_special_tokens=False), sp_tok.encode("world", add_special_tokens=False)
+    spaces = [i for i in range(sp_tok.vocab_size) if sp_tok.decode([*hello, i]) == sp_tok.decode(hello) + " "]
+    lone = [i for i in spaces if sp_tok.decode([i]) == ""]  # the "▁" piece (the byte-fallback space shows itself)
+    assert lone, "the fixture tokenizer has no lone space piece"
+    for ids in ([*hello, lone[0], *world], [*hello, lone[0], lone[0], lone[0], *world]):
+        for r in range(len(ids)):
+            for cuts in itertools.combinations(range(1, len(ids)), r):
+                assert feed_all(IncrementalDetokenizer(sp_tok), ids, list(cuts)) == sp_tok.decode(ids), cuts
+
+
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_detok_any_token_sequence_equals_full_decode(smol: NativeTokenizer, sp_tok: NativeTokenizer, data) -> None:
