@@ -6,6 +6,9 @@ private members; "raw" rows build exllamav3's own objects from the same model di
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -38,15 +41,32 @@ def public_stream(llm: Any, text: str, **kwargs: Any) -> dict[str, float]:
 class RawExLlamaV3:
     """exllamav3 on its own: Config -> Model -> Cache -> Tokenizer -> Generator, jobs enqueued and iterated."""
 
-    def __init__(self, model_dir: Path, cache_tokens: int = 65536, max_batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        cache_tokens: int = 65536,
+        max_batch_size: int = 64,
+        draft_dir: Path | None = None,
+        **generator_kw: Any,
+    ) -> None:
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
         config = Config.from_directory(str(model_dir))
         self.model = Model.from_config(config)
         self.cache = Cache(self.model, max_num_tokens=cache_tokens)
         self.model.load(progressbar=False)
+        self.draft = None
+        if draft_dir is not None:  # speculative decoding, as exllamav3's examples set it up
+            self.draft = Model.from_config(Config.from_directory(str(draft_dir)))
+            generator_kw["draft_cache"] = Cache(self.draft, max_num_tokens=cache_tokens)
+            self.draft.load(progressbar=False)
+            generator_kw["draft_model"] = self.draft
         self.tokenizer = Tokenizer.from_config(config)
-        self.generator = Generator(self.model, self.cache, self.tokenizer, max_batch_size=max_batch_size)
+        self.generator = Generator(
+            self.model, self.cache, self.tokenizer, max_batch_size=max_batch_size, **generator_kw
+        )
+        self.iterate_seconds = 0.0
+        self.iterations = 0
 
     def jobs(self, prompts: list[list[int]], new: int) -> dict[str, float]:
         """All prompts enqueued together, greedy, ``new`` tokens each: aggregate tok/s and median TTFT."""
@@ -62,7 +82,11 @@ class RawExLlamaV3:
         last = t0
         with torch.inference_mode():
             while self.generator.num_remaining_jobs():
-                for r in self.generator.iterate():
+                ti = time.perf_counter()
+                results = self.generator.iterate()
+                self.iterate_seconds += time.perf_counter() - ti
+                self.iterations += 1
+                for r in results:
                     t = r.get("token_ids")
                     if t is not None and t.numel():
                         now = time.perf_counter()
@@ -82,6 +106,45 @@ class RawExLlamaV3:
         import torch
 
         self.generator.close()
+        if self.draft is not None:
+            self.draft.unload()
         self.model.unload()
         gc.collect()
         torch.cuda.empty_cache()
+
+
+class Results:
+    """A benchmark's JSON results (rows of median/min/max summaries, and notes), rewritten after every row."""
+
+    def __init__(self, file_name: str) -> None:
+        self.file_name = file_name
+        self.data: dict[str, Any] = {"rows": {}, "notes": {}}
+
+    def _write(self, out: Path) -> None:
+        (out / self.file_name).write_text(json.dumps(self.data, indent=1))
+
+    def record(self, out: Path, section: str, name: str, runs: list[dict[str, float]]) -> None:
+        row = {k: summary([r[k] for r in runs]) for k in runs[0]}
+        self.data["rows"].setdefault(section, {})[name] = row
+        self._write(out)
+        cells = ", ".join(f"{k} {v['median']:.3f} [{v['min']:.3f}..{v['max']:.3f}]" for k, v in row.items())
+        print(f"[{section}] {name}: {cells}", flush=True)
+
+    def note(self, out: Path, key: str, value: Any) -> None:
+        self.data["notes"][key] = value
+        self._write(out)
+        print(f"note {key}: {value}", flush=True)
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options every GPU benchmark takes (``--out``, ``--reps``, ``--new``); NVLink multicast stays off."""
+    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--new", type=int, default=128)
+    return ap

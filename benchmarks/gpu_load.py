@@ -8,6 +8,9 @@ is taken in one run, interleaved, ``--reps`` times; medians with min and max are
   (16 ``acomplete`` gathered): aggregate tokens/s and median time to first token
 * callers64: 64 Jobs together vs 64 independent threads calling ``ExLlamaLLM.invoke()``, with
   exllamav3's default prefill cooldown (4) and with 0
+* profile: where the time of the 64-caller and ChatExLlama-batch paths goes: exllamav3's own
+  ``iterate()`` timed in both loops (the benchmark wraps the generator, the one private access here), for
+  ``stream_interval`` 1, 4 and 16, and with a shorter GIL switch interval
 * cache: 64 callers of 256 + 256 tokens with today's 8192-token cache vs ``cache_size="auto"``
 * prefix: ChatExLlama with a 4000-token shared system prompt, 8 questions: TTFT of calls 2-8 vs a warm
   prompt of the same length that shares nothing
@@ -20,10 +23,7 @@ is taken in one run, interleaved, ``--reps`` times; medians with min and max are
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import os
 import socket
 import statistics
 import subprocess
@@ -37,31 +37,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RawExLlamaV3, public_stream  # noqa: E402
+from _common import RawExLlamaV3, Results, parser, public_stream  # noqa: E402
 
 from fixture_models import LLAMA2_7B, make_llama  # noqa: E402
 
-SECTIONS = ("single", "batch16", "callers64", "cache", "prefix", "serve", "transformers")
-RESULTS: dict[str, Any] = {"rows": {}, "notes": {}}
-
-
-def summary(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
-
-
-def record(out: Path, section: str, name: str, runs: list[dict[str, float]]) -> None:
-    RESULTS["rows"].setdefault(section, {})[name] = {k: summary([r[k] for r in runs]) for k in runs[0]}
-    (out / "gpu_load.json").write_text(json.dumps(RESULTS, indent=1))
-    cells = ", ".join(
-        f"{k} {v['median']:.3f} [{v['min']:.3f}..{v['max']:.3f}]" for k, v in RESULTS["rows"][section][name].items()
-    )
-    print(f"[{section}] {name}: {cells}", flush=True)
-
-
-def note(out: Path, key: str, value: Any) -> None:
-    RESULTS["notes"][key] = value
-    (out / "gpu_load.json").write_text(json.dumps(RESULTS, indent=1))
-    print(f"note {key}: {value}", flush=True)
+SECTIONS = ("single", "batch16", "callers64", "profile", "cache", "prefix", "serve", "transformers")
+RESULTS = Results("gpu_load.json")
+record, note = RESULTS.record, RESULTS.note
 
 
 def prompt_text(rt: Any, n: int, seed: int = 0) -> str:
@@ -90,14 +72,10 @@ def interleave(out: Path, section: str, paths: dict[str, Callable[[], dict[str, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap = parser(__doc__)
     ap.add_argument("--sections", default=",".join(SECTIONS))
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--model", type=Path, default=Path("/tmp/models/llama7b-fp16"))
     args = ap.parse_args()
-    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
     args.out.mkdir(parents=True, exist_ok=True)
     sections = set(args.sections.split(","))
     if not (args.model / ".complete").exists():
@@ -119,7 +97,11 @@ def main() -> None:
     new = args.new
     rt = ExLlamaRuntime(args.model, "exllamav3", cache_size=32768)
     llm = ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=new)
-    raw = RawExLlamaV3(args.model, cache_tokens=32768) if sections & {"single", "batch16", "callers64"} else None
+    raw = (
+        RawExLlamaV3(args.model, cache_tokens=32768)
+        if sections & {"single", "batch16", "callers64", "profile"}
+        else None
+    )
 
     def raw_jobs(prompts: list[str]) -> dict[str, float]:
         assert raw is not None
@@ -215,6 +197,98 @@ def main() -> None:
         }
         interleave(args.out, "callers64", paths, args.reps)
         rt0.close()
+
+    if "profile" in sections:
+
+        def timed(target_rt: Any) -> dict[str, float]:
+            gen = target_rt._backend._generator  # profiling only: time exllamav3's iterate() inside our driver
+            stats = {"s": 0.0, "n": 0}
+            inner = gen.iterate
+
+            def iterate() -> Any:
+                t = time.perf_counter()
+                out = inner()
+                stats["s"] += time.perf_counter() - t
+                stats["n"] += 1
+                return out
+
+            gen.iterate = iterate
+            return stats
+
+        def profiled(stats: dict[str, float], run: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
+            def go() -> dict[str, float]:
+                s0, n0 = stats["s"], stats["n"]
+                t0 = time.perf_counter()
+                r = run()
+                wall, n = time.perf_counter() - t0, max(1, stats["n"] - n0)
+                return {
+                    **r,
+                    "iterate_ms": 1000 * (stats["s"] - s0) / n,
+                    "outside_ms": 1000 * (wall - stats["s"] + s0) / n,
+                }
+
+            return go
+
+        def raw_profiled(prompts: list[str]) -> Callable[[], dict[str, float]]:
+            def go() -> dict[str, float]:
+                assert raw is not None
+                s0, n0 = raw.iterate_seconds, raw.iterations
+                t0 = time.perf_counter()
+                r = raw_jobs(prompts)
+                wall, n = time.perf_counter() - t0, max(1, raw.iterations - n0)
+                return {
+                    **r,
+                    "iterate_ms": 1000 * (raw.iterate_seconds - s0) / n,
+                    "outside_ms": 1000 * (wall - raw.iterate_seconds + s0) / n,
+                }
+
+            return go
+
+        variants = {1: rt}
+        for k in (4, 16):
+            variants[k] = ExLlamaRuntime(args.model, "exllamav3", cache_size=24576, stream_interval=k)
+        stats = {k: timed(v) for k, v in variants.items()}
+        llms = {k: ExLlamaLLM(runtime=v, temperature=0, max_new_tokens=new) for k, v in variants.items()}
+        chats = {k: ChatExLlama(runtime=variants[k], temperature=0, max_tokens=new) for k in (1, 4)}
+
+        def chat16(k: int) -> Callable[[], dict[str, float]]:
+            def go() -> dict[str, float]:
+                t0 = time.perf_counter()
+                msgs = chats[k].batch([[("human", p)] for p in prompts16], ignore_eos=True)
+                wall = time.perf_counter() - t0
+                return {
+                    "tok_s": sum(m.usage_metadata["output_tokens"] for m in msgs) / wall,
+                    "ttft_s": statistics.median(m.response_metadata["time_to_first_token"] for m in msgs),
+                }
+
+            return go
+
+        def short_switch() -> dict[str, float]:
+            old = sys.getswitchinterval()
+            sys.setswitchinterval(0.0005)
+            try:
+                return callers(llms[1], prompts64)
+            finally:
+                sys.setswitchinterval(old)
+
+        paths = {
+            "raw exllamav3: 64 Jobs together": raw_profiled(prompts64),
+            **{
+                f"64 threads of ExLlamaLLM.invoke(), stream_interval {k}": profiled(
+                    stats[k], lambda k=k: callers(llms[k], prompts64)
+                )  # type: ignore[misc]
+                for k in (1, 4, 16)
+            },
+            "64 threads of ExLlamaLLM.invoke(), stream_interval 1, GIL switch interval 0.5 ms": profiled(
+                stats[1], short_switch
+            ),
+            "raw exllamav3: 16 Jobs together": raw_profiled(prompts16),
+            **{f"ChatExLlama.batch() of 16, stream_interval {k}": profiled(stats[k], chat16(k)) for k in (1, 4)},
+        }
+        interleave(args.out, "profile", paths, args.reps)
+        for k in (4, 16):
+            variants[k].close()
+        torch.cuda.empty_cache()
 
     if "prefix" in sections:
         chat = ChatExLlama(runtime=rt, temperature=0, max_tokens=8)

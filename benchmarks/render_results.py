@@ -27,6 +27,15 @@ RUNS = {
     "gpu_load_run2_serve.json": "run 2 (serving; readers coalesce; prefill_cooldown still exllamav3's 4 in both)",
     "gpu_load_run3.json": "run 3 (readers coalesce; prefill_cooldown 0 is our default)",
     "gpu_load_run4.json": "run 4 (single stream again; transformers baselines)",
+    "gpu_load_run5_profile.json": "run 5 (profile: exllamav3's iterate() timed inside both loops; `stream_interval` "
+    "1, 4, 16; ChatExLlama.batch() still LangChain's thread pool)",
+    "gpu_load_run6_profile.json": "run 6 (the same profile; ChatExLlama.batch() now runs as abatch() on one event "
+    "loop; the idle driver waits up to 50x `arrival_window` for a burst)",
+    "gpu_load_run7_single.json": "run 7 (single stream, 7 repetitions)",
+}
+SPECULATIVE = {
+    "gpu_speculative.json": "speculative decoding (`python benchmarks/gpu_speculative.py --reps 5`): each mode "
+    "interleaved with plain decoding of the same target (layers 2-31 with zero output projections)",
 }
 
 
@@ -34,19 +43,10 @@ def _cell(v: dict) -> str:
     return f"{v['median']:.3f} [{v['min']:.3f}..{v['max']:.3f}]"
 
 
-def _load_sections() -> list[str]:
-    """The H200 load benchmark (benchmarks/gpu_load.py): every cell is median [min..max] of interleaved runs."""
-    lines = [
-        "## Throughput under load, H200 (2026-12-01, `python benchmarks/gpu_load.py --sections ... --reps 5`)",
-        "",
-        "Llama-2-7B shape, fp16, random weights, exllamav3 1.6.5, prompt ~128 tokens, 128 new tokens, greedy.",
-        "Each cell is the median [min..max] of 5 interleaved repetitions, after a warm-up. `tok_s` of a",
-        "single stream is decode speed (tokens after the first over the time after the first); of a batch",
-        "or callers, aggregate tokens over wall time. Raw rows drive exllamav3's own Generator/Job loop",
-        "(benchmarks/_common.py); ours go through the public API.",
-        "",
-    ]
-    for name, label in RUNS.items():
+def _runs(runs: dict[str, str]) -> list[str]:
+    """One table per section of each committed run file (rows: paths; cells: median [min..max])."""
+    lines: list[str] = []
+    for name, label in runs.items():
         path = RESULTS / name
         if not path.exists():
             continue
@@ -61,6 +61,24 @@ def _load_sections() -> list[str]:
         notes = {k: v for k, v in data.get("notes", {}).items() if k not in ("gpu",)}
         if notes:
             lines += ["Notes: " + "; ".join(f"{k}: {v}" for k, v in notes.items()), ""]
+    return lines
+
+
+def _load_sections() -> list[str]:
+    """The H200 load benchmark (benchmarks/gpu_load.py): every cell is median [min..max] of interleaved runs."""
+    lines = [
+        "## Throughput under load, H200 (2026-12-01, `python benchmarks/gpu_load.py --sections ... --reps 5`)",
+        "",
+        "Llama-2-7B shape, fp16, random weights, exllamav3 1.6.5, prompt ~128 tokens, 128 new tokens, greedy.",
+        "Each cell is the median [min..max] of 5 interleaved repetitions, after a warm-up. `tok_s` of a",
+        "single stream is decode speed (tokens after the first over the time after the first); of a batch",
+        "or callers, aggregate tokens over wall time. Raw rows drive exllamav3's own Generator/Job loop",
+        "(benchmarks/_common.py); ours go through the public API.",
+        "",
+    ]
+    lines += _runs(RUNS)
+    lines += ["## Speculative decoding, H200 (2026-12-01, Llama-2-7B shape fp16, one stream, 128 new tokens)", ""]
+    lines += _runs(SPECULATIVE)
     cpu = RESULTS / "serve_cpu.json"
     if cpu.exists():
         d = json.loads(cpu.read_text())
@@ -175,7 +193,9 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in gpu["rows"]]
-    fig, ax = plt.subplots(figsize=(9, 4))
+    spec_path = RESULTS / "gpu_speculative.json"
+    fig, axes = plt.subplots(2 if spec_path.exists() else 1, 1, figsize=(9, 8 if spec_path.exists() else 4))
+    ax = axes[0] if spec_path.exists() else axes
     names = [r["path"].replace(": ", "\n") for r in rows]
     vals = [r["tokens_per_s"] for r in rows]
     colors = ["#888" if "raw" in r["path"] or r["path"].startswith("transformers") else "#2a6" for r in rows]
@@ -185,6 +205,22 @@ def main() -> None:
     ax.set_xlabel("tokens/s (Llama-2-7B shape, H200, greedy)")
     ax.invert_yaxis()
     ax.tick_params(axis="y", labelsize=7)
+    if spec_path.exists():  # speculative decoding: medians with min..max, each mode beside plain decoding
+        spec = json.loads(spec_path.read_text())["rows"]
+        labels, med, lo, hi = [], [], [], []
+        for mode, paths in spec.items():
+            for name, r in paths.items():
+                labels.append(f"{mode.split(':')[0].split(' (')[0]}: {name}")
+                t = r["tok_s"]
+                med.append(t["median"])
+                lo.append(t["median"] - t["min"])
+                hi.append(t["max"] - t["median"])
+        ax2 = axes[1]
+        colors2 = ["#888" if "raw" in x else "#2a6" for x in labels]
+        ax2.barh(labels, med, xerr=[lo, hi], color=colors2, capsize=2)
+        ax2.set_xlabel("tokens/s, one stream, speculative decoding (median, min..max), 7B shape, H200")
+        ax2.invert_yaxis()
+        ax2.tick_params(axis="y", labelsize=6)
     fig.tight_layout()
     fig.savefig(RESULTS / "gpu_throughput.png", dpi=110)
 

@@ -125,8 +125,14 @@ def make_llama(
     group_size: int = 128,
     device: str = "cuda",
     write_twin: bool = True,
+    zero_after: int | None = None,
 ) -> Path:
-    """Write a random-weight Llama model to ``out`` (and ``out``-fp16 twin when ``gptq``). Returns ``out``."""
+    """Write a random-weight Llama model to ``out`` (and ``out``-fp16 twin when ``gptq``). Returns ``out``.
+
+    ``zero_after=k``: layers k and later get zero output projections (o_proj, down_proj), so they add
+    nothing to the residual stream and the model computes what its first k layers compute (see
+    :func:`first_layers`: the best case for a draft model).
+    """
     import torch
     from safetensors.torch import save_file
 
@@ -161,6 +167,8 @@ def make_llama(
             std = 1.0 / fan_in**0.5
             if not gptq:
                 dense[p + name + ".weight"] = randn(fan_out, fan_in, std=std)
+                if zero_after is not None and i >= zero_after and name in ("self_attn.o_proj", "mlp.down_proj"):
+                    dense[p + name + ".weight"].zero_()
                 continue
             groups = fan_in // group_size
             q = torch.randint(0, 16, (fan_in, fan_out), generator=g, device=device)
@@ -227,8 +235,24 @@ def twin(gptq_dir: Path) -> Path:
     return gptq_dir.with_name(gptq_dir.name + "-fp16")
 
 
+def first_layers(src: Path, out: Path, layers: int) -> Path:
+    """A copy of the fp16 model ``src`` with only its first ``layers`` layers (same embeddings, norm, head)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(src / "model.safetensors"))
+    keep = {k: v for k, v in tensors.items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(keep, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (out / f).write_bytes((src / f).read_bytes())
+    return out
+
+
 def make_lora(
-    gptq_dir: Path,
+    model_dir: Path,
     out: Path,
     seed: int = 0,
     r: int = 8,
@@ -236,21 +260,23 @@ def make_lora(
     targets: tuple[str, ...] = ("q_proj", "v_proj"),
     device: str = "cuda",
 ) -> Path:
-    """A random PEFT LoRA adapter for a GPTQ fixture, and (beside the model's fp16 twin) the merged twin.
+    """A random PEFT LoRA adapter for a fixture, and its merged twin ``<fp16 dir>-lora`` (see :func:`merged`).
 
-    The merged twin ``<gptq_dir>-fp16-lora`` holds W + (alpha / r) * B @ A, which is what the oracle runs.
+    ``model_dir`` is an fp16 fixture, or a GPTQ one (its fp16 twin is the base). The merged twin holds
+    W + (alpha / r) * B @ A, which is what the oracle runs. Targets are attention (q/k/v/o_proj) or MLP
+    (gate/up/down_proj) projections.
     """
     import torch
     from safetensors.torch import load_file, save_file
 
     g = torch.Generator(device=device).manual_seed(seed)
-    base = twin(gptq_dir)
+    base = twin(model_dir) if twin(model_dir).is_dir() else model_dir
     dense = {k: v.to(device) for k, v in load_file(str(base / "model.safetensors")).items()}
     config = json.loads((base / "config.json").read_text())
     adapter: dict[str, Any] = {}
     for i in range(config["num_hidden_layers"]):
         for t in targets:
-            key = f"model.layers.{i}.self_attn.{t}"
+            key = f"model.layers.{i}.{'mlp' if t in ('gate_proj', 'up_proj', 'down_proj') else 'self_attn'}.{t}"
             w = dense[key + ".weight"]
             a = (torch.randn(r, w.shape[1], generator=g, device=device) / w.shape[1] ** 0.5).to(torch.float16)
             b = (torch.randn(w.shape[0], r, generator=g, device=device) * 0.05).to(torch.float16)
@@ -272,9 +298,15 @@ def make_lora(
             }
         )
     )
-    merged = base.with_name(base.name + "-lora")
-    merged.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.cpu().contiguous() for k, v in dense.items()}, str(merged / "model.safetensors"))
+    dest = merged(model_dir)
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.cpu().contiguous() for k, v in dense.items()}, str(dest / "model.safetensors"))
     for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        (merged / f).write_bytes((base / f).read_bytes())
+        (dest / f).write_bytes((base / f).read_bytes())
     return out
+
+
+def merged(model_dir: Path) -> Path:
+    """Where :func:`make_lora` writes a fixture's merged-weights twin."""
+    base = twin(model_dir) if twin(model_dir).is_dir() else model_dir
+    return base.with_name(base.name + "-lora")

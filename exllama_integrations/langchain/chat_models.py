@@ -7,7 +7,9 @@ metadata) is decided in :mod:`exllama_integrations.runtime.chat`, the same for L
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -18,7 +20,7 @@ from langchain_core.messages import AIMessage, BaseMessage, convert_to_messages
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
 from langchain_core.output_parsers.pydantic import PydanticOutputParser
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -109,6 +111,31 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         return prepare_chat(self._runtime, request), settings
 
     # ----------------------------------------------------------------- generation
+
+    def batch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[AIMessage]:  # type: ignore[override]
+        """LangChain's ``batch``, run as :meth:`abatch` on one event loop, so every input reaches the backend at once.
+
+        LangChain's default ``batch`` gives each input a thread from a pool of ``min(32, CPUs + 4)``: a batch
+        runs in waves on small machines, and on a GPU the threads reach the backend one by one, while its
+        driver holds the GIL, so their jobs start over several steps instead of prefilling together. Callbacks,
+        ``max_concurrency`` and ``return_exceptions`` behave as in LangChain's ``abatch``.
+        """
+        if not inputs:
+            return []
+        ctx = contextvars.copy_context()  # tracing and callback context, as the caller's thread has it
+
+        def run() -> list[Any]:
+            return asyncio.run(self.abatch(inputs, config, return_exceptions=return_exceptions, **kwargs))
+
+        with ThreadPoolExecutor(1, thread_name_prefix="exllama-chat-batch") as pool:  # works under a running loop too
+            return pool.submit(ctx.run, run).result()  # type: ignore[no-any-return]
 
     def _stream(
         self,

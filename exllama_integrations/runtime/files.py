@@ -183,3 +183,33 @@ def safetensors_header(path: Path) -> dict[str, Any]:
             "re-download it."
         )
     return header
+
+
+def peft_adapter(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
+    """A PEFT LoRA adapter's config and its weights file, checked before any backend reads them.
+
+    Raises:
+        InvalidSettingsError: not a directory, no adapter_config.json or adapter_model.safetensors (only
+            safetensors are read), a config without ``r`` / ``lora_alpha``, or a corrupt weights header.
+    """
+    from ..errors import InvalidSettingsError
+
+    root = Path(directory).expanduser()
+    config_path, weights = root / "adapter_config.json", root / "adapter_model.safetensors"
+    if not root.is_dir():
+        raise InvalidSettingsError(f"lora_dir {str(root)!r} is not a directory; give a PEFT adapter's folder.")
+    if not config_path.is_file() or not weights.is_file():
+        raise InvalidSettingsError(
+            f"{root} is not a PEFT LoRA adapter: it needs adapter_config.json and adapter_model.safetensors "
+            "(only safetensors are read; convert a .bin adapter with safetensors first)."
+        )
+    try:
+        config = read_json(config_path, "adapter_config.json")
+        safetensors_header(weights)
+    except InvalidModelError as e:
+        raise InvalidSettingsError(f"LoRA adapter {root}: {e}") from None
+    if not isinstance(config.get("r"), int) or not isinstance(config.get("lora_alpha"), (int, float)):
+        raise InvalidSettingsError(f"{config_path} lacks an integer 'r' and a numeric 'lora_alpha'.")
+    if config.get("fan_in_fan_out"):
+        raise InvalidSettingsError(f"{config_path}: fan_in_fan_out adapters (GPT-2 style Conv1D) are not supported.")
+    return config, weights

@@ -2,7 +2,8 @@
 # One call on the lent GPU machine (see tests/gpu/README.md): install what was carried, then run
 #   tests:  the GPU test suite, output in $OUT/gpu_tests.txt
 #   bench:  benchmarks/gpu_load.py, JSON in $OUT
-# Usage: bash tests/gpu/run_on_device.sh tests|bench [pytest -k / gpu_load.py args]
+#   spec:   benchmarks/gpu_speculative.py, JSON in $OUT
+# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec [pytest -k / benchmark args]
 set -u
 source tests/gpu/device_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -12,8 +13,11 @@ python3 -c "import torch; from importlib.metadata import version as v; print('to
 case "${1:-tests}" in
   tests)
     shift || true
-    python3 -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu_tests.txt" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|max logit|decode steps|close\(\)|auto cache|agrees|tokens/s|Error" ;;
+    python3 -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu_tests.txt" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|max logit|decode steps|close\(\)|auto cache|agrees|tokens/s|LoRA|speculative|Error" ;;
   bench)
     shift || true
     python3 benchmarks/gpu_load.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_load.txt" | grep -vE "^\s*$" | tail -60 ;;
+  spec)
+    shift || true
+    python3 benchmarks/gpu_speculative.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_speculative.txt" | grep -vE "^\s*$" | tail -40 ;;
 esac

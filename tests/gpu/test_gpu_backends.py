@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fixture_models import make_lora, twin
+from fixture_models import make_lora, merged, twin
 
 pytestmark = pytest.mark.gpu
 
@@ -254,12 +254,12 @@ def test_exllama_v1_lora_matches_the_merged_oracle(fixtures: dict[str, Path], tm
     from exllama_integrations import ExLlamaRuntime
 
     lora = make_lora(fixtures["gptq"], tmp_path / "lora", seed=5)
-    merged = twin(fixtures["gptq"]).with_name(twin(fixtures["gptq"]).name + "-lora")
-    oracle = ExLlamaRuntime(merged, "transformers", device="cuda", dtype="float32")
+    merged_dir = merged(fixtures["gptq"])
+    oracle = ExLlamaRuntime(merged_dir, "transformers", device="cuda", dtype="float32")
     want = oracle.generate(PROMPT, **GREEDY)
     ids = oracle.encode(PROMPT, add_special_tokens=True)
     oracle.close()
-    ref = _oracle_logits(merged, ids)
+    ref = _oracle_logits(merged_dir, ids)
     plain = ExLlamaRuntime(fixtures["gptq"], "exllama")
     without = plain.generate(PROMPT, **GREEDY).token_ids
     plain.close()
@@ -277,7 +277,7 @@ def test_exllama_v1_lora_matches_the_merged_oracle(fixtures: dict[str, Path], tm
         print(f"exllama v1 + LoRA vs merged oracle: max logit diff {diff:.4f} (tolerance {tol:.4f})")
         assert diff <= tol
         assert got.token_ids != without  # the adapter changes the output
-        _assert_greedy_equivalent(got.token_ids, want.token_ids, merged, ids, tol)
+        _assert_greedy_equivalent(got.token_ids, want.token_ids, merged_dir, ids, tol)
     finally:
         rt.close()
 

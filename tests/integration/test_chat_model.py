@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -261,3 +262,43 @@ def test_small_model_structured_output_with_no_repeat_ngram(chat: ChatExLlama):
         "Tell me a joke about cats.", max_tokens=100, no_repeat_ngram_size=3
     )
     assert joke.setup and joke.punchline
+
+
+def test_batch_runs_every_input_at_once(chat: ChatExLlama):
+    """LangChain's default pool (min(32, CPUs + 4) threads) would run a batch of 8 in waves on a small machine."""
+    import threading
+
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    class Overlap(BaseCallbackHandler):
+        def on_chat_model_start(self, *args, **kwargs):
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+
+        def on_llm_end(self, *args, **kwargs):
+            with lock:
+                running[0] -= 1
+
+    msgs = chat.batch([f"Say the number {i}." for i in range(8)], config={"callbacks": [Overlap()]}, max_tokens=6)
+    assert peak[0] == 8
+    assert [m.content for m in msgs[:2]] == [
+        chat.invoke(f"Say the number {i}.", max_tokens=6).content for i in range(2)
+    ]
+
+    async def inside_a_running_loop():  # a notebook cell: chat.batch() while a loop runs in this thread
+        return chat.batch(["Say the number 0."], max_tokens=6)
+
+    assert asyncio.run(inside_a_running_loop())[0].content == msgs[0].content
+    limited = [0]
+
+    class Limited(Overlap):
+        def on_chat_model_start(self, *args, **kwargs):
+            super().on_chat_model_start()
+            limited[0] = max(limited[0], running[0])
+
+    running[0] = 0
+    chat.batch(["Hi."] * 4, config={"callbacks": [Limited()], "max_concurrency": 1}, max_tokens=2)
+    assert limited[0] == 1  # a max_concurrency you set is kept

@@ -6,9 +6,9 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from .base import BackendOptions, RawLogprob
+from .base import BackendOptions, RawLogprob, TokenStep
 
 if TYPE_CHECKING:
     from ..model_dir import ModelDirectory
@@ -35,11 +35,14 @@ def cache_bytes_per_token(config: dict[str, Any], cache_bits: int | tuple[int, i
     return layers * kv * head_dim * (k + v) / 8
 
 
-def auto_cache_tokens(model: ModelDirectory, options: ExLlamaV3Options, context: int) -> tuple[int, dict[str, Any]]:
+def auto_cache_tokens(
+    model: ModelDirectory, options: ExLlamaV3Options, context: int, draft: ModelDirectory | None = None
+) -> tuple[int, dict[str, Any]]:
     """The cache size for ``cache_size="auto"``, and how it was chosen (for the log and model info).
 
     Free memory on the devices the model loads on, times ``cache_memory``, less the weights (their
     size on disk) and a reserve for activations; at most ``max_batch_size`` jobs of the full context.
+    A draft model's weights and its cache (as large as the main one) count too.
     """
     import torch
 
@@ -47,8 +50,9 @@ def auto_cache_tokens(model: ModelDirectory, options: ExLlamaV3Options, context:
     if options.device and not options.gpu_split:
         devices = [torch.device(options.device).index or 0]
     free = sum(torch.cuda.mem_get_info(d)[0] for d in devices)
-    weights = sum(p.stat().st_size for p in model.weight_files)
-    per_token = cache_bytes_per_token(model.config, options.cache_bits)
+    models = [model] if draft is None else [model, draft]
+    weights = sum(p.stat().st_size for m in models for p in m.weight_files)
+    per_token = sum(cache_bytes_per_token(m.config, options.cache_bits) for m in models)
     budget = free * options.cache_memory - weights - RESERVE
     most = options.max_batch_size * context
     tokens = max(PAGE, min(int(budget // per_token), most) // PAGE * PAGE)
@@ -88,8 +92,23 @@ class ExLlamaV3Options(BackendOptions):
     arriving ms apart on the H200, cost 44% of the throughput and 3.5x the time to first token."""
     progressbar: bool | None = None
     """A progress bar while loading; None: when stderr is a terminal or in a notebook."""
-    lora_dir: str | None = None
-    """Refused on exllamav3 for now (use backend='exllama' for LoRA)."""
+    stream_interval: int = Field(default=1, ge=1, le=64)
+    """While other jobs decode too, hand a request its tokens every this many steps (all at once when it
+    ends); 1: every step. Larger values wake each caller's thread less often under load."""
+    arrival_window: float = Field(default=0.002, ge=0.0, le=0.1)
+    """Seconds the idle driver waits for more requests after one arrives (until none came for this long,
+    at most 50x), so that a burst of calls (a LangChain ``batch``, ``asyncio.gather``) prefills together."""
+    lora_dir: str | list[str] | None = None
+    """PEFT LoRA adapter directories (adapter_config.json + adapter_model.safetensors), applied to every job."""
+    lora_scaling: float | list[float] = 1.0
+    """Scale of each adapter (on top of its alpha / r): one for all, or one per ``lora_dir``."""
+    draft_model_dir: str | None = None
+    """A smaller model with the same vocabulary that drafts tokens for speculative decoding."""
+    num_draft_tokens: int | None = Field(default=None, ge=1, le=32)
+    """Tokens drafted per step with ``draft_model_dir`` or ``ngram_match_min``; None: exllamav3's 4."""
+    ngram_match_min: int = Field(default=0, ge=0, le=64)
+    """Speculative decoding with no draft model: draft from the job's own context where its last this many
+    tokens occurred before (0: off)."""
 
     @field_validator("cache_size")
     @classmethod
@@ -98,6 +117,28 @@ class ExLlamaV3Options(BackendOptions):
             raise ValueError('cache_size must be "auto" or an int of at least 256 tokens')
         return v
 
+    @model_validator(mode="after")
+    def _extras(self) -> ExLlamaV3Options:
+        dirs = self.lora_dirs
+        if isinstance(self.lora_scaling, list) and len(self.lora_scaling) != len(dirs):
+            raise ValueError(f"lora_scaling has {len(self.lora_scaling)} values for {len(dirs)} lora_dir entries")
+        if self.draft_model_dir and self.ngram_match_min:
+            raise ValueError("draft_model_dir and ngram_match_min are two ways to draft: choose one")
+        if self.num_draft_tokens is not None and not (self.draft_model_dir or self.ngram_match_min):
+            raise ValueError("num_draft_tokens needs draft_model_dir or ngram_match_min")
+        return self
+
+    @property
+    def lora_dirs(self) -> list[str]:
+        """``lora_dir`` as a list."""
+        return [self.lora_dir] if isinstance(self.lora_dir, str) else list(self.lora_dir or [])
+
+    @property
+    def lora_scalings(self) -> list[float]:
+        """One scale per adapter."""
+        s = self.lora_scaling
+        return list(s) if isinstance(s, list) else [float(s)] * len(self.lora_dirs)
+
     @field_validator("cache_bits")
     @classmethod
     def _bits(cls, v: Any) -> Any:
@@ -105,6 +146,32 @@ class ExLlamaV3Options(BackendOptions):
         if v is not None and not all(isinstance(b, int) and 2 <= b <= 8 for b in pair):
             raise ValueError("cache_bits must be 2..8, or a (k_bits, v_bits) pair of those")
         return v
+
+
+def cache_kwargs(options: ExLlamaV3Options) -> dict[str, Any]:
+    """exllamav3 ``Cache`` arguments for ``cache_bits`` (empty: fp16)."""
+    if options.cache_bits is None:
+        return {}
+    from exllamav3.cache import CacheLayer_quant
+
+    k, v = options.cache_bits if isinstance(options.cache_bits, tuple) else (options.cache_bits,) * 2
+    return {"layer_type": CacheLayer_quant, "k_bits": k, "v_bits": v}
+
+
+def generator_kwargs(options: ExLlamaV3Options, chunk: int) -> dict[str, Any]:
+    """exllamav3 ``Generator`` arguments from our options (a draft model is added by the caller)."""
+    kw: dict[str, Any] = {"max_batch_size": options.max_batch_size, "max_chunk_size": chunk}
+    if options.prefill_cooldown is not None:
+        kw["prefill_cooldown"] = options.prefill_cooldown
+    if options.ngram_match_min:
+        kw["ngram_match_min"] = options.ngram_match_min
+    if options.num_draft_tokens is not None:
+        kw["num_draft_tokens"] = options.num_draft_tokens
+    if options.cpu_cache_size:
+        kw["cpu_cache_size"] = options.cpu_cache_size
+        if options.disk_cache_dir:
+            kw["disk_cache_dir"] = options.disk_cache_dir
+    return kw
 
 
 def sampler_for(settings: Any) -> Any:
@@ -161,3 +228,26 @@ def tokens_of(r: dict[str, Any], k: int | None) -> tuple[list[int], tuple[RawLog
         tp = r["top_k_probs"].reshape(len(tokens), -1).tolist()
         tops = [tuple((int(a), math.log(max(b, 1e-30))) for a, b in zip(ts, ps))[:k] for ts, ps in zip(tt, tp)]
     return tokens, tuple(RawLogprob(t, math.log(max(p, 1e-30)), top) for t, p, top in zip(tokens, probs, tops))
+
+
+class LiveJob:
+    """A job the driver runs, with the tokens it holds back for its reader (see ``stream_interval``)."""
+
+    __slots__ = ("job", "lps", "req", "steps", "tokens")
+
+    def __init__(self, job: Any, req: Any) -> None:
+        self.job, self.req = job, req
+        self.tokens: list[int] = []
+        self.lps: list[Any] | None = None
+        self.steps = 0
+
+    def hold(self, tokens: list[int], lps: tuple[Any, ...] | None, step: bool = True) -> None:
+        self.tokens += tokens
+        if lps is not None:
+            self.lps = [*(self.lps or ()), *lps]
+        self.steps += step
+
+    def take(self, finish: Any = None) -> TokenStep:
+        out = TokenStep(tuple(self.tokens), tuple(self.lps) if self.lps is not None else None, finish)
+        self.tokens, self.lps, self.steps = [], None, 0
+        return out

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendUnavailableError, InvalidSettingsError, MissingDependencyError, ModelLoadError
-from ..model_dir import ModelDirectory, safetensors_header
+from ..files import peft_adapter
+from ..model_dir import ModelDirectory
 from ._logits import LogitsBackend, LogitsSession, release
 from .base import BackendOptions, cuda_available, unsupported
 
@@ -217,14 +218,8 @@ class ExLlamaV1Backend(LogitsBackend):
             if options.lora_dir:
                 from exllama.lora import ExLlamaLora
 
-                lora_dir = Path(options.lora_dir)
-                weights = lora_dir / "adapter_model.safetensors"
-                if not weights.is_file():
-                    raise InvalidSettingsError(
-                        f"{lora_dir} has no adapter_model.safetensors (only safetensors are read)."
-                    )
-                safetensors_header(weights)
-                self._lora = ExLlamaLora(self._model, str(lora_dir / "adapter_config.json"), str(weights))
+                _, weights = peft_adapter(options.lora_dir)
+                self._lora = ExLlamaLora(self._model, str(weights.with_name("adapter_config.json")), str(weights))
         except (InvalidSettingsError, ModelLoadError):
             self._free()
             raise

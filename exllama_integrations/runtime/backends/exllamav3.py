@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendUnavailableError, InvalidSettingsError, ModelLoadError
+from ...errors import BackendUnavailableError, InvalidSettingsError, ModelLoadError, UnsupportedModelError
+from ..files import peft_adapter
 from ..model_dir import ModelDirectory
+from ._exllamav3_extras import inspect_draft, load_draft, load_loras
 from ._exllamav3_util import (
     ExLlamaV3Options,
+    LiveJob,
     auto_cache_tokens,
+    cache_kwargs,
+    generator_kwargs,
     sampler_for,
     show_progress,
     tokens_of,
@@ -94,12 +100,14 @@ class ExLlamaV3Backend(Backend):
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
         assert isinstance(options, ExLlamaV3Options)
-        if options.lora_dir:
-            raise InvalidSettingsError(
-                "LoRA is not wired on the exllamav3 backend yet; merge the adapter into the weights, "
-                "or use backend='exllama' (v1) with lora_dir."
-            )
-        self._model = self._cache = self._generator = None
+        for directory in options.lora_dirs:
+            peft_adapter(directory)  # a bad adapter is refused before the weights load
+        draft = inspect_draft(options, model)
+        if draft is not None:
+            self.check_model(draft)
+        self._model = self._cache = self._generator = self._draft = None
+        self._loras: list[Any] = []
+        self._unfused = 0
         try:
             config = Config.from_directory(str(model.path))
             self._model = Model.from_config(config)
@@ -108,16 +116,11 @@ class ExLlamaV3Backend(Backend):
             context = min(options.max_seq_len or model.context_length, model.context_length)
             self._sizing: dict[str, Any] = {}
             if options.cache_size == "auto":
-                cache_tokens, self._sizing = auto_cache_tokens(model, options, context)
+                cache_tokens, self._sizing = auto_cache_tokens(model, options, context, draft)
             else:
                 cache_tokens = whole_pages(int(options.cache_size))
             chunk = min(options.max_chunk_size or 2048, cache_tokens)  # a prefill chunk must fit the cache
-            cache_kw: dict[str, Any] = {}
-            if options.cache_bits is not None:
-                from exllamav3.cache import CacheLayer_quant
-
-                k, v = options.cache_bits if isinstance(options.cache_bits, tuple) else (options.cache_bits,) * 2
-                cache_kw = {"layer_type": CacheLayer_quant, "k_bits": k, "v_bits": v}
+            cache_kw = cache_kwargs(options)
             self._cache = Cache(self._model, max_num_tokens=cache_tokens, **cache_kw)
             load_kw: dict[str, Any] = {"progressbar": show_progress(options.progressbar), "max_chunk_size": chunk}
             if options.gpu_split:
@@ -125,16 +128,14 @@ class ExLlamaV3Backend(Backend):
             elif options.device:
                 load_kw["device"] = options.device
             self._model.load(**load_kw)
+            self._loras, self._unfused = load_loras(self._model, options)
             self._xtok = Tokenizer.from_config(config)
-            gen_kw: dict[str, Any] = {"max_batch_size": options.max_batch_size, "max_chunk_size": chunk}
-            if options.prefill_cooldown is not None:
-                gen_kw["prefill_cooldown"] = options.prefill_cooldown
-            if options.cpu_cache_size:
-                gen_kw["cpu_cache_size"] = options.cpu_cache_size
-                if options.disk_cache_dir:
-                    gen_kw["disk_cache_dir"] = options.disk_cache_dir
+            gen_kw = generator_kwargs(options, chunk)
+            if draft is not None:
+                self._draft = load_draft(draft, cache_tokens, cache_kw, load_kw)
+                gen_kw.update(draft_model=self._draft[0], draft_cache=self._draft[1])
             self._generator = Generator(self._model, self._cache, self._xtok, **gen_kw)
-        except (InvalidSettingsError, ModelLoadError):
+        except (InvalidSettingsError, ModelLoadError, UnsupportedModelError):
             self._free()
             raise
         except (AssertionError, ValueError, KeyError, RuntimeError, torch.cuda.OutOfMemoryError) as e:
@@ -143,6 +144,9 @@ class ExLlamaV3Backend(Backend):
         self._context = min(context, cache_tokens)
         self._cache_tokens = cache_tokens
         self._batch = options.max_batch_size
+        self._interval, self._window = options.stream_interval, options.arrival_window
+        self._speculative = "draft model" if draft is not None else "n-gram" if options.ngram_match_min else None
+        self._arrived = 0.0
         self._full_context_jobs = cache_tokens // whole_pages(self._context)
         logger.info(
             "exllamav3: cache of %d tokens (%d jobs of the full %d-token context at once) %s",
@@ -172,6 +176,9 @@ class ExLlamaV3Backend(Backend):
             "max_batch_size": self._batch,
             "jobs_of_1024_tokens": self._cache_tokens // 1024,
             "jobs_of_the_full_context": self._full_context_jobs,
+            "lora": [getattr(lora, "name", "") for lora in self._loras],
+            **({"lora_fused_paths_off": self._unfused} if self._loras else {}),
+            "speculative": self._speculative,
             **({"cache_sizing": self._sizing} if self._sizing else {}),
         }
 
@@ -205,37 +212,52 @@ class ExLlamaV3Backend(Backend):
         with self._cv:
             if not self._closing:
                 self._inbox.extend(jobs)
+                self._arrived = time.monotonic()
                 self._cv.notify()
                 return
         fail_all([r for _, r in jobs])
 
     # ------------------------------------------------------------------ driver thread
 
+    def _take_inbox(self, idle: bool) -> list[tuple[Any, BackendRequest]] | None:
+        """The requests handed in since the last step (None when closing); from idle, a burst's worth."""
+        with self._cv:
+            while not self._closing and not self._inbox and idle:
+                self._cv.wait()
+            if idle and self._window:
+                deadline = time.monotonic() + 50 * self._window
+                while not self._closing and (now := time.monotonic()) < deadline:
+                    quiet = self._arrived + self._window - now
+                    if quiet <= 0:
+                        break
+                    self._cv.wait(min(quiet, deadline - now))
+            if self._closing:
+                return None
+            incoming = list(self._inbox)
+            self._inbox.clear()
+            return incoming
+
     def _drive(self) -> None:
         import torch
 
         gen: Any = self._generator
-        live: dict[int, tuple[Any, BackendRequest]] = {}
+        live: dict[int, LiveJob] = {}
         try:
             while True:
-                with self._cv:
-                    while not self._closing and not self._inbox and not live:
-                        self._cv.wait()
-                    if self._closing:
-                        break
-                    incoming = list(self._inbox)
-                    self._inbox.clear()
+                incoming = self._take_inbox(idle=not live)
+                if incoming is None:
+                    break
                 for job, req in incoming:
                     try:
                         gen.enqueue(job)
-                        live[id(job)] = (job, req)
+                        live[id(job)] = LiveJob(job, req)
                     except Exception as e:  # noqa: BLE001 - a bad job must not stop the driver
                         req.emit(TokenStep(finish="error", error=e))
-                for key, (job, req) in list(live.items()):
-                    if req.cancel.is_set():
-                        gen.cancel(job)
+                for key, entry in list(live.items()):
+                    if entry.req.cancel.is_set():
+                        gen.cancel(entry.job)
                         del live[key]
-                        req.emit(TokenStep(finish="cancelled"))
+                        entry.req.emit(TokenStep(finish="cancelled"))
                 if not live:
                     continue
                 try:
@@ -243,58 +265,59 @@ class ExLlamaV3Backend(Backend):
                         results = gen.iterate()
                 except Exception as e:  # noqa: BLE001 - fail every caller, keep serving
                     logger.exception("exllamav3 iterate() failed")
-                    for job, req in live.values():
-                        gen.cancel(job)
-                        req.emit(TokenStep(finish="error", error=e))
+                    for entry in live.values():
+                        gen.cancel(entry.job)
+                        entry.req.emit(TokenStep(finish="error", error=e))
                     live.clear()
                     continue
+                interval = self._interval if len(live) > 1 else 1
                 for r in results:
-                    entry = live.get(id(r.get("job")))
-                    if entry is not None and self._deliver(r, entry[1]):
+                    found = live.get(id(r.get("job")))
+                    if found is not None and self._deliver(r, found, interval):
                         del live[id(r["job"])]
         except BaseException as e:  # noqa: BLE001 - never leave a reader waiting
             logger.exception("exllamav3 driver stopped")
-            fail_all([req for _, req in live.values()], e)
+            fail_all([entry.req for entry in live.values()], e)
             live.clear()
         finally:
-            for job, req in live.values():
+            for entry in live.values():
                 try:
-                    gen.cancel(job)
+                    gen.cancel(entry.job)
                 except Exception:  # noqa: BLE001 - the generator is going away anyway
                     logger.debug("cancel on close failed", exc_info=True)
-                req.emit(TokenStep(finish="cancelled"))
+                entry.req.emit(TokenStep(finish="cancelled"))
             with self._cv:
                 self._closing = True
                 pending = [req for _, req in self._inbox]
                 self._inbox.clear()
             fail_all(pending)
 
-    def _deliver(self, r: dict[str, Any], req: BackendRequest) -> bool:
-        """Hand one iteration's result to its request; True when the job has ended."""
+    def _deliver(self, r: dict[str, Any], entry: LiveJob, interval: int) -> bool:
+        """Hand one iteration's result to its request (every ``interval`` steps); True when the job has ended."""
+        req = entry.req
         if r.get("stage") == "error":
             req.emit(TokenStep(finish="error", error=r.get("error") or RuntimeError("exllamav3 job failed")))
             return True
         if r.get("stage") != "streaming":
             return False  # prefill progress
         tokens, lps = tokens_of(r, req.settings.logprobs)
+        entry.hold(tokens, lps)
         if not r.get("eos"):
-            if tokens:
-                req.emit(TokenStep(tuple(tokens), lps))
+            if entry.steps >= interval and entry.tokens:
+                req.emit(entry.take())
             return False
         reason = r.get("eos_reason")
         if reason == "stop_token":
             # exllamav3 holds the stop token (and any pieces before it) back; pass them on so that the
             # runtime names the finish (eos or stop) and counts it, as on every other backend
             held, held_lps = tokens_of(r.get("held") or {}, req.settings.logprobs)
-            tokens += held
-            if held_lps is not None:
-                lps = (lps or ()) + held_lps
+            entry.hold(held, held_lps, step=False)
             stop = int(r["eos_triggering_token_id"])
-            if tokens[-1:] != [stop]:
-                tokens.append(stop)
-            req.emit(TokenStep(tuple(tokens), lps, "stop_token"))
+            if entry.tokens[-1:] != [stop]:
+                entry.hold([stop], None, step=False)
+            req.emit(entry.take("stop_token"))
         else:
-            req.emit(TokenStep(tuple(tokens), lps, "length" if reason == "max_new_tokens" else "end"))
+            req.emit(entry.take("length" if reason == "max_new_tokens" else "end"))
         return True
 
     def close(self) -> None:
@@ -311,6 +334,12 @@ class ExLlamaV3Backend(Backend):
         self._free()
 
     def _free(self) -> None:
-        generator, model = self._generator, self._model
-        self._generator = self._cache = self._model = None
-        release((generator, "close"), (model, "unload"))
+        generator, model, draft, loras = self._generator, self._model, self._draft, self._loras
+        self._generator = self._cache = self._model = self._draft = None
+        self._loras = []
+        release(
+            (generator, "close"),
+            *((lora, "unload") for lora in loras),
+            (draft[0] if draft else None, "unload"),
+            (model, "unload"),
+        )

@@ -1,0 +1,159 @@
+"""The exllamav3 backend's own logic, without a GPU: its options, the burst window and stream_interval grouping.
+
+The generator itself runs on the lent GPU (tests/gpu); here the driver's bookkeeping is fed results shaped
+like exllamav3 1.6.5's ``iterate()`` output.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+
+import pytest
+
+from exllama_integrations.errors import InvalidSettingsError, ModelNotFoundError
+from exllama_integrations.runtime.backends import options_for
+from exllama_integrations.runtime.backends._exllamav3_util import LiveJob
+from exllama_integrations.runtime.backends.base import BackendRequest, TokenStep
+from exllama_integrations.runtime.backends.exllamav3 import ExLlamaV3Backend
+from exllama_integrations.runtime.files import peft_adapter
+from exllama_integrations.runtime.settings import GenerationSettings
+
+
+def _options(**kw):
+    return options_for(ExLlamaV3Backend, kw)
+
+
+def test_lora_and_draft_options_are_checked_by_name():
+    o = _options(lora_dir=["/a", "/b"], lora_scaling=[1.0, 0.5])
+    assert o.lora_dirs == ["/a", "/b"] and o.lora_scalings == [1.0, 0.5]
+    assert _options(lora_dir="/a", lora_scaling=0.5).lora_scalings == [0.5]
+    with pytest.raises(InvalidSettingsError, match="lora_scaling has 1 values for 2"):
+        _options(lora_dir=["/a", "/b"], lora_scaling=[1.0])
+    with pytest.raises(InvalidSettingsError, match="choose one"):
+        _options(draft_model_dir="/d", ngram_match_min=2)
+    with pytest.raises(InvalidSettingsError, match="num_draft_tokens needs"):
+        _options(num_draft_tokens=4)
+    with pytest.raises(InvalidSettingsError, match="did you mean 'draft_model_dir'"):
+        _options(draft_model=4)
+
+
+def test_peft_adapter_is_checked_before_anything_loads(tmp_path):
+    with pytest.raises(InvalidSettingsError, match="not a directory"):
+        peft_adapter(tmp_path / "missing")
+    with pytest.raises(InvalidSettingsError, match="needs adapter_config.json and adapter_model.safetensors"):
+        peft_adapter(tmp_path)
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"\x08")
+    with pytest.raises(InvalidSettingsError, match="truncated"):
+        peft_adapter(tmp_path)
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"x": np.zeros(2, dtype=np.float16)}, str(tmp_path / "adapter_model.safetensors"))
+    with pytest.raises(InvalidSettingsError, match="lora_alpha"):
+        peft_adapter(tmp_path)
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16}))
+    config, weights = peft_adapter(tmp_path)
+    assert config["r"] == 8 and weights.name == "adapter_model.safetensors"
+
+
+def _driver(interval: int = 1, window: float = 0.0) -> ExLlamaV3Backend:
+    b = object.__new__(ExLlamaV3Backend)  # the driver's bookkeeping only: no generator
+    b._interval, b._window, b._arrived = interval, window, 0.0
+    b._cv, b._inbox, b._closing = threading.Condition(), deque(), False
+    return b
+
+
+def _live(steps: list[TokenStep]) -> LiveJob:
+    s = GenerationSettings()
+    req = BackendRequest([1], s, 16, frozenset({2}), steps.append)
+    return LiveJob(object(), req)
+
+
+class _Ids:
+    def __init__(self, ids):
+        self._ids = ids
+
+    def flatten(self):
+        return self
+
+    def tolist(self):
+        return list(self._ids)
+
+
+def _result(entry: LiveJob, ids, **kw):
+    return {"job": entry.job, "stage": "streaming", "token_ids": _Ids(ids), **kw}
+
+
+def test_stream_interval_groups_steps_and_the_end_carries_what_was_held():
+    b, steps = _driver(interval=3), []
+    e = _live(steps)
+    for t in (10, 11, 12, 13):
+        assert not b._deliver(_result(e, [t]), e, 3)
+    assert steps == [TokenStep((10, 11, 12))]  # every 3 steps, not every step
+    end = _result(e, [14], eos=True, eos_reason="stop_token", eos_triggering_token_id=2, held={"token_ids": _Ids([2])})
+    assert b._deliver(end, e, 3)
+    assert steps[-1] == TokenStep((13, 14, 2), None, "stop_token")  # held tokens, then the stop id, once
+    b2, steps2 = _driver(interval=3), []
+    e2 = _live(steps2)
+    for t in (5, 6):
+        b2._deliver(_result(e2, [t]), e2, 1)  # one job decoding alone: every step
+    assert steps2 == [TokenStep((5,)), TokenStep((6,))]
+    assert b2._deliver(_result(e2, [7], eos=True, eos_reason="max_new_tokens"), e2, 1)
+    assert steps2[-1] == TokenStep((7,), None, "length")
+
+
+def test_an_idle_driver_takes_a_burst_of_requests_at_once():
+    b = _driver(window=0.02)
+
+    def burst():
+        for i in range(5):
+            with b._cv:
+                b._inbox.append((i, None))
+                b._arrived = time.monotonic()
+                b._cv.notify()
+            time.sleep(0.005)  # callers a few ms apart, as threads of a LangChain batch are
+
+    threading.Thread(target=burst).start()
+    taken = b._take_inbox(idle=True)
+    assert [i for i, _ in taken] == [0, 1, 2, 3, 4]
+    nb = _driver(window=0.0)
+    nb._inbox.append((0, None))
+    assert len(nb._take_inbox(idle=True)) == 1  # no window: at once
+    busy = _driver(window=10.0)
+    busy._inbox.append((0, None))
+    t0 = time.monotonic()
+    assert len(busy._take_inbox(idle=False)) == 1 and time.monotonic() - t0 < 1  # with jobs decoding: no wait
+    with busy._cv:
+        busy._closing = True
+    assert busy._take_inbox(idle=True) is None
+
+
+def test_a_runtime_with_a_lora_is_its_own_shared_entry():
+    """Adapters apply to every job of a runtime, so the shared registry keys them apart."""
+    plain, adapted = _options(), _options(lora_dir="/adapters/a")
+    assert plain.key() != adapted.key() != _options(lora_dir="/adapters/a", lora_scaling=0.5).key()
+    assert _options(draft_model_dir="/d").key() != plain.key()
+
+
+def test_a_draft_model_is_checked_against_the_main_model_before_loading(tmp_path):
+    from exllama_integrations.runtime.backends._exllamav3_extras import inspect_draft
+    from exllama_integrations.runtime.model_dir import ModelDirectory
+
+    from fixture_models import Shape, make_llama
+
+    small = Shape(hidden=64, layers=1, heads=2, kv_heads=1, inter=128, vocab=512)
+    main = ModelDirectory.inspect(make_llama(tmp_path / "main", small, device="cpu"))
+    same = make_llama(tmp_path / "same", small, seed=1, device="cpu")
+    other = make_llama(
+        tmp_path / "other", Shape(hidden=64, layers=1, heads=2, kv_heads=1, inter=128, vocab=600), device="cpu"
+    )
+    assert inspect_draft(_options(), main) is None
+    assert inspect_draft(_options(draft_model_dir=str(same)), main).name == "same"
+    with pytest.raises(InvalidSettingsError, match="vocabulary of 600 tokens .* 512; a draft model must share"):
+        inspect_draft(_options(draft_model_dir=str(other)), main)
+    with pytest.raises(ModelNotFoundError, match="draft_model_dir: model directory .* does not exist"):
+        inspect_draft(_options(draft_model_dir=str(tmp_path / "nowhere")), main)
