@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RawExLlamaV3, Results, parser, public_stream  # noqa: E402
+from _common import IterateTimer, RawExLlamaV3, Results, parser, public_stream  # noqa: E402
 
 from fixture_models import LLAMA2_7B, make_llama  # noqa: E402
 
@@ -199,55 +199,12 @@ def main() -> None:
         rt0.close()
 
     if "profile" in sections:
-
-        def timed(target_rt: Any) -> dict[str, float]:
-            gen = target_rt._backend._generator  # profiling only: time exllamav3's iterate() inside our driver
-            stats = {"s": 0.0, "n": 0}
-            inner = gen.iterate
-
-            def iterate() -> Any:
-                t = time.perf_counter()
-                out = inner()
-                stats["s"] += time.perf_counter() - t
-                stats["n"] += 1
-                return out
-
-            gen.iterate = iterate
-            return stats
-
-        def profiled(stats: dict[str, float], run: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
-            def go() -> dict[str, float]:
-                s0, n0 = stats["s"], stats["n"]
-                t0 = time.perf_counter()
-                r = run()
-                wall, n = time.perf_counter() - t0, max(1, stats["n"] - n0)
-                return {
-                    **r,
-                    "iterate_ms": 1000 * (stats["s"] - s0) / n,
-                    "outside_ms": 1000 * (wall - stats["s"] + s0) / n,
-                }
-
-            return go
-
-        def raw_profiled(prompts: list[str]) -> Callable[[], dict[str, float]]:
-            def go() -> dict[str, float]:
-                assert raw is not None
-                s0, n0 = raw.iterate_seconds, raw.iterations
-                t0 = time.perf_counter()
-                r = raw_jobs(prompts)
-                wall, n = time.perf_counter() - t0, max(1, raw.iterations - n0)
-                return {
-                    **r,
-                    "iterate_ms": 1000 * (raw.iterate_seconds - s0) / n,
-                    "outside_ms": 1000 * (wall - raw.iterate_seconds + s0) / n,
-                }
-
-            return go
-
         variants = {1: rt}
         for k in (4, 16):
             variants[k] = ExLlamaRuntime(args.model, "exllamav3", cache_size=24576, stream_interval=k)
-        stats = {k: timed(v) for k, v in variants.items()}
+        assert raw is not None
+        # profiling only: our driver's generator (private) is timed like the raw loop's
+        timers = {k: IterateTimer(v._backend._generator) for k, v in variants.items()}
         llms = {k: ExLlamaLLM(runtime=v, temperature=0, max_new_tokens=new) for k, v in variants.items()}
         chats = {k: ChatExLlama(runtime=variants[k], temperature=0, max_tokens=new) for k in (1, 4)}
 
@@ -272,18 +229,18 @@ def main() -> None:
                 sys.setswitchinterval(old)
 
         paths = {
-            "raw exllamav3: 64 Jobs together": raw_profiled(prompts64),
+            "raw exllamav3: 64 Jobs together": raw.timer.per_step(lambda: raw_jobs(prompts64)),
             **{
-                f"64 threads of ExLlamaLLM.invoke(), stream_interval {k}": profiled(
-                    stats[k], lambda k=k: callers(llms[k], prompts64)
+                f"64 threads of ExLlamaLLM.invoke(), stream_interval {k}": timers[k].per_step(
+                    lambda k=k: callers(llms[k], prompts64)
                 )  # type: ignore[misc]
                 for k in (1, 4, 16)
             },
-            "64 threads of ExLlamaLLM.invoke(), stream_interval 1, GIL switch interval 0.5 ms": profiled(
-                stats[1], short_switch
+            "64 threads of ExLlamaLLM.invoke(), stream_interval 1, GIL switch interval 0.5 ms": timers[1].per_step(
+                short_switch
             ),
-            "raw exllamav3: 16 Jobs together": raw_profiled(prompts16),
-            **{f"ChatExLlama.batch() of 16, stream_interval {k}": profiled(stats[k], chat16(k)) for k in (1, 4)},
+            "raw exllamav3: 16 Jobs together": raw.timer.per_step(lambda: raw_jobs(prompts16)),
+            **{f"ChatExLlama.batch() of 16, stream_interval {k}": timers[k].per_step(chat16(k)) for k in (1, 4)},
         }
         interleave(args.out, "profile", paths, args.reps)
         for k in (4, 16):

@@ -11,10 +11,10 @@ an adapter touches we turn those paths off (``unfuse``); fp16/bf16 layers never 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidSettingsError, ModelLoadError, UnsupportedModelError
-from ..files import peft_adapter
 from ..hub import resolve_model_dir
 from ..model_dir import ModelDirectory
 
@@ -26,29 +26,30 @@ logger = logging.getLogger(__name__)
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "g_proj")
 
 
-def load_loras(model: Any, options: ExLlamaV3Options) -> tuple[list[Any], int]:
-    """Apply each adapter of ``options.lora_dir`` to the loaded ``model`` (refusing one that matches no layer).
+def load_loras(model: Any, adapters: list[tuple[dict[str, Any], Path]], scalings: list[float]) -> tuple[list[Any], int]:
+    """Apply each adapter to the loaded ``model``, refusing one that matches no layer.
 
+    ``adapters`` are what :func:`~exllama_integrations.runtime.files.peft_adapter` returned for them.
     Returns the adapters and how many fused decode paths were turned off for them.
     """
+    if not adapters:
+        return [], 0
     from exllamav3.model.lora import LoRA
 
     loras = []
-    for directory, scaling in zip(options.lora_dirs, options.lora_scalings):
-        config, weights = peft_adapter(directory)
+    for (config, weights), scaling in zip(adapters, scalings):
         try:
             lora = LoRA.from_directory(model, str(weights.parent), scaling)
         except (KeyError, ValueError, RuntimeError) as e:
-            raise InvalidSettingsError(f"exllamav3 could not apply the LoRA adapter {directory}: {e}") from e
+            raise InvalidSettingsError(f"exllamav3 could not apply the LoRA adapter {weights.parent}: {e}") from e
         if not lora.target_modules:
             raise InvalidSettingsError(
-                f"the LoRA adapter {directory} matches no layer of this model (targets "
+                f"the LoRA adapter {weights.parent} matches no layer of this model (targets "
                 f"{config.get('target_modules')!r}); is it an adapter for another base model?"
             )
         loras.append(lora)
-    n = unfuse(model) if loras else 0
-    if loras:
-        logger.info("exllamav3: %d LoRA adapter(s); %d fused decode paths turned off", len(loras), n)
+    n = unfuse(model)
+    logger.info("exllamav3: %d LoRA adapter(s); %d fused decode paths turned off", len(loras), n)
     return loras, n
 
 

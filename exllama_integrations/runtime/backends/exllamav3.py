@@ -100,8 +100,7 @@ class ExLlamaV3Backend(Backend):
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
         assert isinstance(options, ExLlamaV3Options)
-        for directory in options.lora_dirs:
-            peft_adapter(directory)  # a bad adapter is refused before the weights load
+        adapters = [peft_adapter(d) for d in options.lora_dirs]  # a bad adapter is refused before the weights load
         draft = inspect_draft(options, model)
         if draft is not None:
             self.check_model(draft)
@@ -128,7 +127,7 @@ class ExLlamaV3Backend(Backend):
             elif options.device:
                 load_kw["device"] = options.device
             self._model.load(**load_kw)
-            self._loras, self._unfused = load_loras(self._model, options)
+            self._loras, self._unfused = load_loras(self._model, adapters, options.lora_scalings)
             self._xtok = Tokenizer.from_config(config)
             gen_kw = generator_kwargs(options, chunk)
             if draft is not None:
