@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,93 @@ class RawExLlamaV3:
             out["decode_tok_s"] = (tokens - 1) / (last - f) if last > f else float("nan")
         return out
 
+    def threads(self, prompts: list[list[int]], new: int) -> dict[str, float]:
+        """Independent callers, exllamav3's objects only: a thread per prompt builds its Job and hands it to this
+        thread's iterate() loop (as a server's worker threads would); aggregate tok/s, median TTFT from each
+        caller's start."""
+        import torch
+        from exllamav3 import ArgmaxSampler, Job
+
+        lock, inbox, started, first = threading.Lock(), [], {}, {}
+        done = threading.Semaphore(0)
+
+        def call(ids: list[int]) -> None:
+            t = time.perf_counter()
+            job = Job(input_ids=torch.tensor([ids]), max_new_tokens=new, sampler=ArgmaxSampler(), stop_conditions=[])
+            started[id(job)] = t
+            with lock:
+                inbox.append(job)
+            done.acquire()  # until its last token
+
+        t0 = time.perf_counter()
+        callers = [threading.Thread(target=call, args=(ids,)) for ids in prompts]
+        for c in callers:
+            c.start()
+        tokens = ended = 0
+        with torch.inference_mode():
+            while ended < len(prompts):
+                with lock:
+                    taken = inbox[:]
+                    inbox.clear()
+                for job in taken:
+                    self.generator.enqueue(job)
+                if not self.generator.num_remaining_jobs():
+                    time.sleep(0.0002)
+                    continue
+                for r in self.generator.iterate():
+                    t = r.get("token_ids")
+                    if t is not None and t.numel():
+                        tokens += t.numel()
+                        first.setdefault(id(r["job"]), time.perf_counter() - started[id(r["job"])])
+                    if r.get("eos"):
+                        ended += 1
+                        done.release()
+        for c in callers:
+            c.join()
+        wall = time.perf_counter() - t0
+        return {"tokens": tokens, "wall": wall, "tps": tokens / wall, "ttft": statistics.median(first.values())}
+
+    def async_jobs(self, prompts: list[list[int]], new: int) -> dict[str, float]:
+        """Independent async callers through exllamav3's own AsyncGenerator loop (TabbyAPI's way), over this
+        generator: an AsyncJob per prompt, gathered."""
+        import asyncio
+
+        import torch
+        from exllamav3 import ArgmaxSampler, AsyncGenerator, AsyncJob
+
+        async def run() -> dict[str, float]:
+            ag = AsyncGenerator.__new__(AsyncGenerator)  # its __init__ would build a second Generator on the cache
+            ag.generator, ag.jobs, ag.error = self.generator, {}, None
+            ag.condition = asyncio.Condition()
+            ag.iteration_task = asyncio.create_task(ag._run_iteration())
+
+            async def one(ids: list[int]) -> tuple[int, float]:
+                t, n, ttft = time.perf_counter(), 0, float("nan")
+                job = AsyncJob(
+                    ag, input_ids=torch.tensor([ids]), max_new_tokens=new, sampler=ArgmaxSampler(), stop_conditions=[]
+                )
+                async for r in job:
+                    ids_ = r.get("token_ids")
+                    if ids_ is not None and ids_.numel():
+                        if n == 0:
+                            ttft = time.perf_counter() - t
+                        n += ids_.numel()
+                return n, ttft
+
+            t0 = time.perf_counter()
+            got = await asyncio.gather(*(one(ids) for ids in prompts))
+            wall = time.perf_counter() - t0
+            ag.iteration_task.cancel()
+            try:
+                await ag.iteration_task
+            except asyncio.CancelledError:
+                pass
+            tokens = sum(n for n, _ in got)
+            return {"tokens": tokens, "wall": wall, "tps": tokens / wall, "ttft": statistics.median(t for _, t in got)}
+
+        with torch.inference_mode():
+            return asyncio.run(run())
+
     def close(self) -> None:
         import gc
 
@@ -122,9 +210,25 @@ class Results:
     def record(self, out: Path, section: str, name: str, runs: list[dict[str, float]]) -> None:
         row = {k: summary([r[k] for r in runs]) for k in runs[0]}
         self.data["rows"].setdefault(section, {})[name] = row
+        self.data.setdefault("runs", {}).setdefault(section, {})[name] = runs
         self._write(out)
         cells = ", ".join(f"{k} {v['median']:.3f} [{v['min']:.3f}..{v['max']:.3f}]" for k, v in row.items())
         print(f"[{section}] {name}: {cells}", flush=True)
+
+    def ratios(self, out: Path, section: str, pairs: list[tuple[str, str]], key: str = "tok_s") -> None:
+        """Paired ratios, repetition by repetition (rows taken in one interleaved run): ``ours / raw`` of ``key``,
+        summarized; on a noisy machine the ratio within a repetition is steadier than a ratio of medians."""
+        runs = self.data["runs"][section]
+        for ours, raw in pairs:
+            for k in (key, "ttft_s"):
+                if k not in runs[ours][0]:
+                    continue
+                xs = [a[k] / b[k] for a, b in zip(runs[ours], runs[raw]) if b[k]]
+                name = f"{ours} / {raw}"
+                self.data.setdefault("ratios", {}).setdefault(section, {}).setdefault(name, {})[k] = summary(xs)
+                v = summary(xs)
+                print(f"[{section}] {k} ratio {name}: {v['median']:.3f} [{v['min']:.3f}..{v['max']:.3f}]", flush=True)
+        self._write(out)
 
     def note(self, out: Path, key: str, value: Any) -> None:
         self.data["notes"][key] = value

@@ -6,8 +6,10 @@ is taken in one run, interleaved, ``--reps`` times; medians with min and max are
 * single: exllamav3's own Job loop vs ``ExLlamaLLM.stream()``
 * batch16: 16 Jobs enqueued together vs ``ExLlamaLLM.batch()``, ``ChatExLlama.batch()`` and LlamaIndex
   (16 ``acomplete`` gathered): aggregate tokens/s and median time to first token
-* callers64: 64 Jobs together vs 64 independent threads calling ``ExLlamaLLM.invoke()``, with
-  exllamav3's default prefill cooldown (4) and with 0
+* callers64: 64 independent callers, each beside exllamav3's own way to serve them: 64 Jobs enqueued
+  together (no callers at all), 64 threads handing Jobs to one iterate() loop, and exllamav3's
+  AsyncGenerator with 64 AsyncJobs; vs 64 threads of ``ExLlamaLLM.invoke()``, 64 ``agenerate()``
+  gathered on one loop, and 64 threads of ``ExLlamaLLM.stream()``
 * profile: where the time of the 64-caller and ChatExLlama-batch paths goes: exllamav3's own
   ``iterate()`` timed in both loops (the benchmark wraps the generator, the one private access here), for
   ``stream_interval`` 1, 4 and 16, and with a shorter GIL switch interval
@@ -43,7 +45,7 @@ from fixture_models import LLAMA2_7B, make_llama  # noqa: E402
 
 SECTIONS = ("single", "batch16", "callers64", "profile", "cache", "prefix", "serve", "transformers")
 RESULTS = Results("gpu_load.json")
-record, note = RESULTS.record, RESULTS.note
+record, note, ratios = RESULTS.record, RESULTS.note, RESULTS.ratios
 
 
 def prompt_text(rt: Any, n: int, seed: int = 0) -> str:
@@ -58,6 +60,17 @@ def prompt_text(rt: Any, n: int, seed: int = 0) -> str:
 
 def ttfts(gens: list[Any]) -> float:
     return statistics.median(g.generation_info["time_to_first_token"] for g in gens)
+
+
+def on_threads(n: int, call: Callable[[int], None]) -> float:
+    """``call(i)`` on n threads started together (independent callers); the wall time until all are done."""
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
 
 
 def interleave(out: Path, section: str, paths: dict[str, Callable[[], dict[str, float]]], reps: int) -> None:
@@ -125,6 +138,7 @@ def main() -> None:
             {"raw exllamav3 Job loop": lambda: raw_jobs([p128]), "ExLlamaLLM.stream()": ours_single},
             args.reps,
         )
+        ratios(args.out, "single", [("ExLlamaLLM.stream()", "raw exllamav3 Job loop")])
 
     if "batch16" in sections:
         chat = ChatExLlama(runtime=rt, temperature=0, max_tokens=new)
@@ -171,32 +185,69 @@ def main() -> None:
         else:
             note(args.out, "batch16 LlamaIndex row", "left out: llama-index-core is not installed on this machine")
         interleave(args.out, "batch16", paths, args.reps)
+        ratios(args.out, "batch16", [(k, "raw exllamav3: 16 Jobs together") for k in list(paths)[1:]])
 
     def callers(target: ExLlamaLLM, prompts: list[str]) -> dict[str, float]:
         out: list[Any] = [None] * len(prompts)
-        t0 = time.perf_counter()
 
         def call(i: int) -> None:
             out[i] = target.generate([prompts[i]], ignore_eos=True).generations[0][0]
 
-        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        wall = on_threads(len(prompts), call)
+        return {"tok_s": sum(g.generation_info["usage"]["completion_tokens"] for g in out) / wall, "ttft_s": ttfts(out)}
+
+    def acallers(target: ExLlamaLLM, prompts: list[str]) -> dict[str, float]:
+        async def run() -> list[Any]:
+            return await asyncio.gather(*(target.agenerate([p], ignore_eos=True) for p in prompts))
+
+        t0 = time.perf_counter()
+        out = [r.generations[0][0] for r in asyncio.run(run())]
         wall = time.perf_counter() - t0
         return {"tok_s": sum(g.generation_info["usage"]["completion_tokens"] for g in out) / wall, "ttft_s": ttfts(out)}
 
+    def streamers(target: ExLlamaLLM, prompts: list[str]) -> dict[str, float]:
+        got: list[dict[str, float]] = [{}] * len(prompts)
+
+        def call(i: int) -> None:
+            got[i] = public_stream(target, prompts[i], ignore_eos=True)
+
+        wall = on_threads(len(prompts), call)
+        return {"tok_s": sum(g["tokens"] for g in got) / wall, "ttft_s": statistics.median(g["ttft"] for g in got)}
+
     if "callers64" in sections:
-        rt0 = ExLlamaRuntime(args.model, "exllamav3", cache_size=32768, prefill_cooldown=4)
-        llm0 = ExLlamaLLM(runtime=rt0, temperature=0, max_new_tokens=new)
+        assert raw is not None
+        ids64 = [rt.encode(p, add_special_tokens=True) for p in prompts64]
+
+        def raw_row(f: Callable[[list[list[int]], int], dict[str, float]]) -> Callable[[], dict[str, float]]:
+            def go() -> dict[str, float]:
+                r = f(ids64, new)
+                return {"tok_s": r["tps"], "ttft_s": r["ttft"]}
+
+            return go
+
         paths = {
             "raw exllamav3: 64 Jobs together": lambda: raw_jobs(prompts64),
-            "64 threads of ExLlamaLLM.invoke(), prefill_cooldown 0 (our default)": lambda: callers(llm, prompts64),
-            "64 threads of ExLlamaLLM.invoke(), prefill_cooldown 4 (exllamav3's)": lambda: callers(llm0, prompts64),
+            "raw exllamav3: 64 threads, each hands a Job to one iterate() loop": raw_row(raw.threads),
+            "raw exllamav3: AsyncGenerator, 64 AsyncJobs gathered": raw_row(raw.async_jobs),
+            "64 threads of ExLlamaLLM.invoke()": lambda: callers(llm, prompts64),
+            "64 ExLlamaLLM.agenerate() gathered on one event loop": lambda: acallers(llm, prompts64),
+            "64 threads of ExLlamaLLM.stream()": lambda: streamers(llm, prompts64),
         }
         interleave(args.out, "callers64", paths, args.reps)
-        rt0.close()
+        together, threads, agen, invoke, gathered, streams = list(paths)
+        ratios(
+            args.out,
+            "callers64",
+            [
+                (invoke, threads),
+                (invoke, together),
+                (gathered, agen),
+                (gathered, together),
+                (streams, threads),
+                (threads, together),
+                (agen, together),
+            ],
+        )
 
     if "profile" in sections:
         variants = {1: rt}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -32,7 +33,15 @@ RUNS = {
     "gpu_load_run6_profile.json": "run 6 (the same profile; ChatExLlama.batch() now runs as abatch() on one event "
     "loop; the idle driver waits up to 50x `arrival_window` for a burst)",
     "gpu_load_run7_single.json": "run 7 (single stream, 7 repetitions)",
+    "gpu_load_run8.json": "run 8 (whole-completion reads: invoke/generate/batch hand a caller its tokens when "
+    "it ends; jobs built on the driver's thread; raw counterparts for independent callers added)",
+    "gpu_load_run9.json": "run 9 (run 8, plus: steps read whole are detokenized at once; ChatExLlama.abatch and "
+    "gathered agenerate announce their batch to the idle driver; paired ratios per repetition)",
+    "gpu_load_run10_batch16.json": "run 10 (run 9's code, batch16 only, 8 repetitions; the announced-batch wait "
+    "was capped at 0.25 s here, 0.1 s since)",
 }
+LOAD_PLOT = "gpu_load_run9.json"
+"""The load run drawn in gpu_throughput.png (the newest full one)."""
 SPECULATIVE = {
     "gpu_speculative.json": "speculative decoding (`python benchmarks/gpu_speculative.py --reps 5`): each mode "
     "interleaved with plain decoding of the same target (layers 2-31 with zero output projections)",
@@ -57,6 +66,17 @@ def _runs(runs: dict[str, str]) -> list[str]:
             lines += [f"{section}:", "", "| path | " + " | ".join(keys) + " |", "| --- |" + " ---: |" * len(keys)]
             for path_name, r in rows.items():
                 lines.append(f"| {path_name} | " + " | ".join(_cell(r[k]) if k in r else "" for k in keys) + " |")
+            lines.append("")
+        for section, pairs in data.get("ratios", {}).items():
+            lines += [
+                f"{section}, paired ratios (each repetition's ours / raw, then median [min..max]):",
+                "",
+                "| ours / raw | tok_s | ttft_s |",
+                "| --- | ---: | ---: |",
+            ]
+            for pair, v in pairs.items():
+                cells = [_cell(v[k]) if k in v else "" for k in ("tok_s", "ttft_s")]
+                lines.append(f"| {pair} | " + " | ".join(cells) + " |")
             lines.append("")
         notes = {k: v for k, v in data.get("notes", {}).items() if k not in ("gpu",)}
         if notes:
@@ -193,9 +213,25 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in gpu["rows"]]
+    panels: list[tuple[str, list[str], list[dict]]] = []
+    load_path = RESULTS / LOAD_PLOT
+    if load_path.exists():  # under load, through the public API beside raw exllamav3 (medians, min..max)
+        load = json.loads(load_path.read_text())["rows"]
+        named = [(f"{sec}: {name}", r["tok_s"]) for sec, paths in load.items() for name, r in paths.items()]
+        panels.append((f"tokens/s under load ({LOAD_PLOT}: median, min..max), 7B shape, H200", *map(list, zip(*named))))
     spec_path = RESULTS / "gpu_speculative.json"
-    fig, axes = plt.subplots(2 if spec_path.exists() else 1, 1, figsize=(9, 8 if spec_path.exists() else 4))
-    ax = axes[0] if spec_path.exists() else axes
+    if spec_path.exists():  # speculative decoding: each mode beside plain decoding
+        spec = json.loads(spec_path.read_text())["rows"]
+        named = [
+            (f"{mode.split(':')[0].split(' (')[0]}: {name}", r["tok_s"])
+            for mode, paths in spec.items()
+            for name, r in paths.items()
+        ]
+        panels.append(
+            ("tokens/s, one stream, speculative decoding (median, min..max), 7B shape, H200", *map(list, zip(*named)))
+        )
+    fig, axes = plt.subplots(1 + len(panels), 1, figsize=(9, 4 + 4 * len(panels)), squeeze=False)
+    ax = axes[0][0]
     names = [r["path"].replace(": ", "\n") for r in rows]
     vals = [r["tokens_per_s"] for r in rows]
     colors = ["#888" if "raw" in r["path"] or r["path"].startswith("transformers") else "#2a6" for r in rows]
@@ -205,22 +241,14 @@ def main() -> None:
     ax.set_xlabel("tokens/s (Llama-2-7B shape, H200, greedy)")
     ax.invert_yaxis()
     ax.tick_params(axis="y", labelsize=7)
-    if spec_path.exists():  # speculative decoding: medians with min..max, each mode beside plain decoding
-        spec = json.loads(spec_path.read_text())["rows"]
-        labels, med, lo, hi = [], [], [], []
-        for mode, paths in spec.items():
-            for name, r in paths.items():
-                labels.append(f"{mode.split(':')[0].split(' (')[0]}: {name}")
-                t = r["tok_s"]
-                med.append(t["median"])
-                lo.append(t["median"] - t["min"])
-                hi.append(t["max"] - t["median"])
-        ax2 = axes[1]
-        colors2 = ["#888" if "raw" in x else "#2a6" for x in labels]
-        ax2.barh(labels, med, xerr=[lo, hi], color=colors2, capsize=2)
-        ax2.set_xlabel("tokens/s, one stream, speculative decoding (median, min..max), 7B shape, H200")
-        ax2.invert_yaxis()
-        ax2.tick_params(axis="y", labelsize=6)
+    for (title, labels, cells), row in zip(panels, axes[1:]):
+        med = [c["median"] for c in cells]
+        err = [[c["median"] - c["min"] for c in cells], [c["max"] - c["median"] for c in cells]]
+        wrapped = ["\n".join(textwrap.wrap(x, 56)) for x in labels]
+        row[0].barh(wrapped, med, xerr=err, color=["#888" if "raw" in x else "#2a6" for x in labels], capsize=2)
+        row[0].set_xlabel(title)
+        row[0].invert_yaxis()
+        row[0].tick_params(axis="y", labelsize=6)
     fig.tight_layout()
     fig.savefig(RESULTS / "gpu_throughput.png", dpi=110)
 

@@ -117,10 +117,12 @@ class ThreadProxyRuntime(RuntimeCommon):
         *,
         grammar: Grammar | None = None,
         add_special_tokens: bool = True,
+        incremental: bool = True,
         **overrides: Any,
     ) -> _ProxyStream:
         s = self.resolve_settings(settings, **overrides)
-        return _ProxyStream(self._inner, (prompt, s), {"grammar": grammar, "add_special_tokens": add_special_tokens})
+        kw = {"grammar": grammar, "add_special_tokens": add_special_tokens, "incremental": incremental}
+        return _ProxyStream(self._inner, (prompt, s), kw)
 
     async def astream(
         self,
@@ -129,11 +131,11 @@ class ThreadProxyRuntime(RuntimeCommon):
         *,
         grammar: Grammar | None = None,
         add_special_tokens: bool = True,
+        incremental: bool = True,
         **overrides: Any,
     ) -> AsyncIterator[StreamChunk]:
-        stream = await asyncio.to_thread(
-            self.stream, prompt, settings, grammar=grammar, add_special_tokens=add_special_tokens, **overrides
-        )
+        kw = {"grammar": grammar, "add_special_tokens": add_special_tokens, "incremental": incremental}
+        stream = await asyncio.to_thread(self.stream, prompt, settings, **kw, **overrides)
         try:
             while True:
                 chunk = await asyncio.to_thread(next, stream, None)

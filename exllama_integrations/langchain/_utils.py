@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from langchain_core.outputs import GenerationChunk
 
 from .._adapter import SETTING_FIELDS, ExLlamaConfig, as_stops
@@ -12,6 +13,20 @@ from ..runtime.chat_outcome import logprobs_content, metadata
 
 # Arguments LangChain passes that are not generation settings (accepted and ignored here).
 IGNORED_CALL_KWARGS = frozenset({"timeout", "max_retries", "streaming", "callbacks", "tags", "run_name", "model"})
+
+
+_SILENT = (BaseCallbackHandler.on_llm_new_token, AsyncCallbackHandler.on_llm_new_token)
+
+
+def listens_for_tokens(run_manager: Any) -> bool:
+    """Whether a handler of this call receives tokens (its class defines ``on_llm_new_token``).
+
+    ``invoke()``/``generate()`` stream to such handlers (``StreamingStdOutCallbackHandler``, tracers, the
+    handlers of ``astream_events``); with none listening, the call reads the whole completion at once,
+    which under load spares the decoding thread a wake-up per token.
+    """
+    handlers = getattr(run_manager, "handlers", None) or ()
+    return any(getattr(type(h), "on_llm_new_token", None) not in _SILENT for h in handlers)
 
 
 class ExLlamaLangChainMixin(ExLlamaConfig):

@@ -27,12 +27,12 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel
 
 from ..errors import InvalidSettingsError
-from ..runtime.chat import ChatRequest, PreparedChat, forced_tools, prepare_chat
+from ..runtime.chat import ChatRequest, PreparedChat, aprepare_chat, forced_tools, prepare_chat
 from ..runtime.chat_outcome import astream_chat, stream_chat
 from ..runtime.constraints import check_depth
 from ..runtime.settings import GenerationSettings
 from ._chat_utils import lc_chat_chunk, to_template_messages
-from ._utils import ExLlamaLangChainMixin
+from ._utils import ExLlamaLangChainMixin, listens_for_tokens
 
 _JSON_SCHEMA_KEYS = ("type", "properties", "$ref", "$defs", "definitions", "anyOf", "oneOf", "allOf", "enum", "const")
 
@@ -137,6 +137,21 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         with ThreadPoolExecutor(1, thread_name_prefix="exllama-chat-batch") as pool:  # works under a running loop too
             return pool.submit(ctx.run, run).result()  # type: ignore[no-any-return]
 
+    async def abatch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[AIMessage]:  # type: ignore[override]
+        """LangChain's ``abatch``; the runtime is told how many calls are coming, so they prefill together."""
+        configs = config if isinstance(config, list) else [config or {}]
+        limits = [int(c.get("max_concurrency") or 0) for c in configs if c]
+        limits = [m for m in limits if m > 0]
+        self._runtime.expect(min([len(inputs), *limits]))
+        return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)  # type: ignore[return-value]
+
     def _stream(
         self,
         messages: list[BaseMessage],
@@ -144,10 +159,20 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        yield from self._chunks(messages, stop, run_manager, True, kwargs)
+
+    def _chunks(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | None,
+        incremental: bool,
+        kwargs: dict[str, Any],
+    ) -> Iterator[ChatGenerationChunk]:
         prepared, settings = self._prepare(messages, stop, kwargs)
-        for item in stream_chat(self._runtime, prepared, settings):
+        for item in stream_chat(self._runtime, prepared, settings, incremental=incremental):
             chunk = lc_chat_chunk(item, settings.logprobs is not None)
-            if run_manager is not None:
+            if run_manager is not None and incremental:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
@@ -158,11 +183,22 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        async for chunk in self._achunks(messages, stop, run_manager, True, kwargs):
+            yield chunk
+
+    async def _achunks(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+        incremental: bool,
+        kwargs: dict[str, Any],
+    ) -> AsyncIterator[ChatGenerationChunk]:
         request, settings = self._split(messages, stop, kwargs)
-        prepared = await asyncio.to_thread(prepare_chat, self._runtime, request)  # the template renders off the loop
-        async for item in astream_chat(self._runtime, prepared, settings):
+        prepared = await aprepare_chat(self._runtime, request)
+        async for item in astream_chat(self._runtime, prepared, settings, incremental=incremental):
             chunk = lc_chat_chunk(item, settings.logprobs is not None)
-            if run_manager is not None:
+            if run_manager is not None and incremental:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
@@ -173,7 +209,10 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+        # LangChain calls _stream itself for streaming=True and for streaming tracers; here the tokens go to
+        # whichever handler listens for them, and with none the whole reply is read at once
+        listening = listens_for_tokens(run_manager)
+        return generate_from_stream(self._chunks(messages, stop, run_manager, listening, kwargs))
 
     async def _agenerate(
         self,
@@ -182,7 +221,8 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
+        listening = listens_for_tokens(run_manager)
+        return await agenerate_from_stream(self._achunks(messages, stop, run_manager, listening, kwargs))
 
     # ----------------------------------------------------------------- tools and structured output
 

@@ -13,7 +13,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from ..errors import InvalidSettingsError
 from ..runtime.chat import ChatRequest, prepare_chat
 from ..runtime.chat_outcome import metadata
-from ._utils import ExLlamaLangChainMixin, lc_chunk
+from ._utils import ExLlamaLangChainMixin, lc_chunk, listens_for_tokens
 
 _HF_TASKS = ("text-generation",)
 # HuggingFacePipeline pipeline_kwargs that map onto our fields one to one.
@@ -60,6 +60,10 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
         )
         return prepare_chat(self._runtime, request).prompt, False
 
+    async def _aprompt(self, prompt: str) -> tuple[str | list[int], bool]:
+        """:meth:`_prompt` off the event loop when it renders a template (plain text needs no thread)."""
+        return self._prompt(prompt) if not self.use_chat_template else await asyncio.to_thread(self._prompt, prompt)
+
     def _stream(
         self,
         prompt: str,
@@ -96,7 +100,7 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
             if run_manager is not None:
                 await run_manager.on_llm_new_token(first.text, chunk=first)
             yield first
-        text, add_special = await asyncio.to_thread(self._prompt, prompt)
+        text, add_special = await self._aprompt(prompt)
         async for chunk in self._runtime.astream(text, settings, add_special_tokens=add_special):
             lc = lc_chunk(chunk, info.name, info.backend, settings.logprobs is not None)
             if run_manager is not None and lc.text:
@@ -110,29 +114,27 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
-        if len(prompts) == 1:
+        if len(prompts) == 1 and listens_for_tokens(run_manager):
             final: GenerationChunk | None = None
             for chunk in self._stream(prompts[0], stop, run_manager, **kwargs):
                 final = chunk if final is None else final + chunk
             assert final is not None
             gens = [[Generation(text=final.text, generation_info=final.generation_info)]]
         else:
-            # Several prompts: handed to the runtime together (one dynamic batch on exllamav3).
+            # Whole completions (several prompts: handed to the runtime together, one dynamic batch on exllamav3).
             settings = self._settings(stop, kwargs)
-            info = self._runtime.model_info()
             results = self._runtime.batch(
                 [self._prompt(p)[0] for p in prompts], settings, add_special_tokens=not self.use_chat_template
             )
-            gens = [
-                [
-                    Generation(
-                        text=(p if self.return_full_text else "") + r.text,
-                        generation_info=metadata(r, model_name=info.name, backend=info.backend, logprobs=r.logprobs),
-                    )
-                ]
-                for r, p in zip(results, prompts)
-            ]
+            gens = [[self._generation(p, r)] for r, p in zip(results, prompts)]
         return LLMResult(generations=gens, llm_output=self._llm_output(gens))
+
+    def _generation(self, prompt: str, result: Any) -> Generation:
+        info = self._runtime.model_info()
+        return Generation(
+            text=(prompt if self.return_full_text else "") + result.text,
+            generation_info=metadata(result, model_name=info.name, backend=info.backend, logprobs=result.logprobs),
+        )
 
     async def _agenerate(
         self,
@@ -142,6 +144,12 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         async def one(prompt: str, manager: AsyncCallbackManagerForLLMRun | None) -> Generation:
+            if not listens_for_tokens(manager):
+                text, add_special = await self._aprompt(prompt)
+                result = await self._runtime.agenerate(
+                    text, self._settings(stop, kwargs), add_special_tokens=add_special
+                )
+                return self._generation(prompt, result)
             final: GenerationChunk | None = None
             async for chunk in self._astream(prompt, stop, manager, **kwargs):
                 final = chunk if final is None else final + chunk
@@ -149,6 +157,7 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
             return Generation(text=final.text, generation_info=final.generation_info)
 
         manager = run_manager if len(prompts) == 1 else None
+        self._runtime.expect(len(prompts))  # they reach the runtime one by one: let them prefill together
         gens = [[g] for g in await asyncio.gather(*(one(p, manager) for p in prompts))]
         return LLMResult(generations=gens, llm_output=self._llm_output(gens))
 

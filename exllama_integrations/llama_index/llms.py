@@ -6,7 +6,6 @@ is decided in :mod:`exllama_integrations.runtime.chat`, the same as for LangChai
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,7 @@ from llama_index.core.llms.llm import ToolSelection
 
 from .._adapter import ExLlamaConfig
 from ..runtime.api import StreamChunk
-from ..runtime.chat import ChatRequest, PreparedChat, prepare_chat
+from ..runtime.chat import ChatRequest, PreparedChat, aprepare_chat, prepare_chat
 from ..runtime.chat_outcome import ChatDelta, ChatOutcome, astream_chat, metadata, stream_chat
 from ..runtime.settings import GenerationSettings
 from ._utils import alast_response, is_custom_messages_to_prompt, last_response, li_logprobs, template_messages
@@ -109,20 +108,22 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Complete ``prompt``; ``raw["usage"]`` holds exact token counts."""
         # The undecorated generator: going through stream_complete would fire the callbacks twice.
-        return last_response(self._stream_complete(prompt, formatted, kwargs), all_logprobs=True)
+        return last_response(self._stream_complete(prompt, formatted, kwargs, incremental=False), all_logprobs=True)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         """Stream a completion: cumulative ``text`` and ``delta``; usage on the last response."""
         return self._stream_complete(prompt, formatted, kwargs)
 
-    def _stream_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseGen:
+    def _stream_complete(
+        self, prompt: str, formatted: bool, kwargs: dict[str, Any], incremental: bool = True
+    ) -> CompletionResponseGen:
         settings = self._call_settings(None, kwargs)
         text = self._completion_prompt(prompt, formatted)
 
         def gen() -> CompletionResponseGen:
             acc = ""
-            with self._runtime.stream(text, settings) as stream:
+            with self._runtime.stream(text, settings, incremental=incremental) as stream:
                 for chunk in stream:
                     acc += chunk.text
                     if chunk.text or chunk.logprobs or chunk.finish_reason is not None:
@@ -133,20 +134,24 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Async :meth:`complete`; decoding runs off the event loop."""
-        return await alast_response(self._astream_complete(prompt, formatted, kwargs), all_logprobs=True)
+        return await alast_response(
+            self._astream_complete(prompt, formatted, kwargs, incremental=False), all_logprobs=True
+        )
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
         """Async :meth:`stream_complete`; the event loop stays free."""
         return self._astream_complete(prompt, formatted, kwargs)
 
-    def _astream_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseAsyncGen:
+    def _astream_complete(
+        self, prompt: str, formatted: bool, kwargs: dict[str, Any], incremental: bool = True
+    ) -> CompletionResponseAsyncGen:
         settings = self._call_settings(None, kwargs)
         text = self._completion_prompt(prompt, formatted)
 
         async def gen() -> CompletionResponseAsyncGen:
             acc = ""
-            async for chunk in self._runtime.astream(text, settings):
+            async for chunk in self._runtime.astream(text, settings, incremental=incremental):
                 acc += chunk.text
                 if chunk.text or chunk.logprobs or chunk.finish_reason is not None:
                     yield self._completion(acc, chunk)
@@ -204,19 +209,21 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Chat through the model's own template (not through complete); ``raw["usage"]`` is exact."""
-        return last_response(self._stream_chat(messages, kwargs))
+        return last_response(self._stream_chat(messages, kwargs, incremental=False))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         """Stream a chat reply; tool-call text is held back; tool calls and usage arrive on the last response."""
         return self._stream_chat(messages, kwargs)
 
-    def _stream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
+    def _stream_chat(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], incremental: bool = True
+    ) -> ChatResponseGen:
         prepared, settings = self._prepare(messages, kwargs)
 
         def gen() -> ChatResponseGen:
             acc = ""
-            for item in stream_chat(self._runtime, prepared, settings):
+            for item in stream_chat(self._runtime, prepared, settings, incremental=incremental):
                 acc += item.text if isinstance(item, ChatDelta) else ""
                 yield self._chat_response(acc, item)
 
@@ -225,20 +232,22 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async :meth:`chat`; rendering and decoding run off the event loop."""
-        return await alast_response(self._astream_chat(messages, kwargs))
+        return await alast_response(self._astream_chat(messages, kwargs, incremental=False))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         """Async :meth:`stream_chat`; the event loop stays free."""
         return self._astream_chat(messages, kwargs)
 
-    def _astream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseAsyncGen:
+    def _astream_chat(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], incremental: bool = True
+    ) -> ChatResponseAsyncGen:
         request, settings = self._chat_request(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
-            prepared = await asyncio.to_thread(prepare_chat, self._runtime, request)
+            prepared = await aprepare_chat(self._runtime, request)
             acc = ""
-            async for item in astream_chat(self._runtime, prepared, settings):
+            async for item in astream_chat(self._runtime, prepared, settings, incremental=incremental):
                 acc += item.text if isinstance(item, ChatDelta) else ""
                 yield self._chat_response(acc, item)
 

@@ -15,6 +15,11 @@ from .settings import GenerationSettings
 if TYPE_CHECKING:
     from .tokenizer import NativeTokenizer
 
+INLINE_PROMPT_CHARS = 8192
+"""Prompts up to this long are tokenized on the event loop by ``astream`` (about a millisecond of work, less
+than a hand-off to a thread costs once a decoding thread keeps the GIL busy); chat templates always render
+on a thread (their time is not bounded by the conversation's length)."""
+
 
 def check_setting_names(names: Sequence[str], what: str = "generation setting") -> None:
     """Refuse names that are not settings, naming the closest match.
@@ -78,6 +83,14 @@ class RuntimeCommon(ABC):
     @abstractmethod
     def model_info(self) -> ModelInfo: ...
 
+    def expect(self, n: int) -> None:  # noqa: B027 - optional: only a runtime that batches on arrival acts on it
+        """Say that ``n`` requests of one batch are about to arrive one by one.
+
+        For ``asyncio.gather`` of calls or a LangChain ``abatch``: a local exllamav3 runtime waits for them, up
+        to a tenth of a second, before it starts decoding, so they prefill together. Elsewhere nothing happens
+        (a server batches on its side).
+        """
+
     @abstractmethod
     def stream(
         self,
@@ -86,6 +99,7 @@ class RuntimeCommon(ABC):
         *,
         grammar: Grammar | None = None,
         add_special_tokens: bool = True,
+        incremental: bool = True,
         **overrides: Any,
     ) -> TextStream: ...
 
@@ -97,6 +111,7 @@ class RuntimeCommon(ABC):
         *,
         grammar: Grammar | None = None,
         add_special_tokens: bool = True,
+        incremental: bool = True,
         **overrides: Any,
     ) -> AsyncIterator[StreamChunk]: ...
 
@@ -124,8 +139,10 @@ class RuntimeCommon(ABC):
         add_special_tokens: bool = True,
         **overrides: Any,
     ) -> GenerationResult:
-        """Generate a whole completion (the stream, collected)."""
-        with self.stream(prompt, settings, grammar=grammar, add_special_tokens=add_special_tokens, **overrides) as s:
+        """Generate a whole completion (the stream, collected, read with ``incremental=False``)."""
+        with self.stream(
+            prompt, settings, grammar=grammar, add_special_tokens=add_special_tokens, incremental=False, **overrides
+        ) as s:
             chunks = list(s)
         return s.result if s.result is not None else result_of(chunks, self.model_info().backend)
 
@@ -142,7 +159,7 @@ class RuntimeCommon(ABC):
         chunks = [
             c
             async for c in self.astream(
-                prompt, settings, grammar=grammar, add_special_tokens=add_special_tokens, **overrides
+                prompt, settings, grammar=grammar, add_special_tokens=add_special_tokens, incremental=False, **overrides
             )
         ]
         return result_of(chunks, self.model_info().backend)
@@ -158,6 +175,7 @@ class RuntimeCommon(ABC):
     ) -> list[GenerationResult]:
         """Async :meth:`batch`: every prompt at once."""
         s = self.resolve_settings(settings, **overrides)
+        self.expect(len(prompts))
         return list(
             await asyncio.gather(
                 *(self.agenerate(p, s, grammar=grammar, add_special_tokens=add_special_tokens) for p in prompts)

@@ -216,11 +216,15 @@ class Runtime(Protocol):
 
     ``prompt`` is text or token ids; ``settings`` is a resolved :class:`GenerationSettings` (or None
     for the runtime's defaults) and ``overrides`` are settings by name. ``add_special_tokens=False``
-    is for text rendered by :meth:`chat_prompt`, which carries its own BOS.
+    is for text rendered by :meth:`chat_prompt`, which carries its own BOS. ``incremental=False`` on
+    ``stream``/``astream`` says the caller reads the whole completion (the runtime may hand it over at
+    once); ``expect(n)`` announces ``n`` requests of one batch that arrive one by one.
     """
 
     @property
     def closed(self) -> bool: ...
+
+    def expect(self, n: int) -> None: ...
 
     def model_info(self) -> ModelInfo: ...
 
@@ -249,6 +253,7 @@ class Runtime(Protocol):
         *,
         grammar: Grammar | None = None,
         add_special_tokens: bool = True,
+        incremental: bool = True,
         **overrides: Any,
     ) -> TextStream: ...
 
@@ -259,6 +264,7 @@ class Runtime(Protocol):
         *,
         grammar: Grammar | None = None,
         add_special_tokens: bool = True,
+        incremental: bool = True,
         **overrides: Any,
     ) -> AsyncIterator[StreamChunk]: ...
 

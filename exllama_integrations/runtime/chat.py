@@ -10,6 +10,7 @@ JSON-schema grammar. What comes back is finished in :mod:`.chat_outcome`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -268,3 +269,12 @@ def literal_prompt_ids(runtime: Runtime, messages: list[dict[str, Any]], render:
         else:
             ids += runtime.encode(texts[int(part)], parse_special=False)
     return ids
+
+
+async def aprepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
+    """:func:`prepare_chat` from a coroutine, on a thread.
+
+    A template's rendering time is not bounded by the conversation's length (a custom template may loop),
+    so it never runs on the event loop.
+    """
+    return await asyncio.to_thread(prepare_chat, runtime, request)

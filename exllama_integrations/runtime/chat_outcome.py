@@ -230,12 +230,21 @@ def _streamer(runtime: Runtime, prepared: PreparedChat, settings: GenerationSett
 
 
 def stream_chat(
-    runtime: Runtime, prepared: PreparedChat, settings: GenerationSettings, strict: bool = True
+    runtime: Runtime,
+    prepared: PreparedChat,
+    settings: GenerationSettings,
+    strict: bool = True,
+    incremental: bool = True,
 ) -> Iterator[ChatDelta | ChatOutcome]:
-    """Run a prepared chat: deltas, then the outcome last. Closing the iterator cancels the generation."""
+    """Run a prepared chat: deltas, then the outcome last. Closing the iterator cancels the generation.
+
+    ``incremental=False``: the caller wants the outcome only (see ``Runtime.stream``).
+    """
     settings = prepared.settings_for(settings)
     streamer = _streamer(runtime, prepared, settings, strict)
-    with runtime.stream(prepared.prompt, settings, grammar=prepared.grammar, add_special_tokens=False) as s:
+    with runtime.stream(
+        prepared.prompt, settings, grammar=prepared.grammar, add_special_tokens=False, incremental=incremental
+    ) as s:
         for chunk in s:
             item = streamer.feed(chunk)
             if item is not None:
@@ -243,12 +252,18 @@ def stream_chat(
 
 
 async def astream_chat(
-    runtime: Runtime, prepared: PreparedChat, settings: GenerationSettings, strict: bool = True
+    runtime: Runtime,
+    prepared: PreparedChat,
+    settings: GenerationSettings,
+    strict: bool = True,
+    incremental: bool = True,
 ) -> AsyncIterator[ChatDelta | ChatOutcome]:
     """Async :func:`stream_chat`; the event loop stays free."""
     settings = prepared.settings_for(settings)
     streamer = _streamer(runtime, prepared, settings, strict)
-    agen = runtime.astream(prepared.prompt, settings, grammar=prepared.grammar, add_special_tokens=False)
+    agen = runtime.astream(
+        prepared.prompt, settings, grammar=prepared.grammar, add_special_tokens=False, incremental=incremental
+    )
     try:
         async for chunk in agen:
             item = streamer.feed(chunk)

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - exercised by the missing-extra test
     raise MissingDependencyError("fastapi", "serve", "the HTTP server") from None
 
 from ..runtime.api import Runtime, result_of
-from ..runtime.chat import prepare_chat
+from ..runtime.chat import aprepare_chat
 from ..runtime.chat_outcome import ChatOutcome, astream_chat, usage_dict
 from . import convert
 from .convert import WireError
@@ -209,7 +209,9 @@ def create_app(
         settings = resolve(req)
         prompt, grammar = convert.completion_prompt(req), convert.completion_grammar(req)
         rid = convert.new_id("cmpl")
-        chunks = runtime.astream(prompt, settings, grammar=grammar, add_special_tokens=req.add_special_tokens)
+        chunks = runtime.astream(
+            prompt, settings, grammar=grammar, add_special_tokens=req.add_special_tokens, incremental=bool(req.stream)
+        )
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return await start(completion_events(chunks, rid, name, req.return_details, include_usage, request.state))
@@ -231,8 +233,8 @@ def create_app(
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
         check(req.model, req.max_completion_tokens or req.max_tokens)
         settings = resolve(req)
-        prepared = await asyncio.to_thread(prepare_chat, runtime, convert.chat_request(req))
-        items = astream_chat(runtime, prepared, settings, strict=False)
+        prepared = await aprepare_chat(runtime, convert.chat_request(req))
+        items = astream_chat(runtime, prepared, settings, strict=False, incremental=bool(req.stream))
         rid = convert.new_id("chatcmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)

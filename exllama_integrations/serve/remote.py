@@ -169,8 +169,10 @@ class RemoteRuntime(RuntimeCommon):
         *,
         grammar: Grammar | None = None,
         add_special_tokens: bool = True,
+        incremental: bool = True,
         **overrides: Any,
     ) -> RemoteStream:
+        # ``incremental`` is a hint this runtime does not use yet: answers always come back as an SSE stream
         s = self.resolve_settings(settings, **overrides)
         body = self._body(prompt, s, grammar, add_special_tokens)
         try:
@@ -198,6 +200,7 @@ class RemoteRuntime(RuntimeCommon):
         *,
         grammar: Grammar | None = None,
         add_special_tokens: bool = True,
+        incremental: bool = True,
         **overrides: Any,
     ) -> AsyncIterator[StreamChunk]:
         s = self.resolve_settings(settings, **overrides)

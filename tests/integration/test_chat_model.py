@@ -99,6 +99,24 @@ def test_invoke_answers_with_usage_and_metadata(chat: ChatExLlama):
     assert md["time_to_first_token"] > 0
 
 
+def test_invoke_streams_to_a_listening_handler_only(chat: ChatExLlama):
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Tokens(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.tokens: list[str] = []
+
+        def on_llm_new_token(self, token: str, **kwargs) -> None:
+            self.tokens.append(token)
+
+    listening = Tokens()
+    heard = chat.invoke("Name a color.", config={"callbacks": [listening]})
+    assert len(listening.tokens) > 1 and "".join(listening.tokens) == heard.content
+    quiet = chat.invoke("Name a color.")  # nobody listens: the reply is read whole, the same reply
+    assert quiet.content == heard.content and quiet.usage_metadata == heard.usage_metadata
+    assert quiet.response_metadata["time_to_first_token"] > 0
+
+
 def test_stream_usage_set_once_and_matches_invoke(chat: ChatExLlama):
     chunks = list(chat.stream("Name a color."))
     with_usage = [c for c in chunks if c.usage_metadata]

@@ -1,5 +1,6 @@
 """LangChain ExLlamaLLM end to end on the real demo model (CPU reference backend)."""
 
+import asyncio
 import subprocess
 import sys
 
@@ -43,6 +44,35 @@ def test_stream_concatenates_to_invoke_and_callbacks_see_every_token(llm: ExLlam
     assert "".join(chunks) == llm.invoke(PROMPT)
     assert cb.tokens == [c for c in chunks if c]
     assert all(ch is not None and ch.text == t for ch, t in zip(cb.chunks, cb.tokens))
+
+
+class OnlyEnds(BaseCallbackHandler):
+    """A handler that does not listen for tokens (LangChain's StdOutCallbackHandler is one)."""
+
+    def __init__(self) -> None:
+        self.ends = 0
+
+    def on_llm_end(self, response, **kwargs) -> None:
+        self.ends += 1
+
+
+def test_invoke_streams_to_a_handler_that_listens_and_reads_whole_for_one_that_does_not(llm: ExLlamaLLM):
+    listening, quiet = Tokens(), OnlyEnds()
+    text = llm.invoke(PROMPT, config={"callbacks": [listening]})
+    assert len(listening.tokens) > 2 and "".join(listening.tokens) == text
+    assert llm.invoke(PROMPT, config={"callbacks": [quiet]}) == text and quiet.ends == 1
+    res = llm.generate([PROMPT], callbacks=[quiet])
+    assert res.generations[0][0].text == text and res.generations[0][0].generation_info["time_to_first_token"] > 0
+
+
+async def test_ainvoke_streams_to_a_listening_handler_and_gathers_whole_ones_at_once(llm: ExLlamaLLM):
+    listening = Tokens()
+    text = await llm.ainvoke(PROMPT, config={"callbacks": [listening]})
+    assert len(listening.tokens) > 2 and "".join(listening.tokens) == text
+    async with loop_ticks() as watch:
+        many = await asyncio.gather(*(llm.ainvoke(PROMPT) for _ in range(4)))
+    assert many == [text] * 4
+    watch.assert_free()
 
 
 def test_generate_reports_usage_and_finish_reason(llm: ExLlamaLLM):

@@ -155,3 +155,20 @@ async def test_astream_keeps_the_event_loop_free(demo_runtime: ExLlamaRuntime):
         )
     assert text
     ticks.assert_free()  # ~0.6 s of decoding; a blocked loop would tick once
+
+
+def test_a_whole_completion_read_gives_the_same_chunks_result_and_timings(demo_runtime: ExLlamaRuntime):
+    kw = dict(temperature=0, max_new_tokens=24, ignore_eos=True)
+    live = demo_runtime.stream(PROMPT, **kw)
+    live_chunks = list(live)
+    whole = demo_runtime.stream(PROMPT, incremental=False, **kw)
+    whole_chunks = list(whole)
+    assert "".join(c.text for c in whole_chunks) == "".join(c.text for c in live_chunks) == whole.result.text
+    assert whole.result.token_ids == live.result.token_ids and whole.result.usage == live.result.usage
+    t = whole.result.timings
+    assert 0 < t.time_to_first_token < t.total and t.tokens_per_second > 0
+    stopped = demo_runtime.generate(PROMPT, temperature=0, max_new_tokens=60, stop=["."])
+    streamed = demo_runtime.stream(PROMPT, temperature=0, max_new_tokens=60, stop=["."])
+    list(streamed)
+    assert stopped.text == streamed.result.text and stopped.finish_reason == "stop"
+    assert stopped.usage.completion_tokens == streamed.result.usage.completion_tokens  # cut where the stream was

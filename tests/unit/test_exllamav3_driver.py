@@ -17,7 +17,7 @@ from exllama_integrations.errors import InvalidSettingsError, ModelNotFoundError
 from exllama_integrations.runtime.backends import options_for
 from exllama_integrations.runtime.backends._exllamav3_util import LiveJob
 from exllama_integrations.runtime.backends.base import BackendRequest, TokenStep
-from exllama_integrations.runtime.backends.exllamav3 import ExLlamaV3Backend
+from exllama_integrations.runtime.backends.exllamav3 import EXPECT_AT_MOST, ExLlamaV3Backend
 from exllama_integrations.runtime.files import peft_adapter
 from exllama_integrations.runtime.settings import GenerationSettings
 
@@ -64,6 +64,7 @@ def _driver(interval: int = 1, window: float = 0.0) -> ExLlamaV3Backend:
     b = object.__new__(ExLlamaV3Backend)  # the driver's bookkeeping only: no generator
     b._interval, b._window, b._arrived = interval, window, 0.0
     b._cv, b._inbox, b._closing = threading.Condition(), deque(), False
+    b._expected, b._expected_until = 0, 0.0
     return b
 
 
@@ -112,24 +113,105 @@ def test_an_idle_driver_takes_a_burst_of_requests_at_once():
     def burst():
         for i in range(5):
             with b._cv:
-                b._inbox.append((i, None))
+                b._inbox.append(i)
                 b._arrived = time.monotonic()
                 b._cv.notify()
             time.sleep(0.005)  # callers a few ms apart, as threads of a LangChain batch are
 
     threading.Thread(target=burst).start()
     taken = b._take_inbox(idle=True)
-    assert [i for i, _ in taken] == [0, 1, 2, 3, 4]
+    assert taken == [0, 1, 2, 3, 4]
     nb = _driver(window=0.0)
-    nb._inbox.append((0, None))
+    nb._inbox.append(0)
     assert len(nb._take_inbox(idle=True)) == 1  # no window: at once
     busy = _driver(window=10.0)
-    busy._inbox.append((0, None))
+    busy._inbox.append(0)
     t0 = time.monotonic()
     assert len(busy._take_inbox(idle=False)) == 1 and time.monotonic() - t0 < 1  # with jobs decoding: no wait
     with busy._cv:
         busy._closing = True
     assert busy._take_inbox(idle=True) is None
+
+
+def _arrivals(b: ExLlamaV3Backend, items: list, gap: float) -> None:
+    def go():
+        for i in items:
+            b.submit([i])
+            time.sleep(gap)
+
+    threading.Thread(target=go, daemon=True).start()
+
+
+def test_an_announced_batch_is_waited_for_and_a_member_that_never_comes_is_not_waited_for_long():
+    alone = _driver(window=0.002)
+    _arrivals(alone, [0, 1, 2], 0.03)  # members 30 ms apart: more than the quiet window
+    assert alone._take_inbox(idle=True) == [0]
+    b = _driver(window=0.002)
+    b.expect(3)
+    _arrivals(b, [0, 1, 2], 0.03)
+    assert b._take_inbox(idle=True) == [0, 1, 2]  # told they were coming: all three prefill together
+    late = _driver(window=0.002)
+    late.expect(5)
+    t0 = time.monotonic()
+    _arrivals(late, [0], 0)
+    assert late._take_inbox(idle=True) == [0]  # four never came (failed before submit): not waited for forever
+    assert 0.5 * EXPECT_AT_MOST < time.monotonic() - t0 < 2 and late._expected == 0
+
+
+class _Generator:
+    """exllamav3's Generator as the driver sees it: jobs in, one token per job per iterate(), done after two."""
+
+    def __init__(self):
+        self.jobs, self.closed = [], False
+
+    def enqueue(self, job):
+        self.jobs.append([job, 0])
+
+    def cancel(self, job):
+        self.jobs = [j for j in self.jobs if j[0] is not job]
+
+    def iterate(self):
+        out = []
+        for j in self.jobs:
+            j[1] += 1
+            out.append({"job": j[0], "stage": "streaming", "token_ids": _Ids([j[1]]), "eos": j[1] == 2})
+            if j[1] == 2:
+                out[-1]["eos_reason"] = "max_new_tokens"
+        self.jobs = [j for j in self.jobs if j[1] < 2]
+        return out
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_driver_builds_each_job_and_a_bad_request_fails_alone():
+    b = _driver()
+    b._generator, b._model, b._draft, b._loras, b._freed = _Generator(), None, None, [], False
+    built = []
+
+    def job(req):  # on the driver's thread, not the caller's
+        built.append(threading.current_thread().name)
+        if req.prompt_ids == [666]:
+            raise ValueError("no such job")
+        return object()
+
+    b._job = job
+    b._driver = threading.Thread(target=b._drive, name="driver", daemon=True)
+    b._driver.start()
+    steps: dict[int, list[TokenStep]] = {1: [], 666: [], 3: []}
+    reqs = [BackendRequest([k], GenerationSettings(), 2, frozenset(), steps[k].append) for k in steps]
+    b.submit(reqs)
+    deadline = time.monotonic() + 10
+    while not all(v and v[-1].finish for v in steps.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    b.close()
+    assert built == ["driver"] * 3
+    assert isinstance(steps[666][-1].error, ValueError) and steps[666][-1].finish == "error"
+    for k in (1, 3):
+        assert [t for st in steps[k] for t in st.token_ids] == [1, 2] and steps[k][-1].finish == "length"
+    assert b._generator is None  # closed after the driver stopped
+    b.submit([BackendRequest([1], GenerationSettings(), 2, frozenset(), steps[1].append)])
+    assert steps[1][-1].finish == "cancelled"  # after close(): ended at once, not left waiting
 
 
 def test_a_runtime_with_a_lora_is_its_own_shared_entry():

@@ -39,3 +39,33 @@ def test_steps_that_waited_arrive_as_one_chunk():
     chunks = run.feed_all(waiting)
     assert [c.text for c in chunks] == ["hello!", ""] and chunks[0].token_ids == tuple(b"hello!")
     assert chunks[-1].finish_reason == "length" and run.result.text == "hello!"
+
+
+def _emitted(settings: GenerationSettings, incremental: bool, n: int = 20) -> tuple[list[list], Run]:
+    """n one-token steps through ``emit``, the last one final; what the reader's queue received."""
+    run = Run(_Bytes(), settings, [65], frozenset({0}), None, "toy")
+    puts: list[list] = []
+    emit = run.emit_to(puts.append, incremental)
+    for i in range(n):
+        emit(TokenStep((0x61 + i % 26,), finish="length" if i == n - 1 else None))
+    return puts, run
+
+
+def test_a_whole_completion_reader_is_woken_once_with_every_step_and_its_time():
+    eager, _ = _emitted(GenerationSettings(), True)
+    assert len(eager) == 20 and all(len(p) == 1 for p in eager)  # a streaming reader: every step
+    whole, run = _emitted(GenerationSettings(), False)
+    assert len(whole) == 1 and [s for s, _ in whole[0]] == [s for p in eager for s, _ in p]
+    times = [t for _, t in whole[0]]
+    assert times == sorted(times) and times[0] < times[-1]  # each step keeps when it was made (TTFT stays exact)
+    chunks = run.feed_all(whole[0])
+    assert run.result.text == "abcdefghijklmnopqrst" and run.result.usage.completion_tokens == 20
+    assert chunks[-1].finish_reason == "length"
+
+
+def test_stop_strings_are_watched_every_few_steps_and_end_the_run_where_they_match():
+    puts, run = _emitted(GenerationSettings(stop=["cd"]), False)
+    assert [len(p) for p in puts] == [8, 8, 4]  # the reader sees text every WATCH_EVERY steps, to stop early
+    run.feed_all(puts[0])
+    assert run.result.text == "ab" and run.result.finish_reason == "stop"
+    assert run.result.usage.completion_tokens == 4  # counted up to the step that completed the stop string

@@ -186,6 +186,9 @@ class Backend(ABC):
     def submit(self, requests: Sequence[BackendRequest]) -> None:
         """Start decoding ``requests`` (together, where the backend batches); returns at once."""
 
+    def expect(self, n: int) -> None:  # noqa: B027 - optional: backends that batch on arrival override it
+        """``n`` requests of one batch will be submitted one by one, soon: a backend that batches may wait for them."""
+
     @abstractmethod
     def close(self) -> None:
         """Cancel what runs, wait for the step in flight, then free the model. Idempotent; always returns."""

@@ -1,10 +1,12 @@
 """ExLlamaV3 backend (primary): Config -> Model -> Cache -> Tokenizer -> Generator, streaming through Jobs.
 
-One driver thread owns the generator: it enqueues the jobs handed to :meth:`submit` (all of a batch
-in the same iteration, so they prefill and decode together), runs ``generator.iterate()`` while
-jobs exist, and sleeps on a condition otherwise (no polling). Jobs are built on the caller's
-thread. A cancelled request's job leaves the batch at the next iteration; ``close()`` stops the
-driver after the iteration in flight, then frees the cache and the weights.
+One driver thread owns the generator: it builds and enqueues the jobs of the requests handed to
+:meth:`submit` (all of a batch in the same iteration, so they prefill and decode together), runs
+``generator.iterate()`` while jobs exist, and sleeps on a condition otherwise (no polling). Jobs are
+built on the driver's thread, not the caller's: under load, every Python step a caller takes before
+its request is in waits for the GIL that the driver holds, and each wait can cost a switch interval.
+A cancelled request's job leaves the batch at the next iteration; ``close()`` stops the driver after
+the iteration in flight, then frees the cache and the weights.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ if TYPE_CHECKING:
     from ..tokenizer import NativeTokenizer
 
 logger = logging.getLogger(__name__)
+
+EXPECT_AT_MOST = 0.1
+"""Seconds the idle driver waits at most for the rest of an announced batch (a member may fail before it arrives)."""
 
 
 class ExLlamaV3Backend(Backend):
@@ -146,6 +151,7 @@ class ExLlamaV3Backend(Backend):
         self._interval, self._window = options.stream_interval, options.arrival_window
         self._speculative = "draft model" if draft is not None else "n-gram" if options.ngram_match_min else None
         self._arrived = 0.0
+        self._expected, self._expected_until = 0, 0.0
         self._full_context_jobs = cache_tokens // whole_pages(self._context)
         logger.info(
             "exllamav3: cache of %d tokens (%d jobs of the full %d-token context at once) %s",
@@ -155,7 +161,7 @@ class ExLlamaV3Backend(Backend):
             self._sizing,
         )
         self._cv = threading.Condition()
-        self._inbox: deque[tuple[Any, BackendRequest]] = deque()
+        self._inbox: deque[BackendRequest] = deque()
         self._closing = False
         self._freed = False
         self._driver = threading.Thread(target=self._drive, name="exllama-exllamav3-driver", daemon=True)
@@ -202,34 +208,46 @@ class ExLlamaV3Backend(Backend):
         )
 
     def submit(self, requests: Sequence[BackendRequest]) -> None:
-        jobs = []
-        for r in requests:
-            try:
-                jobs.append((self._job(r), r))
-            except Exception as e:  # noqa: BLE001 - a bad request fails alone
-                r.emit(TokenStep(finish="error", error=e))
         with self._cv:
             if not self._closing:
-                self._inbox.extend(jobs)
+                self._inbox.extend(requests)
                 self._arrived = time.monotonic()
+                self._expected = max(0, self._expected - len(requests))
                 self._cv.notify()
                 return
-        fail_all([r for _, r in jobs])
+        fail_all(requests)
+
+    def expect(self, n: int) -> None:
+        """``n`` requests of one batch are on their way: the idle driver waits for them (see ``_take_inbox``)."""
+        with self._cv:
+            self._expected += n
+            self._expected_until = time.monotonic() + EXPECT_AT_MOST
 
     # ------------------------------------------------------------------ driver thread
 
-    def _take_inbox(self, idle: bool) -> list[tuple[Any, BackendRequest]] | None:
-        """The requests handed in since the last step (None when closing); from idle, a burst's worth."""
+    def _take_inbox(self, idle: bool) -> list[BackendRequest] | None:
+        """The requests handed in since the last step (None when closing); from idle, a burst's worth.
+
+        From idle it waits until no request came for ``arrival_window``, at most 50 windows, and for the rest
+        of an announced batch (:meth:`expect`), at most ``EXPECT_AT_MOST`` after the announcement.
+        """
         with self._cv:
             while not self._closing and not self._inbox and idle:
                 self._cv.wait()
             if idle and self._window:
-                deadline = time.monotonic() + 50 * self._window
-                while not self._closing and (now := time.monotonic()) < deadline:
-                    quiet = self._arrived + self._window - now
-                    if quiet <= 0:
+                quiet_deadline = time.monotonic() + 50 * self._window
+                while not self._closing:
+                    now = time.monotonic()
+                    quiet_left = self._arrived + self._window - now
+                    if self._expected and now < self._expected_until:
+                        timeout = self._expected_until - now  # the rest of an announced batch
+                    elif quiet_left > 0 and now < quiet_deadline:
+                        timeout = min(quiet_left, quiet_deadline - now)
+                    else:
                         break
-                    self._cv.wait(min(quiet, deadline - now))
+                    self._cv.wait(timeout)
+            if self._expected and time.monotonic() >= self._expected_until:
+                self._expected = 0  # members that never came (failed before they were handed in)
             if self._closing:
                 return None
             incoming = list(self._inbox)
@@ -246,11 +264,12 @@ class ExLlamaV3Backend(Backend):
                 incoming = self._take_inbox(idle=not live)
                 if incoming is None:
                     break
-                for job, req in incoming:
+                for req in incoming:
                     try:
+                        job = self._job(req)
                         gen.enqueue(job)
                         live[id(job)] = LiveJob(job, req)
-                    except Exception as e:  # noqa: BLE001 - a bad job must not stop the driver
+                    except Exception as e:  # noqa: BLE001 - a bad request fails alone; the driver goes on
                         req.emit(TokenStep(finish="error", error=e))
                 for key, entry in list(live.items()):
                     if entry.req.cancel.is_set():
@@ -287,7 +306,7 @@ class ExLlamaV3Backend(Backend):
                 entry.req.emit(TokenStep(finish="cancelled"))
             with self._cv:
                 self._closing = True
-                pending = [req for _, req in self._inbox]
+                pending = list(self._inbox)
                 self._inbox.clear()
             fail_all(pending)
 

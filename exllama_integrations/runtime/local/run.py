@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import queue
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from ..constraints import ConstraintMatcher
     from ..settings import GenerationSettings
     from ..tokenizer import NativeTokenizer
+
+WATCH_EVERY = 8
+"""Steps a whole-completion reader's tokens are held at most while it watches for stop strings."""
 
 _NATIVE_FINISH = {"length": "length", "end": "eos", "cancelled": "cancelled", "stop_token": "eos"}
 
@@ -59,16 +63,36 @@ class Run:
         """Whether the final chunk was produced."""
         return self.result is not None
 
-    def emit_to(self, put: Callable[[tuple[TokenStep, float]], None]) -> Callable[[TokenStep], None]:
-        """The ``emit`` for the backend: feed the grammar (so the next mask is ready), timestamp, hand on."""
+    def emit_to(
+        self, put: Callable[[list[tuple[TokenStep, float]]], None], incremental: bool = True
+    ) -> Callable[[TokenStep], None]:
+        """The ``emit`` for the backend: feed the grammar (so the next mask is ready), timestamp, hand on.
+
+        ``incremental=False`` (a reader of the whole completion): the steps are held and handed on together
+        when the generation ends, or every ``WATCH_EVERY`` steps while stop strings must be watched, so the
+        reader's thread wakes once instead of once per token (under load those wake-ups cost the driver
+        its GIL). Each step keeps its own timestamp, so time to first token stays exact.
+        """
         matcher = self.matcher
+        held: list[tuple[TokenStep, float]] = []
+        lock = threading.Lock()
+        every = WATCH_EVERY if self.settings.stop else 0
 
         def emit(step: TokenStep) -> None:
             t = time.perf_counter()
             if matcher is not None:
                 for tid in step.token_ids:
                     matcher.accept(tid)
-            put((step, t))
+            if incremental:
+                put([(step, t)])
+                return
+            with lock:  # steps come from the backend's thread; a final one may come from close()
+                held.append((step, t))
+                if step.finish is None and (not every or len(held) < every):
+                    return
+                items = held[:]
+                held.clear()
+            put(items)
 
         return emit
 
@@ -124,6 +148,8 @@ class Run:
         instead of one per token, so the readers' work does not grow with the load (the GIL is shared with
         the backend's driver).
         """
+        if len(steps) > 2 and not self.settings.stop:
+            steps = [steps[0], _joined(steps[1:])]
         out: list[StreamChunk] = []
         for step, t in steps:
             if self.finished:
@@ -166,6 +192,18 @@ class Run:
         return final
 
 
+def _joined(steps: list[tuple[TokenStep, float]]) -> tuple[TokenStep, float]:
+    """Steps with nothing to watch between them as one step, detokenized at once, at the last one's time.
+
+    Only without stop strings (a backend itself ends a run at its stop ids); :meth:`Run.feed_all` keeps the
+    first step apart, for the time to first token.
+    """
+    raw = [lp for s, _ in steps for lp in (s.logprobs or ())] if any(s.logprobs for s, _ in steps) else None
+    last = steps[-1][0]
+    ids = tuple(t for s, _ in steps for t in s.token_ids)
+    return TokenStep(ids, tuple(raw) if raw else None, last.finish, last.error), steps[-1][1]
+
+
 class LocalStream:
     """A generation read from a thread: iterate for chunks; ``close()`` (or ``break``) cancels it.
 
@@ -190,10 +228,10 @@ class LocalStream:
             if self._closed or self._run.finished:
                 self._release()
                 raise StopIteration
-            waiting = [self._steps.get()]
+            waiting = list(self._steps.get())
             while True:  # take what else is already there (a reader that fell behind catches up at once)
                 try:
-                    waiting.append(self._steps.get_nowait())
+                    waiting += self._steps.get_nowait()
                 except queue.Empty:
                     break
             try:
@@ -254,8 +292,8 @@ async def aiter_run(run: Run, steps: asyncio.Queue[Any]) -> AsyncIterator[Stream
     async generator abandoned mid-way is finalized only later).
     """
     while not run.finished:
-        waiting = [await steps.get()]
+        waiting = list(await steps.get())
         while not steps.empty():
-            waiting.append(steps.get_nowait())
+            waiting += steps.get_nowait()
         for chunk in run.feed_all(waiting):
             yield chunk

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ...errors import RuntimeClosedError
-from .._common import RuntimeCommon
+from .._common import INLINE_PROMPT_CHARS, RuntimeCommon
 from ..api import GenerationResult, Grammar, ModelInfo, Prompt, StreamChunk
 from ..backends import BackendRequest
 from ..constraints import TokenConstraint
@@ -229,6 +229,7 @@ class ExLlamaRuntime(RuntimeCommon):
         add_special_tokens: bool,
         overrides: dict[str, Any],
         put: Any,
+        incremental: bool = True,
     ) -> tuple[Run, BackendRequest]:
         """Validate and tokenize one request (raising typed errors before anything runs)."""
         self._require_backend()
@@ -239,8 +240,14 @@ class ExLlamaRuntime(RuntimeCommon):
             frozenset() if s.ignore_eos else frozenset(self.tokenizer.eos_token_ids)
         )
         run = Run(self.tokenizer, s, ids, stop_ids, matcher, self.backend_name)
-        request = BackendRequest(ids, s, max_new, stop_ids, run.emit_to(put), constraint=matcher)
+        request = BackendRequest(ids, s, max_new, stop_ids, run.emit_to(put, incremental), constraint=matcher)
         return run, request
+
+    def expect(self, n: int) -> None:
+        """See :meth:`RuntimeCommon.expect <exllama_integrations.runtime._common.RuntimeCommon.expect>`."""
+        backend = self._backend
+        if backend is not None and n > 1:
+            backend.expect(n)
 
     def _submit(self, requests: list[BackendRequest]) -> None:
         with self._lock:
@@ -259,13 +266,17 @@ class ExLlamaRuntime(RuntimeCommon):
         *,
         grammar: Grammar | None = None,
         add_special_tokens: bool = True,
+        incremental: bool = True,
         **overrides: Any,
     ) -> LocalStream:
         """Stream a completion of ``prompt`` (text, or token ids) chunk by chunk.
 
         Overrides are generation settings (``temperature=0``, ``stop=[...]``, ...); ``grammar``
         constrains the output. Breaking out of the loop or closing the stream cancels the generation
-        within one decoding step.
+        within one decoding step. ``incremental=False`` says the caller wants the whole completion, not
+        its pieces as they come: the tokens are handed over when it ends (every few steps while stop
+        strings are watched), which spares the decoding thread a wake-up of the reader per token
+        (``generate`` and ``batch`` read this way). The chunks and the result are the same.
 
         Raises:
             InvalidSettingsError: bad settings, empty or non-UTF-8 prompt.
@@ -274,7 +285,7 @@ class ExLlamaRuntime(RuntimeCommon):
             RuntimeClosedError: the runtime was closed.
         """
         steps: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        run, request = self._prepare(prompt, settings, grammar, add_special_tokens, overrides, steps.put)
+        run, request = self._prepare(prompt, settings, grammar, add_special_tokens, overrides, steps.put, incremental)
         self._submit([request])
         return LocalStream(run, request, steps, lambda: self._done(request))
 
@@ -295,7 +306,7 @@ class ExLlamaRuntime(RuntimeCommon):
         streams = []
         for p in prompts:
             steps: queue.SimpleQueue[Any] = queue.SimpleQueue()
-            run, req = self._prepare(p, s, grammar, add_special_tokens, {}, steps.put)
+            run, req = self._prepare(p, s, grammar, add_special_tokens, {}, steps.put, False)
             streams.append((run, req, steps))
         if not streams:
             return []
@@ -316,17 +327,22 @@ class ExLlamaRuntime(RuntimeCommon):
         *,
         grammar: Grammar | None = None,
         add_special_tokens: bool = True,
+        incremental: bool = True,
         **overrides: Any,
     ) -> AsyncIterator[StreamChunk]:
-        """Async :meth:`stream`: tokenizing runs on the runtime's executor and decoding on the backend's worker.
+        """Async :meth:`stream`: decoding runs on the backend's worker, never on the loop.
+
+        A long prompt is tokenized (and a grammar compiled) on the runtime's executor, a short one on the loop,
+        where it costs less than the hand-off.
 
         Cancelling the consuming task (or closing the async generator) cancels the generation.
         """
         steps, put = async_queue()
-        loop = asyncio.get_running_loop()
-        run, request = await loop.run_in_executor(
-            self._executor, self._prepare, prompt, settings, grammar, add_special_tokens, overrides, put
-        )
+        args = (prompt, settings, grammar, add_special_tokens, overrides, put, incremental)
+        if grammar is None and (not isinstance(prompt, str) or len(prompt) <= INLINE_PROMPT_CHARS):
+            run, request = self._prepare(*args)
+        else:
+            run, request = await asyncio.get_running_loop().run_in_executor(self._executor, self._prepare, *args)
         self._submit([request])
         try:
             async for chunk in aiter_run(run, steps):
