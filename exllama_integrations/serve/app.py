@@ -210,7 +210,11 @@ def create_app(
         prompt, grammar = convert.completion_prompt(req), convert.completion_grammar(req)
         rid = convert.new_id("cmpl")
         chunks = runtime.astream(
-            prompt, settings, grammar=grammar, add_special_tokens=req.add_special_tokens, incremental=bool(req.stream)
+            prompt,
+            settings,
+            grammar=grammar,
+            add_special_tokens=req.add_special_tokens,
+            incremental=bool(req.stream) and req.incremental,
         )
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)

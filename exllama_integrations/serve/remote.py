@@ -146,7 +146,12 @@ class RemoteRuntime(RuntimeCommon):
     # ----------------------------------------------------------------- generation (on the server)
 
     def _body(
-        self, prompt: Prompt, settings: GenerationSettings, grammar: Grammar | None, add_special_tokens: bool
+        self,
+        prompt: Prompt,
+        settings: GenerationSettings,
+        grammar: Grammar | None,
+        add_special_tokens: bool,
+        incremental: bool = True,
     ) -> dict[str, Any]:
         if isinstance(prompt, (bytes, bytearray)):
             raise InvalidSettingsError("the prompt is bytes; decode it to str first (e.g. data.decode('utf-8')).")
@@ -156,6 +161,7 @@ class RemoteRuntime(RuntimeCommon):
             "stream": True,
             "return_details": True,
             "add_special_tokens": add_special_tokens,
+            "incremental": incremental,
             **wire_settings(settings),
         }
         if grammar is not None:
@@ -172,9 +178,8 @@ class RemoteRuntime(RuntimeCommon):
         incremental: bool = True,
         **overrides: Any,
     ) -> RemoteStream:
-        # ``incremental`` is a hint this runtime does not use yet: answers always come back as an SSE stream
         s = self.resolve_settings(settings, **overrides)
-        body = self._body(prompt, s, grammar, add_special_tokens)
+        body = self._body(prompt, s, grammar, add_special_tokens, incremental)
         try:
             response = self._client.send(self._client.build_request("POST", "/v1/completions", json=body), stream=True)
         except httpx.HTTPError as e:
@@ -204,7 +209,7 @@ class RemoteRuntime(RuntimeCommon):
         **overrides: Any,
     ) -> AsyncIterator[StreamChunk]:
         s = self.resolve_settings(settings, **overrides)
-        body = self._body(prompt, s, grammar, add_special_tokens)
+        body = self._body(prompt, s, grammar, add_special_tokens, incremental)
         client = self._aclient()
         try:
             async with client.stream("POST", "/v1/completions", json=body) as response:

@@ -3,8 +3,9 @@
 OpenAI's own fields are accepted as its clients send them; those we cannot honour (``n`` > 1,
 penalties other than 0, ``logit_bias``) are refused with a 400 naming the field, never ignored.
 Extensions use vLLM's names where it has one (``top_k``, ``min_p``, ``repetition_penalty``,
-``stop_token_ids``, ``ignore_eos``, ``add_special_tokens``) and are listed in the README. A field
-that is neither is refused (a typo must not be silently dropped).
+``stop_token_ids``, ``ignore_eos``, ``add_special_tokens``; ours include ``return_details`` and
+``incremental``) and are listed in the README. A field that is neither is refused (a typo must not be
+silently dropped).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ class CompletionRequest(_Common):
     grammar: GrammarWire | None = None
     return_details: bool = False
     """Add ``exllama`` to each choice: token ids, logprobs with ids, native finish, timings (RemoteRuntime uses it)."""
+    incremental: bool = True
+    """With ``stream``: False when the client wants the whole completion (RemoteRuntime's ``generate``): the
+    events come when it ends (every few steps while stop strings are watched), sparing the server a wake-up
+    per token."""
 
 
 class FunctionCall(_Wire):

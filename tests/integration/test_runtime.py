@@ -165,6 +165,7 @@ def test_a_whole_completion_read_gives_the_same_chunks_result_and_timings(demo_r
     whole_chunks = list(whole)
     assert "".join(c.text for c in whole_chunks) == "".join(c.text for c in live_chunks) == whole.result.text
     assert whole.result.token_ids == live.result.token_ids and whole.result.usage == live.result.usage
+    assert len(whole_chunks) <= 3 < len(live_chunks)  # handed over at the end: the first token, the rest, the end
     t = whole.result.timings
     assert 0 < t.time_to_first_token < t.total and t.tokens_per_second > 0
     stopped = demo_runtime.generate(PROMPT, temperature=0, max_new_tokens=60, stop=["."])

@@ -306,6 +306,22 @@ def test_remote_runtime_counts_tokens_locally_and_matches_in_process(url, demo_r
     rt.close()
 
 
+def test_a_remote_whole_completion_read_comes_in_a_few_events_with_the_same_result(url):
+    from exllama_integrations.serve.remote import RemoteRuntime
+
+    rt = RemoteRuntime(url)
+    kw = dict(temperature=0, max_new_tokens=24, ignore_eos=True)
+    live = rt.stream(PROMPTS[0], **kw)
+    live_chunks = list(live)
+    whole = rt.stream(PROMPTS[0], incremental=False, **kw)
+    whole_chunks = list(whole)
+    assert "".join(c.text for c in whole_chunks) == "".join(c.text for c in live_chunks)
+    assert whole.result.token_ids == live.result.token_ids and whole.result.usage == live.result.usage
+    assert len(whole_chunks) <= 3 < len(live_chunks)  # the server read it whole: first token, the rest, the end
+    assert whole.result.timings.time_to_first_token > 0
+    rt.close()
+
+
 def test_remote_stream_closed_early_cancels_on_the_server(url, demo_runtime):
     from exllama_integrations.serve.remote import RemoteRuntime
 
