@@ -15,11 +15,6 @@ from .settings import GenerationSettings
 if TYPE_CHECKING:
     from .tokenizer import NativeTokenizer
 
-INLINE_PROMPT_CHARS = 8192
-"""Prompts up to this long are tokenized on the event loop by ``astream`` (about a millisecond of work, less
-than a hand-off to a thread costs once a decoding thread keeps the GIL busy); chat templates always render
-on a thread (their time is not bounded by the conversation's length)."""
-
 
 def check_setting_names(names: Sequence[str], what: str = "generation setting") -> None:
     """Refuse names that are not settings, naming the closest match.

@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections import deque
 
 import pytest
 
 from exllama_integrations.errors import InvalidSettingsError, ModelNotFoundError
 from exllama_integrations.runtime.backends import options_for
-from exllama_integrations.runtime.backends._exllamav3_util import LiveJob
+from exllama_integrations.runtime.backends._exllamav3_util import EXPECT_AT_MOST, Inbox, LiveJob
 from exllama_integrations.runtime.backends.base import BackendRequest, TokenStep
-from exllama_integrations.runtime.backends.exllamav3 import EXPECT_AT_MOST, ExLlamaV3Backend
+from exllama_integrations.runtime.backends.exllamav3 import ExLlamaV3Backend
 from exllama_integrations.runtime.files import peft_adapter
 from exllama_integrations.runtime.settings import GenerationSettings
 
@@ -62,9 +61,7 @@ def test_peft_adapter_is_checked_before_anything_loads(tmp_path):
 
 def _driver(interval: int = 1, window: float = 0.0) -> ExLlamaV3Backend:
     b = object.__new__(ExLlamaV3Backend)  # the driver's bookkeeping only: no generator
-    b._interval, b._window, b._arrived = interval, window, 0.0
-    b._cv, b._inbox, b._closing = threading.Condition(), deque(), False
-    b._expected, b._expected_until = 0, 0.0
+    b._interval, b._inbox = interval, Inbox(window)
     return b
 
 
@@ -108,53 +105,49 @@ def test_stream_interval_groups_steps_and_the_end_carries_what_was_held():
 
 
 def test_an_idle_driver_takes_a_burst_of_requests_at_once():
-    b = _driver(window=0.02)
+    box = Inbox(window=0.02)
 
     def burst():
         for i in range(5):
-            with b._cv:
-                b._inbox.append(i)
-                b._arrived = time.monotonic()
-                b._cv.notify()
+            box.put([i])
             time.sleep(0.005)  # callers a few ms apart, as threads of a LangChain batch are
 
     threading.Thread(target=burst).start()
-    taken = b._take_inbox(idle=True)
+    taken = box.take(idle=True)
     assert taken == [0, 1, 2, 3, 4]
-    nb = _driver(window=0.0)
-    nb._inbox.append(0)
-    assert len(nb._take_inbox(idle=True)) == 1  # no window: at once
-    busy = _driver(window=10.0)
-    busy._inbox.append(0)
+    nb = Inbox(window=0.0)
+    nb.put([0])
+    assert len(nb.take(idle=True)) == 1  # no window: at once
+    busy = Inbox(window=10.0)
+    busy.put([0])
     t0 = time.monotonic()
-    assert len(busy._take_inbox(idle=False)) == 1 and time.monotonic() - t0 < 1  # with jobs decoding: no wait
-    with busy._cv:
-        busy._closing = True
-    assert busy._take_inbox(idle=True) is None
+    assert len(busy.take(idle=False)) == 1 and time.monotonic() - t0 < 1  # with jobs decoding: no wait
+    assert busy.close() == [] and not busy.put([1])
+    assert busy.take(idle=True) is None
 
 
-def _arrivals(b: ExLlamaV3Backend, items: list, gap: float) -> None:
+def _arrivals(box: Inbox, items: list, gap: float) -> None:
     def go():
         for i in items:
-            b.submit([i])
+            box.put([i])
             time.sleep(gap)
 
     threading.Thread(target=go, daemon=True).start()
 
 
 def test_an_announced_batch_is_waited_for_and_a_member_that_never_comes_is_not_waited_for_long():
-    alone = _driver(window=0.002)
+    alone = Inbox(window=0.002)
     _arrivals(alone, [0, 1, 2], 0.03)  # members 30 ms apart: more than the quiet window
-    assert alone._take_inbox(idle=True) == [0]
-    b = _driver(window=0.002)
-    b.expect(3)
-    _arrivals(b, [0, 1, 2], 0.03)
-    assert b._take_inbox(idle=True) == [0, 1, 2]  # told they were coming: all three prefill together
-    late = _driver(window=0.002)
+    assert alone.take(idle=True) == [0]
+    box = Inbox(window=0.002)
+    box.expect(3)
+    _arrivals(box, [0, 1, 2], 0.03)
+    assert box.take(idle=True) == [0, 1, 2]  # told they were coming: all three prefill together
+    late = Inbox(window=0.002)
     late.expect(5)
     t0 = time.monotonic()
     _arrivals(late, [0], 0)
-    assert late._take_inbox(idle=True) == [0]  # four never came (failed before submit): not waited for forever
+    assert late.take(idle=True) == [0]  # four never came (failed before submit): not waited for forever
     assert 0.5 * EXPECT_AT_MOST < time.monotonic() - t0 < 2 and late._expected == 0
 
 
@@ -186,7 +179,7 @@ class _Generator:
 
 def test_the_driver_builds_each_job_and_a_bad_request_fails_alone():
     b = _driver()
-    b._generator, b._model, b._draft, b._loras, b._freed = _Generator(), None, None, [], False
+    b._generator, b._model, b._draft, b._loras, b._freed = _Generator(), None, None, [], threading.Lock()
     built = []
 
     def job(req):  # on the driver's thread, not the caller's

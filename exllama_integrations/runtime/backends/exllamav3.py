@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +22,7 @@ from ..model_dir import ModelDirectory
 from ._exllamav3_extras import inspect_draft, load_draft, load_loras
 from ._exllamav3_util import (
     ExLlamaV3Options,
+    Inbox,
     LiveJob,
     auto_cache_tokens,
     cache_kwargs,
@@ -50,9 +49,6 @@ if TYPE_CHECKING:
     from ..tokenizer import NativeTokenizer
 
 logger = logging.getLogger(__name__)
-
-EXPECT_AT_MOST = 0.1
-"""Seconds the idle driver waits at most for the rest of an announced batch (a member may fail before it arrives)."""
 
 
 class ExLlamaV3Backend(Backend):
@@ -148,10 +144,8 @@ class ExLlamaV3Backend(Backend):
         self._context = min(context, cache_tokens)
         self._cache_tokens = cache_tokens
         self._batch = options.max_batch_size
-        self._interval, self._window = options.stream_interval, options.arrival_window
+        self._interval = options.stream_interval
         self._speculative = "draft model" if draft is not None else "n-gram" if options.ngram_match_min else None
-        self._arrived = 0.0
-        self._expected, self._expected_until = 0, 0.0
         self._full_context_jobs = cache_tokens // whole_pages(self._context)
         logger.info(
             "exllamav3: cache of %d tokens (%d jobs of the full %d-token context at once) %s",
@@ -160,10 +154,8 @@ class ExLlamaV3Backend(Backend):
             self._context,
             self._sizing,
         )
-        self._cv = threading.Condition()
-        self._inbox: deque[BackendRequest] = deque()
-        self._closing = False
-        self._freed = False
+        self._inbox = Inbox(options.arrival_window)
+        self._freed = threading.Lock()
         self._driver = threading.Thread(target=self._drive, name="exllama-exllamav3-driver", daemon=True)
         self._driver.start()
 
@@ -208,51 +200,14 @@ class ExLlamaV3Backend(Backend):
         )
 
     def submit(self, requests: Sequence[BackendRequest]) -> None:
-        with self._cv:
-            if not self._closing:
-                self._inbox.extend(requests)
-                self._arrived = time.monotonic()
-                self._expected = max(0, self._expected - len(requests))
-                self._cv.notify()
-                return
-        fail_all(requests)
+        if not self._inbox.put(requests):
+            fail_all(requests)
 
     def expect(self, n: int) -> None:
-        """``n`` requests of one batch are on their way: the idle driver waits for them (see ``_take_inbox``)."""
-        with self._cv:
-            self._expected += n
-            self._expected_until = time.monotonic() + EXPECT_AT_MOST
+        """``n`` requests of one batch are on their way: the idle driver waits for them (see :class:`Inbox`)."""
+        self._inbox.expect(n)
 
     # ------------------------------------------------------------------ driver thread
-
-    def _take_inbox(self, idle: bool) -> list[BackendRequest] | None:
-        """The requests handed in since the last step (None when closing); from idle, a burst's worth.
-
-        From idle it waits until no request came for ``arrival_window``, at most 50 windows, and for the rest
-        of an announced batch (:meth:`expect`), at most ``EXPECT_AT_MOST`` after the announcement.
-        """
-        with self._cv:
-            while not self._closing and not self._inbox and idle:
-                self._cv.wait()
-            if idle and self._window:
-                quiet_deadline = time.monotonic() + 50 * self._window
-                while not self._closing:
-                    now = time.monotonic()
-                    quiet_left = self._arrived + self._window - now
-                    if self._expected and now < self._expected_until:
-                        timeout = self._expected_until - now  # the rest of an announced batch
-                    elif quiet_left > 0 and now < quiet_deadline:
-                        timeout = min(quiet_left, quiet_deadline - now)
-                    else:
-                        break
-                    self._cv.wait(timeout)
-            if self._expected and time.monotonic() >= self._expected_until:
-                self._expected = 0  # members that never came (failed before they were handed in)
-            if self._closing:
-                return None
-            incoming = list(self._inbox)
-            self._inbox.clear()
-            return incoming
 
     def _drive(self) -> None:
         import torch
@@ -261,7 +216,7 @@ class ExLlamaV3Backend(Backend):
         live: dict[int, LiveJob] = {}
         try:
             while True:
-                incoming = self._take_inbox(idle=not live)
+                incoming = self._inbox.take(idle=not live)
                 if incoming is None:
                     break
                 for req in incoming:
@@ -304,11 +259,7 @@ class ExLlamaV3Backend(Backend):
                 except Exception:  # noqa: BLE001 - the generator is going away anyway
                     logger.debug("cancel on close failed", exc_info=True)
                 entry.req.emit(TokenStep(finish="cancelled"))
-            with self._cv:
-                self._closing = True
-                pending = list(self._inbox)
-                self._inbox.clear()
-            fail_all(pending)
+            fail_all(self._inbox.close())
 
     def _deliver(self, r: dict[str, Any], entry: LiveJob, interval: int) -> bool:
         """Hand one iteration's result to its request (every ``interval`` steps); True when the job has ended."""
@@ -339,17 +290,12 @@ class ExLlamaV3Backend(Backend):
         return True
 
     def close(self) -> None:
-        with self._cv:
-            self._closing = True
-            self._cv.notify_all()
+        fail_all(self._inbox.close())  # requests the driver has not taken yet end here, cancelled
         driver = getattr(self, "_driver", None)
         if driver is not None and driver is not threading.current_thread():
             driver.join()  # after the iteration in flight: nothing runs on freed memory
-        with self._cv:
-            if self._freed:
-                return
-            self._freed = True
-        self._free()
+        if self._freed.acquire(blocking=False):  # once, whoever closes first
+            self._free()
 
     def _free(self) -> None:
         generator, model, draft, loras = self._generator, self._model, self._draft, self._loras

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ...errors import RuntimeClosedError
-from .._common import INLINE_PROMPT_CHARS, RuntimeCommon
+from .._common import RuntimeCommon
 from ..api import GenerationResult, Grammar, ModelInfo, Prompt, StreamChunk
 from ..backends import BackendRequest
 from ..constraints import TokenConstraint
@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _registry: Registry[ExLlamaRuntime] = Registry(lambda rt: not rt.closed)
+
+INLINE_PROMPT_CHARS = 8192
+"""Prompts up to this long are tokenized on the event loop by ``astream`` (about a millisecond of work, less
+than a hand-off to a thread costs once a decoding thread keeps the GIL busy)."""
 
 
 class ExLlamaRuntime(RuntimeCommon):
