@@ -7,6 +7,7 @@ private members; "raw" rows build exllamav3's own objects from the same model di
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -49,6 +50,7 @@ class RawExLlamaV3:
         cache_tokens: int = 65536,
         max_batch_size: int = 64,
         draft_dir: Path | None = None,
+        pauses: GcPauses | None = None,
         **generator_kw: Any,
     ) -> None:
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
@@ -67,7 +69,7 @@ class RawExLlamaV3:
         self.generator = Generator(
             self.model, self.cache, self.tokenizer, max_batch_size=max_batch_size, **generator_kw
         )
-        self.timer = IterateTimer(self.generator)
+        self.timer = IterateTimer(self.generator, pauses)
 
     def jobs(self, prompts: list[list[int]], new: int) -> dict[str, float]:
         """All prompts enqueued together, greedy, ``new`` tokens each: aggregate tok/s and median TTFT."""
@@ -250,12 +252,30 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return ap
 
 
-class IterateTimer:
-    """exllamav3's ``Generator.iterate()``, timed wherever it is called from (the profile section)."""
+class GcPauses:
+    """Python's garbage collections, timed (``gc.callbacks``): a collection holds the GIL that the driver needs."""
 
-    def __init__(self, generator: Any) -> None:
+    def __init__(self) -> None:
+        self.seconds, self.full, self._t = 0.0, 0, 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t
+            self.full += info.get("generation") == 2
+
+
+class IterateTimer:
+    """exllamav3's ``Generator.iterate()``, timed wherever it is called from (the batch16 and profile sections)."""
+
+    def __init__(self, generator: Any, pauses: GcPauses | None = None) -> None:
         self.seconds, self.steps = 0.0, 0
+        self.pauses = pauses
         inner = generator.iterate
+
+        self.first: tuple[float, float] | None = None  # the first iterate() of a row: when it began, how long
 
         def iterate() -> Any:
             t = time.perf_counter()
@@ -264,18 +284,28 @@ class IterateTimer:
             finally:
                 self.seconds += time.perf_counter() - t
                 self.steps += 1
+                if self.first is None:
+                    self.first = (t, time.perf_counter() - t)
 
         generator.iterate = iterate  # the instance attribute shadows the method
 
     def per_step(self, run: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
-        """``run``'s row, with the mean ms per step spent in ``iterate()`` and outside it."""
+        """``run``'s row, with its number of steps, the mean ms per step spent in ``iterate()`` and outside it,
+        and the garbage collections' pauses during it (all of them, and how many were full collections)."""
 
         def go() -> dict[str, float]:
             s0, n0 = self.seconds, self.steps
+            g0, f0 = (self.pauses.seconds, self.pauses.full) if self.pauses else (0.0, 0)
+            self.first = None
             t0 = time.perf_counter()
             row = run()
             wall, n = time.perf_counter() - t0, max(1, self.steps - n0)
             inside = self.seconds - s0
-            return {**row, "iterate_ms": 1000 * inside / n, "outside_ms": 1000 * (wall - inside) / n}
+            out = {**row, "steps": n, "iterate_ms": 1000 * inside / n, "outside_ms": 1000 * (wall - inside) / n}
+            if self.first is not None:  # from the row's start to its first step, and that step's length
+                out.update(first_step_at_ms=1000 * (self.first[0] - t0), first_step_ms=1000 * self.first[1])
+            if self.pauses:
+                out.update(gc_ms=1000 * (self.pauses.seconds - g0), gc_full=self.pauses.full - f0)
+            return out
 
         return go

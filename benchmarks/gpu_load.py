@@ -1,17 +1,22 @@
 """Throughput under load on the H200, through what users call, each row beside its raw counterpart.
 
 Llama-2-7B shape, fp16, random weights (built from a seed on the GPU), exllamav3. Every pair of rows
-is taken in one run, interleaved, ``--reps`` times; medians with min and max are reported.
+is taken in one run, interleaved, ``--reps`` times (each round starting one row later); medians with
+min and max are reported. In single, batch16 and callers64 every call of every row gets prompts that
+neither generator has seen (see ``Fresh``: exllamav3 reuses cached prompts).
 
 * single: exllamav3's own Job loop vs ``ExLlamaLLM.stream()``
 * batch16: 16 Jobs enqueued together vs ``ExLlamaLLM.batch()``, ``ChatExLlama.batch()`` and LlamaIndex
-  (16 ``acomplete`` gathered): aggregate tokens/s and median time to first token
+  (16 ``acomplete`` gathered): aggregate tokens/s and median time to first token; each row also says
+  where its time went: steps, ms per step inside exllamav3's ``iterate()`` and outside it (the benchmark
+  wraps the generator and the driver's inbox: diagnostics only), when the requests reached the driver and
+  when its first step began, Python's GC pauses, and how long the driver waited for an announced batch
 * callers64: 64 independent callers, each beside exllamav3's own way to serve them: 64 Jobs enqueued
   together (no callers at all), 64 threads handing Jobs to one iterate() loop, and exllamav3's
   AsyncGenerator with 64 AsyncJobs; vs 64 threads of ``ExLlamaLLM.invoke()``, 64 ``agenerate()``
   gathered on one loop, and 64 threads of ``ExLlamaLLM.stream()``
 * profile: where the time of the 64-caller and ChatExLlama-batch paths goes: exllamav3's own
-  ``iterate()`` timed in both loops (the benchmark wraps the generator, the one private access here), for
+  ``iterate()`` timed in both loops (as in batch16), for
   ``stream_interval`` 1, 4 and 16, and with a shorter GIL switch interval
 * cache: 64 callers of 256 + 256 tokens with today's 8192-token cache vs ``cache_size="auto"``
 * prefix: ChatExLlama with a 4000-token shared system prompt, 8 questions: TTFT of calls 2-8 vs a warm
@@ -26,6 +31,7 @@ is taken in one run, interleaved, ``--reps`` times; medians with min and max are
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import statistics
 import subprocess
@@ -39,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import IterateTimer, RawExLlamaV3, Results, parser, public_stream  # noqa: E402
+from _common import GcPauses, IterateTimer, RawExLlamaV3, Results, parser, public_stream  # noqa: E402
 
 from fixture_models import LLAMA2_7B, make_llama  # noqa: E402
 
@@ -62,6 +68,75 @@ def ttfts(gens: list[Any]) -> float:
     return statistics.median(g.generation_info["time_to_first_token"] for g in gens)
 
 
+class Fresh:
+    """Prompts no row has seen, a new set for every call (made before the timing starts).
+
+    exllamav3 reuses a cached prompt prefix, down to part of a page, so a row that repeats its prompts
+    measures a warm prefill; and the raw generator serves one row only, while ours serves three and keeps
+    fewer of each row's pages (seen on the H200: warm 16-prompt prefills of 40-60 ms beside cold ones of
+    ~400 ms, which made our batched TTFT look 4-7x the raw loop's). Reuse is measured on its own (prefix).
+    """
+
+    def __init__(self, rt: Any, tokens: int) -> None:
+        self.rt, self.tokens, self.seed = rt, tokens, 1000
+        self.pool: list[str] = []
+
+    def fill(self, n: int) -> None:
+        self.pool += [prompt_text(self.rt, self.tokens, seed=self.seed + i) for i in range(n)]
+        self.seed += n
+
+    def take(self, n: int) -> list[str]:
+        if len(self.pool) < n:
+            self.fill(n - len(self.pool))
+        out, self.pool = self.pool[:n], self.pool[n:]
+        return out
+
+
+class InboxLog(logging.Handler):
+    """The exllamav3 driver's debug lines on announced batches (how long it waited, how many never came), and
+    when the requests were handed to it (the benchmark wraps the driver's inbox: diagnostics only)."""
+
+    def __init__(self, backend: Any) -> None:
+        super().__init__(logging.DEBUG)
+        self.waits: list[tuple[float, int]] = []
+        self.puts: list[float] = []
+        box = backend._inbox
+        put = box.put
+
+        def timed_put(requests: Any) -> bool:
+            self.puts.append(time.perf_counter())
+            return put(requests)  # type: ignore[no-any-return]
+
+        box.put = timed_put
+        log = logging.getLogger("exllama_integrations.runtime.backends._exllamav3_util")
+        log.setLevel(logging.DEBUG)
+        log.addHandler(self)
+        log.propagate = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if hasattr(record, "inbox_wait_s"):
+            self.waits.append((record.inbox_wait_s, record.inbox_missing))
+
+    def around(self, run: Callable[[], dict[str, float]]) -> Callable[[], dict[str, float]]:
+        """``run``'s row, with the longest wait for an announced batch in it and how many members never came."""
+
+        def go() -> dict[str, float]:
+            n = len(self.waits)
+            self.puts.clear()
+            t0 = time.perf_counter()
+            row = run()
+            got = self.waits[n:]
+            return {
+                **row,
+                "inbox_wait_ms": 1000 * max((w for w, _ in got), default=0.0),
+                "inbox_missing": sum(m for _, m in got),
+                "first_put_at_ms": 1000 * (self.puts[0] - t0),
+                "last_put_at_ms": 1000 * (self.puts[-1] - t0),
+            }
+
+        return go
+
+
 def on_threads(n: int, call: Callable[[int], None]) -> float:
     """``call(i)`` on n threads started together (independent callers); the wall time until all are done."""
     t0 = time.perf_counter()
@@ -74,12 +149,15 @@ def on_threads(n: int, call: Callable[[int], None]) -> float:
 
 
 def interleave(out: Path, section: str, paths: dict[str, Callable[[], dict[str, float]]], reps: int) -> None:
+    """Every path once to warm up, then ``reps`` rounds of all of them, each round starting one path later (no
+    path always runs first or right after the same one)."""
     for f in paths.values():  # warm-up
         f()
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in paths}
-    for _ in range(reps):
-        for k, f in paths.items():
-            runs[k].append(f())
+    names = list(paths)
+    for rep in range(reps):
+        for k in names[rep % len(names) :] + names[: rep % len(names)]:
+            runs[k].append(paths[k]())
     for k, rs in runs.items():
         record(out, section, k, rs)
 
@@ -110,11 +188,15 @@ def main() -> None:
     new = args.new
     rt = ExLlamaRuntime(args.model, "exllamav3", cache_size=32768)
     llm = ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=new)
+    pauses = GcPauses()
     raw = (
-        RawExLlamaV3(args.model, cache_tokens=32768)
+        RawExLlamaV3(args.model, cache_tokens=32768, pauses=pauses)
         if sections & {"single", "batch16", "callers64", "profile"}
         else None
     )
+    # diagnostics only (batch16, profile): our driver's generator (private) is timed like the raw loop's
+    ours_timer = IterateTimer(rt._backend._generator, pauses) if sections & {"batch16", "profile"} else None
+    inbox = InboxLog(rt._backend)
 
     def raw_jobs(prompts: list[str]) -> dict[str, float]:
         assert raw is not None
@@ -124,18 +206,20 @@ def main() -> None:
     p128 = prompt_text(rt, 128)
     prompts16 = [prompt_text(rt, 128, seed=i) for i in range(16)]
     prompts64 = [prompt_text(rt, 128, seed=i) for i in range(64)]
+    fresh = Fresh(rt, 128)
 
     if "single" in sections:
+        fresh.fill(2 * (args.reps + 1))
 
         def ours_single() -> dict[str, float]:
-            r = public_stream(llm, p128, ignore_eos=True)
+            r = public_stream(llm, fresh.take(1)[0], ignore_eos=True)
             assert r["tokens"] == new
             return {"tok_s": r["decode_tok_s"], "ttft_s": r["ttft"]}
 
         interleave(
             args.out,
             "single",
-            {"raw exllamav3 Job loop": lambda: raw_jobs([p128]), "ExLlamaLLM.stream()": ours_single},
+            {"raw exllamav3 Job loop": lambda: raw_jobs(fresh.take(1)), "ExLlamaLLM.stream()": ours_single},
             args.reps,
         )
         ratios(args.out, "single", [("ExLlamaLLM.stream()", "raw exllamav3 Job loop")])
@@ -143,10 +227,12 @@ def main() -> None:
     if "batch16" in sections:
         chat = ChatExLlama(runtime=rt, temperature=0, max_tokens=new)
         li = LlamaIndexLLM(runtime=rt, temperature=0, max_new_tokens=new) if LlamaIndexLLM else None
+        fresh.fill(16 * 4 * (args.reps + 1))
 
         def lc_batch() -> dict[str, float]:
+            prompts = fresh.take(16)
             t0 = time.perf_counter()
-            res = llm.generate(prompts16, ignore_eos=True)
+            res = llm.generate(prompts, ignore_eos=True)
             wall = time.perf_counter() - t0
             gens = [g[0] for g in res.generations]
             return {
@@ -155,8 +241,9 @@ def main() -> None:
             }
 
         def chat_batch() -> dict[str, float]:
+            conversations = [[("human", p)] for p in fresh.take(16)]
             t0 = time.perf_counter()
-            msgs = chat.batch([[("human", p)] for p in prompts16], ignore_eos=True)
+            msgs = chat.batch(conversations, ignore_eos=True)
             wall = time.perf_counter() - t0
             return {
                 "tok_s": sum(m.usage_metadata["output_tokens"] for m in msgs) / wall,
@@ -164,8 +251,10 @@ def main() -> None:
             }
 
         def li_gather() -> dict[str, float]:
+            prompts = fresh.take(16)
+
             async def run() -> list[Any]:
-                return await asyncio.gather(*(li.acomplete(p, ignore_eos=True) for p in prompts16))
+                return await asyncio.gather(*(li.acomplete(p, ignore_eos=True) for p in prompts))
 
             t0 = time.perf_counter()
             rs = asyncio.run(run())
@@ -175,13 +264,14 @@ def main() -> None:
                 "ttft_s": statistics.median(r.raw["time_to_first_token"] for r in rs),
             }
 
+        assert raw is not None and ours_timer is not None
         paths = {
-            "raw exllamav3: 16 Jobs together": lambda: raw_jobs(prompts16),
-            "ExLlamaLLM.batch()": lc_batch,
-            "ChatExLlama.batch()": chat_batch,
+            "raw exllamav3: 16 Jobs together": raw.timer.per_step(lambda: raw_jobs(fresh.take(16))),
+            "ExLlamaLLM.batch()": inbox.around(ours_timer.per_step(lc_batch)),
+            "ChatExLlama.batch()": inbox.around(ours_timer.per_step(chat_batch)),
         }
         if li is not None:
-            paths["LlamaIndex: 16 acomplete() gathered"] = li_gather
+            paths["LlamaIndex: 16 acomplete() gathered"] = inbox.around(ours_timer.per_step(li_gather))
         else:
             note(args.out, "batch16 LlamaIndex row", "left out: llama-index-core is not installed on this machine")
         interleave(args.out, "batch16", paths, args.reps)
@@ -216,22 +306,22 @@ def main() -> None:
 
     if "callers64" in sections:
         assert raw is not None
-        ids64 = [rt.encode(p, add_special_tokens=True) for p in prompts64]
+        fresh.fill(64 * 6 * (args.reps + 1))
 
         def raw_row(f: Callable[[list[list[int]], int], dict[str, float]]) -> Callable[[], dict[str, float]]:
             def go() -> dict[str, float]:
-                r = f(ids64, new)
+                r = f([rt.encode(p, add_special_tokens=True) for p in fresh.take(64)], new)
                 return {"tok_s": r["tps"], "ttft_s": r["ttft"]}
 
             return go
 
         paths = {
-            "raw exllamav3: 64 Jobs together": lambda: raw_jobs(prompts64),
+            "raw exllamav3: 64 Jobs together": lambda: raw_jobs(fresh.take(64)),
             "raw exllamav3: 64 threads, each hands a Job to one iterate() loop": raw_row(raw.threads),
             "raw exllamav3: AsyncGenerator, 64 AsyncJobs gathered": raw_row(raw.async_jobs),
-            "64 threads of ExLlamaLLM.invoke()": lambda: callers(llm, prompts64),
-            "64 ExLlamaLLM.agenerate() gathered on one event loop": lambda: acallers(llm, prompts64),
-            "64 threads of ExLlamaLLM.stream()": lambda: streamers(llm, prompts64),
+            "64 threads of ExLlamaLLM.invoke()": lambda: callers(llm, fresh.take(64)),
+            "64 ExLlamaLLM.agenerate() gathered on one event loop": lambda: acallers(llm, fresh.take(64)),
+            "64 threads of ExLlamaLLM.stream()": lambda: streamers(llm, fresh.take(64)),
         }
         interleave(args.out, "callers64", paths, args.reps)
         together, threads, agen, invoke, gathered, streams = list(paths)
@@ -254,8 +344,9 @@ def main() -> None:
         for k in (4, 16):
             variants[k] = ExLlamaRuntime(args.model, "exllamav3", cache_size=24576, stream_interval=k)
         assert raw is not None
-        # profiling only: our driver's generator (private) is timed like the raw loop's
-        timers = {k: IterateTimer(v._backend._generator) for k, v in variants.items()}
+        assert ours_timer is not None
+        timers = {k: IterateTimer(v._backend._generator, pauses) for k, v in variants.items() if k > 1}
+        timers[1] = ours_timer
         llms = {k: ExLlamaLLM(runtime=v, temperature=0, max_new_tokens=new) for k, v in variants.items()}
         chats = {k: ChatExLlama(runtime=variants[k], temperature=0, max_tokens=new) for k in (1, 4)}
 

@@ -39,9 +39,23 @@ RUNS = {
     "gathered agenerate announce their batch to the idle driver; paired ratios per repetition)",
     "gpu_load_run10_batch16.json": "run 10 (run 9's code, batch16 only, 8 repetitions; the announced-batch wait "
     "was capped at 0.25 s here, 0.1 s since)",
+    "gpu_load_run11_warm.json": "run 11 (the code of run 10 with the driver's inbox as one class; single and "
+    "batch16, 256 new tokens, 8 repetitions, each round starting one row later; rows now say where their time "
+    "went: steps, ms per step inside and outside exllamav3's iterate(), GC pauses, announced-batch waits. The "
+    "same prompts every repetition, as in runs 1-10, so some prefills were warm: see run 12)",
+    "gpu_load_run12_warm_diagnosed.json": "run 12 (batch16 as run 11, 6 repetitions, plus when the requests "
+    "reached the driver and when its first step began: all 16 of ours were in within 19 ms of the call and the "
+    "first step began 9-26 ms in, so the time-to-first-token gap was that first step, exllamav3's prefill: "
+    "38-131 ms for the raw loop, up to 537 ms for ours (ChatExLlama). exllamav3 reuses cached prompts, the "
+    "raw generator serves one row and keeps its prompts, ours serves three and kept fewer of each; with "
+    "prompts neither had seen (run 13) every row's first step took 249-608 ms. The callers64 part ran past "
+    "the call's time limit and is missing)",
+    "gpu_load_run13_batch16.json": "run 13 (fresh prompts, never seen by either generator, for every call of "
+    "every row; batch16, 256 new tokens, 6 repetitions)",
+    "gpu_load_run13_callers.json": "run 13 (fresh prompts; single and callers64, 128 new tokens, 3 repetitions)",
 }
-LOAD_PLOT = "gpu_load_run9.json"
-"""The load run drawn in gpu_throughput.png (the newest full one)."""
+LOAD_PLOT = ("gpu_load_run13_batch16.json", "gpu_load_run13_callers.json")
+"""The load runs drawn in gpu_throughput.png (the newest)."""
 SPECULATIVE = {
     "gpu_speculative.json": "speculative decoding (`python benchmarks/gpu_speculative.py --reps 5`): each mode "
     "interleaved with plain decoding of the same target (layers 2-31 with zero output projections)",
@@ -87,10 +101,11 @@ def _runs(runs: dict[str, str]) -> list[str]:
 def _load_sections() -> list[str]:
     """The H200 load benchmark (benchmarks/gpu_load.py): every cell is median [min..max] of interleaved runs."""
     lines = [
-        "## Throughput under load, H200 (2026-12-01, `python benchmarks/gpu_load.py --sections ... --reps 5`)",
+        "## Throughput under load, H200 (2026-12-01, `python benchmarks/gpu_load.py --sections ... --reps N`)",
         "",
-        "Llama-2-7B shape, fp16, random weights, exllamav3 1.6.5, prompt ~128 tokens, 128 new tokens, greedy.",
-        "Each cell is the median [min..max] of 5 interleaved repetitions, after a warm-up. `tok_s` of a",
+        "Llama-2-7B shape, fp16, random weights, exllamav3 1.6.5, prompt ~128 tokens, greedy; 128 new tokens",
+        "and 5 repetitions unless a run's title says otherwise. Each cell is the median [min..max] of the",
+        "interleaved repetitions, after a warm-up. `tok_s` of a",
         "single stream is decode speed (tokens after the first over the time after the first); of a batch",
         "or callers, aggregate tokens over wall time. Raw rows drive exllamav3's own Generator/Job loop",
         "(benchmarks/_common.py); ours go through the public API.",
@@ -200,6 +215,21 @@ def render() -> str:
         f"| ratio | {cpu['ratio']} |",
         "",
     ]
+    gcp = RESULTS / "cpu_gc_pause.json"
+    if gcp.exists():
+        d = json.loads(gcp.read_text())
+        lines += [
+            f"## CPU: one full garbage collection in a serving process ({d['machine']}, `{d['command']}`)",
+            "",
+            "The demo model, torch, LangChain and LlamaIndex loaded, one chat answered; `gc.collect(2)` timed with",
+            "nothing frozen and after `gc.freeze()`, interleaved. No generation in the process advances meanwhile.",
+            "",
+            "| heap | objects a collection scans | full collection (ms) |",
+            "| --- | ---: | ---: |",
+        ]
+        for k, r in d["rows"]["full collection"].items():
+            lines.append(f"| {k} | {r['objects_scanned']} | {_cell(r['ms'])} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -214,11 +244,17 @@ def main() -> None:
 
     rows = [r for r in gpu["rows"]]
     panels: list[tuple[str, list[str], list[dict]]] = []
-    load_path = RESULTS / LOAD_PLOT
-    if load_path.exists():  # under load, through the public API beside raw exllamav3 (medians, min..max)
-        load = json.loads(load_path.read_text())["rows"]
-        named = [(f"{sec}: {name}", r["tok_s"]) for sec, paths in load.items() for name, r in paths.items()]
-        panels.append((f"tokens/s under load ({LOAD_PLOT}: median, min..max), 7B shape, H200", *map(list, zip(*named))))
+    loads = [RESULTS / f for f in LOAD_PLOT if (RESULTS / f).exists()]
+    if loads:  # under load, through the public API beside raw exllamav3 (medians, min..max)
+        named = [
+            (f"{sec}: {name}", r["tok_s"])
+            for f in loads
+            for sec, paths in json.loads(f.read_text())["rows"].items()
+            if sec != "single"
+            for name, r in paths.items()
+        ]
+        title = "tokens/s under load (run 13, fresh prompts: median, min..max), 7B shape, H200"
+        panels.append((title, *map(list, zip(*named))))
     spec_path = RESULTS / "gpu_speculative.json"
     if spec_path.exists():  # speculative decoding: each mode beside plain decoding
         spec = json.loads(spec_path.read_text())["rows"]

@@ -129,7 +129,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     rt = ExLlamaRuntime(model_dir, args.backend, **{k: v for k, v in options.items() if v is not None})
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens, max_pending=args.max_pending)
-    app = create_app(rt, served_model_name=args.served_model_name, api_key=key, limits=limits, on_shutdown=rt.close)
+    app = create_app(
+        rt, served_model_name=args.served_model_name, api_key=key, limits=limits, on_shutdown=rt.close, freeze_gc=True
+    )
     print(f"serving {rt.model_name} ({rt.backend_name}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=30, log_level="info")
     return 0

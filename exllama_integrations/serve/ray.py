@@ -88,6 +88,7 @@ class ExLlamaDeployment:
             api_key=c.get("api_key"),
             limits=limits,
             on_shutdown=self.runtime.close,
+            freeze_gc=True,  # the replica's process is ours
         )
 
     def check_health(self) -> None:

@@ -278,6 +278,26 @@ def test_auth_limits_and_a_full_queue(demo_runtime):
         server.stop()
 
 
+def test_a_server_that_owns_its_process_leaves_what_it_loaded_out_of_garbage_collection(demo_runtime):
+    import gc
+
+    gc.unfreeze()
+    plain = ThreadServer(demo_runtime)  # an app inside someone else's process leaves their collector alone
+    try:
+        assert gc.get_freeze_count() == 0
+    finally:
+        plain.stop()
+    server = ThreadServer(demo_runtime, freeze_gc=True)  # as `exllama-integrations serve` and Ray replicas do
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 100_000  # torch, the model and the libraries: no full collection scans them again
+        body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+        assert httpx.post(server.url + "/v1/completions", json=body, timeout=30).status_code == 200
+    finally:
+        server.stop()
+        gc.unfreeze()
+
+
 def test_one_log_line_per_request(url, caplog):
     import logging
 

@@ -7,6 +7,7 @@ like exllamav3 1.6.5's ``iterate()`` output.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -135,7 +136,8 @@ def _arrivals(box: Inbox, items: list, gap: float) -> None:
     threading.Thread(target=go, daemon=True).start()
 
 
-def test_an_announced_batch_is_waited_for_and_a_member_that_never_comes_is_not_waited_for_long():
+def test_an_announced_batch_is_waited_for_and_a_member_that_never_comes_is_not_waited_for_long(caplog):
+    caplog.set_level(logging.DEBUG, logger=Inbox.__module__)
     alone = Inbox(window=0.002)
     _arrivals(alone, [0, 1, 2], 0.03)  # members 30 ms apart: more than the quiet window
     assert alone.take(idle=True) == [0]
@@ -149,6 +151,9 @@ def test_an_announced_batch_is_waited_for_and_a_member_that_never_comes_is_not_w
     _arrivals(late, [0], 0)
     assert late.take(idle=True) == [0]  # four never came (failed before submit): not waited for forever
     assert 0.5 * EXPECT_AT_MOST < time.monotonic() - t0 < 2 and late._expected == 0
+    waits = [r for r in caplog.records if hasattr(r, "inbox_missing")]  # the debug log says how each batch started
+    assert [r.inbox_missing for r in waits] == [0, 4]
+    assert waits[0].inbox_wait_s < waits[1].inbox_wait_s and "1 requests start together" in waits[1].getMessage()
 
 
 class _Generator:

@@ -5,6 +5,7 @@ Its options, sampler, a shape fix, result parsing, and the driver's inbox.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import threading
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .base import BackendOptions, RawLogprob, TokenStep
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..model_dir import ModelDirectory
@@ -302,8 +305,10 @@ class Inbox:
         with self._cv:
             while not self._closing and not self._items and idle:
                 self._cv.wait()
+            announced = self._expected
             if idle and self._window:
-                quiet_deadline = time.monotonic() + 50 * self._window
+                woke = time.monotonic()
+                quiet_deadline = woke + 50 * self._window
                 while not self._closing:
                     now = time.monotonic()
                     quiet_left = self._arrived + self._window - now
@@ -314,6 +319,15 @@ class Inbox:
                     else:
                         break
                     self._cv.wait(timeout)
+                if announced:
+                    logger.debug(
+                        "exllamav3: %d requests start together after %.1f ms waiting for an announced batch "
+                        "(%d of it not come)",
+                        len(self._items),
+                        1000 * (time.monotonic() - woke),
+                        self._expected,
+                        extra={"inbox_wait_s": time.monotonic() - woke, "inbox_missing": self._expected},
+                    )
             if self._expected and time.monotonic() >= self._expected_until:
                 self._expected = 0  # members that never came (failed before they were handed in)
             if self._closing:
