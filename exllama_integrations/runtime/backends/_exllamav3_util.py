@@ -322,7 +322,7 @@ class Inbox:
                 if announced:
                     logger.debug(
                         "exllamav3: %d requests start together after %.1f ms waiting for an announced batch "
-                        "(%d of it not come)",
+                        "(%d of it never came)",
                         len(self._items),
                         1000 * (time.monotonic() - woke),
                         self._expected,
