@@ -2,8 +2,8 @@
 
 Llama-2-7B shape, fp16, random weights (built from a seed on the GPU), exllamav3. Every pair of rows
 is taken in one run, interleaved, ``--reps`` times (each round starting one row later); medians with
-min and max are reported. In single, batch16 and callers64 every call of every row gets prompts that
-neither generator has seen (see ``Fresh``: exllamav3 reuses cached prompts).
+min and max are reported. In single, batch16, callers64, profile and serve every call of every row gets
+prompts that no generator has seen (see ``Fresh``: exllamav3 reuses cached prompts; runs 1-12 did not).
 
 * single: exllamav3's own Job loop vs ``ExLlamaLLM.stream()``
 * batch16: 16 Jobs enqueued together vs ``ExLlamaLLM.batch()``, ``ChatExLlama.batch()`` and LlamaIndex
@@ -203,9 +203,6 @@ def main() -> None:
         r = raw.jobs([rt.encode(p, add_special_tokens=True) for p in prompts], new)
         return {"tok_s": r["decode_tok_s"] if len(prompts) == 1 else r["tps"], "ttft_s": r["ttft"]}
 
-    p128 = prompt_text(rt, 128)
-    prompts16 = [prompt_text(rt, 128, seed=i) for i in range(16)]
-    prompts64 = [prompt_text(rt, 128, seed=i) for i in range(64)]
     fresh = Fresh(rt, 128)
 
     if "single" in sections:
@@ -349,11 +346,13 @@ def main() -> None:
         timers[1] = ours_timer
         llms = {k: ExLlamaLLM(runtime=v, temperature=0, max_new_tokens=new) for k, v in variants.items()}
         chats = {k: ChatExLlama(runtime=variants[k], temperature=0, max_tokens=new) for k in (1, 4)}
+        fresh.fill((5 * 64 + 3 * 16) * (args.reps + 1))
 
         def chat16(k: int) -> Callable[[], dict[str, float]]:
             def go() -> dict[str, float]:
+                conversations = [[("human", p)] for p in fresh.take(16)]
                 t0 = time.perf_counter()
-                msgs = chats[k].batch([[("human", p)] for p in prompts16], ignore_eos=True)
+                msgs = chats[k].batch(conversations, ignore_eos=True)
                 wall = time.perf_counter() - t0
                 return {
                     "tok_s": sum(m.usage_metadata["output_tokens"] for m in msgs) / wall,
@@ -366,22 +365,22 @@ def main() -> None:
             old = sys.getswitchinterval()
             sys.setswitchinterval(0.0005)
             try:
-                return callers(llms[1], prompts64)
+                return callers(llms[1], fresh.take(64))
             finally:
                 sys.setswitchinterval(old)
 
         paths = {
-            "raw exllamav3: 64 Jobs together": raw.timer.per_step(lambda: raw_jobs(prompts64)),
+            "raw exllamav3: 64 Jobs together": raw.timer.per_step(lambda: raw_jobs(fresh.take(64))),
             **{
                 f"64 threads of ExLlamaLLM.invoke(), stream_interval {k}": timers[k].per_step(
-                    lambda k=k: callers(llms[k], prompts64)
+                    lambda k=k: callers(llms[k], fresh.take(64))
                 )  # type: ignore[misc]
                 for k in (1, 4, 16)
             },
             "64 threads of ExLlamaLLM.invoke(), stream_interval 1, GIL switch interval 0.5 ms": timers[1].per_step(
                 short_switch
             ),
-            "raw exllamav3: 16 Jobs together": raw.timer.per_step(lambda: raw_jobs(prompts16)),
+            "raw exllamav3: 16 Jobs together": raw.timer.per_step(lambda: raw_jobs(fresh.take(16))),
             **{f"ChatExLlama.batch() of 16, stream_interval {k}": timers[k].per_step(chat16(k)) for k in (1, 4)},
         }
         interleave(args.out, "profile", paths, args.reps)
@@ -473,10 +472,11 @@ def main() -> None:
             rt = ExLlamaRuntime(args.model, "exllamav3", cache_size=32768)
             local = ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=new)
             served = ExLlamaLLM(base_url=url, temperature=0, max_new_tokens=new)
+            fresh.fill(130 * (args.reps + 1))
 
             def single(target: ExLlamaLLM) -> Callable[[], dict[str, float]]:
                 def run() -> dict[str, float]:
-                    r = public_stream(target, p128, ignore_eos=True)
+                    r = public_stream(target, fresh.take(1)[0], ignore_eos=True)
                     return {"tok_s": r["decode_tok_s"], "ttft_s": r["ttft"]}
 
                 return run
@@ -487,8 +487,8 @@ def main() -> None:
                 {
                     "in process: ExLlamaLLM.stream()": single(local),
                     "served: ExLlamaLLM(base_url).stream()": single(served),
-                    "in process: 64 threads of ExLlamaLLM.invoke()": lambda: callers(local, prompts64),
-                    "served: 64 threads of ExLlamaLLM(base_url).invoke()": lambda: callers(served, prompts64),
+                    "in process: 64 threads of ExLlamaLLM.invoke()": lambda: callers(local, fresh.take(64)),
+                    "served: 64 threads of ExLlamaLLM(base_url).invoke()": lambda: callers(served, fresh.take(64)),
                 },
                 args.reps,
             )

@@ -143,12 +143,12 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
+        settings = self._settings(stop, kwargs)  # the same for every prompt
+
         async def one(prompt: str, manager: AsyncCallbackManagerForLLMRun | None) -> Generation:
             if not listens_for_tokens(manager):
                 text, add_special = await self._aprompt(prompt)
-                result = await self._runtime.agenerate(
-                    text, self._settings(stop, kwargs), add_special_tokens=add_special
-                )
+                result = await self._runtime.agenerate(text, settings, add_special_tokens=add_special)
                 return self._generation(prompt, result)
             final: GenerationChunk | None = None
             async for chunk in self._astream(prompt, stop, manager, **kwargs):

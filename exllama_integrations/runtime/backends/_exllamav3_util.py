@@ -320,13 +320,14 @@ class Inbox:
                         break
                     self._cv.wait(timeout)
                 if announced:
+                    waited = time.monotonic() - woke
                     logger.debug(
                         "exllamav3: %d requests start together after %.1f ms waiting for an announced batch "
                         "(%d of it never came)",
                         len(self._items),
-                        1000 * (time.monotonic() - woke),
+                        1000 * waited,
                         self._expected,
-                        extra={"inbox_wait_s": time.monotonic() - woke, "inbox_missing": self._expected},
+                        extra={"inbox_wait_s": waited, "inbox_missing": self._expected},
                     )
             if self._expected and time.monotonic() >= self._expected_until:
                 self._expected = 0  # members that never came (failed before they were handed in)
