@@ -96,11 +96,11 @@ class InboxLog(logging.Handler):
     """The exllamav3 driver's debug lines on announced batches (how long it waited, how many never came), and
     when the requests were handed to it (the benchmark wraps the driver's inbox: diagnostics only)."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, inbox: Any) -> None:
         super().__init__(logging.DEBUG)
         self.waits: list[tuple[float, int]] = []
         self.puts: list[float] = []
-        box = backend._inbox
+        box = inbox
         put = box.put
 
         def timed_put(requests: Any) -> bool:
@@ -108,7 +108,7 @@ class InboxLog(logging.Handler):
             return put(requests)  # type: ignore[no-any-return]
 
         box.put = timed_put
-        log = logging.getLogger("exllama_integrations.runtime.backends._exllamav3_util")
+        log = logging.getLogger("exllama_integrations.backends.inbox")
         log.setLevel(logging.DEBUG)
         log.addHandler(self)
         log.propagate = False
@@ -195,8 +195,8 @@ def main() -> None:
         else None
     )
     # diagnostics only (batch16, profile): our driver's generator (private) is timed like the raw loop's
-    ours_timer = IterateTimer(rt._backend._generator, pauses) if sections & {"batch16", "profile"} else None
-    inbox = InboxLog(rt._backend)
+    ours_timer = IterateTimer(rt.diagnostics()["generator"], pauses) if sections & {"batch16", "profile"} else None
+    inbox = InboxLog(rt.diagnostics()["inbox"])
 
     def raw_jobs(prompts: list[str]) -> dict[str, float]:
         assert raw is not None
@@ -342,7 +342,7 @@ def main() -> None:
             variants[k] = ExLlamaRuntime(args.model, "exllamav3", cache_size=24576, stream_interval=k)
         assert raw is not None
         assert ours_timer is not None
-        timers = {k: IterateTimer(v._backend._generator, pauses) for k, v in variants.items() if k > 1}
+        timers = {k: IterateTimer(v.diagnostics()["generator"], pauses) for k, v in variants.items() if k > 1}
         timers[1] = ours_timer
         llms = {k: ExLlamaLLM(runtime=v, temperature=0, max_new_tokens=new) for k, v in variants.items()}
         chats = {k: ChatExLlama(runtime=variants[k], temperature=0, max_tokens=new) for k in (1, 4)}

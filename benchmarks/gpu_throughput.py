@@ -112,8 +112,8 @@ def v3_raw(rt: Any, ids: list[int], new: int = NEW) -> Callable[[], tuple[int, f
     import torch
     from exllamav3 import ArgmaxSampler, Job
 
-    b = rt._backend
-    gen = b._generator
+    lib = rt.diagnostics()
+    gen = lib["generator"]
 
     def run() -> tuple[int, float | None]:
         # The runtime's driver thread touches the generator only while it has jobs, and it has none
@@ -139,12 +139,12 @@ def v1_raw(rt: Any, ids: list[int], new: int = NEW) -> Callable[[], tuple[int, f
     import torch
     from exllama.generator import ExLlamaGenerator
 
-    b = rt._backend
+    lib = rt.diagnostics()
 
     class Tok:
         bos_token_id = 1
 
-    gen = ExLlamaGenerator(b._model, Tok(), b._cache)
+    gen = ExLlamaGenerator(lib["model"], Tok(), lib["cache"])
     gen.settings.top_k = 1
     gen.settings.token_repetition_penalty_max = 1.0
 
@@ -306,7 +306,7 @@ def main() -> None:
         profile_last_stream(rt)
         rt.close()
     if "hf" in only:
-        from exllama_integrations.runtime.tokenizer import NativeTokenizer
+        from exllama_integrations.model.tokenizer import NativeTokenizer
 
         tok = NativeTokenizer.from_model_dir(str(dirs["fp16"]))
         words = "the quick brown fox jumps over lazy dog while some other animals watch it " * 40

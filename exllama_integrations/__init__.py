@@ -7,6 +7,17 @@ and ``exllama_integrations.llama_index``.
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .contract.api import (
+    GenerationRequest,
+    GenerationResult,
+    Grammar,
+    Media,
+    ModelInfo,
+    Reasoning,
+    Runtime,
+    StreamChunk,
+)
+from .contract.settings import GenerationSettings
 from .errors import (
     BackendUnavailableError,
     ChatTemplateError,
@@ -17,15 +28,17 @@ from .errors import (
     GenerationError,
     InvalidModelError,
     InvalidSettingsError,
+    MediaError,
     MissingDependencyError,
     ModelLoadError,
     ModelNotFoundError,
+    ProtocolError,
     RuntimeClosedError,
     ServerBusyError,
     ServerError,
     UnsupportedModelError,
 )
-from .runtime import ExLlamaRuntime, GenerationResult, GenerationSettings, Grammar, ModelInfo, Runtime, StreamChunk
+from .runtime.local import ExLlamaRuntime
 
 try:
     __version__ = version("exllama-integrations")
@@ -35,11 +48,16 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 def __getattr__(name: str) -> object:
     if name == "GenerationChunk":  # renamed; kept working with a warning
-        from . import runtime
+        import warnings
 
-        return runtime.__getattr__(name)
+        warnings.warn(
+            "GenerationChunk was renamed StreamChunk (it clashed with LangChain's GenerationChunk).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return StreamChunk
     if name == "RemoteRuntime":  # imports httpx only when asked for
-        from .serve.remote import RemoteRuntime
+        from .runtime.remote import RemoteRuntime
 
         return RemoteRuntime
     raise AttributeError(name)
@@ -54,15 +72,20 @@ __all__ = [
     "ExLlamaIntegrationsError",
     "ExLlamaRuntime",
     "GenerationError",
+    "GenerationRequest",
     "GenerationResult",
     "GenerationSettings",
     "Grammar",
     "InvalidModelError",
     "InvalidSettingsError",
+    "Media",
+    "MediaError",
     "MissingDependencyError",
     "ModelLoadError",
     "ModelNotFoundError",
     "ModelInfo",
+    "ProtocolError",
+    "Reasoning",
     "RemoteRuntime",
     "Runtime",
     "RuntimeClosedError",

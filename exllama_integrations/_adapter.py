@@ -2,19 +2,21 @@
 
 Rules decided here, once, for every class:
 
-* Where the model is: exactly one of ``model_dir=`` (load it in this process, shared), ``base_url=``
-  (a server's model, through :class:`~exllama_integrations.serve.remote.RemoteRuntime`) or
-  ``runtime=`` (any :class:`~exllama_integrations.runtime.api.Runtime`).
-* Names: the framework's and HuggingFacePipeline's common names are accepted where they mean
-  something (``max_tokens`` for ``max_new_tokens``, ``do_sample=False`` for greedy, a single
-  ``stop`` string, ``logprobs=True`` + ``top_logprobs=k``); any other unknown name, in the constructor
-  or per call, is an :class:`~exllama_integrations.errors.InvalidSettingsError` naming the closest match.
-* Settings a backend cannot honour are refused when the class is built, not at the first token.
+* Where the model is: exactly one of ``model_dir=`` (load it in this process, shared; ``model=`` is accepted
+  as its name, as ChatOllama and vLLM spell it), ``base_url=`` (a server's model, through
+  :class:`~exllama_integrations.runtime.remote.RemoteRuntime`) or ``runtime=`` (any object with the core
+  :class:`~exllama_integrations.contract.api.Runtime` protocol).
+* Settings: the classes' setting fields are :class:`~exllama_integrations.contract.settings.GenerationSettings`'
+  own (declared there once, with their docs), optional here; names are those settings accept (``max_tokens``,
+  ``num_predict``, ``do_sample=False``, ``logprobs=True`` + ``top_logprobs=k`` ...). A call's settings are the
+  runtime's defaults, then the fields, then the call's keyword arguments, resolved once into the request.
+* Any other unknown name, in the constructor or per call, is an
+  :class:`~exllama_integrations.errors.InvalidSettingsError` naming the closest match (or what another tool's
+  name means here); settings a backend cannot honour are refused when the class is built.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -22,10 +24,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
+from .contract.api import Reasoning, Runtime
+from .contract.settings import (
+    SAMPLING_FIELDS,
+    GenerationSettings,
+    canonical,
+    check_names,
+    resolve_settings,
+    unknown_name_hint,
+)
 from .errors import InvalidSettingsError
-from .runtime._common import check_setting_names
-from .runtime.api import Runtime
-from .runtime.settings import SAMPLING_FIELDS, GenerationSettings
 
 SETTING_FIELDS = SAMPLING_FIELDS
 """The generation settings that are also fields of the framework classes."""
@@ -40,78 +48,35 @@ def as_stops(stop: str | Iterable[str] | None) -> list[str]:
     return list(stop)
 
 
-def normalize_call_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """Framework names for settings, as settings (``max_tokens``, ``do_sample``, ``logprobs`` + ``top_logprobs``)."""
-    kw = dict(kwargs)
-    for alias in ("max_tokens", "max_completion_tokens"):
-        if alias in kw:
-            value = kw.pop(alias)
-            kw.setdefault("max_new_tokens", value)
-    if "typical_p" in kw:
-        kw.setdefault("typical", kw.pop("typical_p"))
-    if "do_sample" in kw:
-        if kw.pop("do_sample") is False:
-            kw["temperature"] = 0.0
-    if "logprobs" in kw or "top_logprobs" in kw:
-        want, top = kw.pop("logprobs", None), kw.pop("top_logprobs", None)
-        if isinstance(want, int) and not isinstance(want, bool):
-            kw["logprobs"] = want  # the number of alternatives, as our own setting takes it
-        elif want or (top and want is None):
-            kw["logprobs"] = int(top or 0)
-    return kw
-
-
-def _close(name: str, known: Iterable[str]) -> str:
-    match = difflib.get_close_matches(name, list(known), n=1)
-    return f"{name!r}" + (f" (did you mean {match[0]!r}?)" if match else "")
-
-
 def _read_template(value: str | None) -> str | None:
-    """``chat_template`` is template text, or the path of a file that holds it."""
-    if value is None or "{" in value:
-        return value
-    path = Path(os.path.expanduser(value))
-    if path.is_file():
-        from .runtime.files import TEMPLATE_LIMIT, read_text
+    """``chat_template`` is the path of a file that holds a template, when such a file exists; else template text."""
+    if value is None:
+        return None
+    if "\n" not in value and len(value) < 4096:
+        path = Path(os.path.expanduser(value))
+        try:
+            is_file = path.is_file()
+        except OSError:
+            is_file = False
+        if is_file:
+            from .model.files import TEMPLATE_LIMIT, read_text
 
-        return read_text(path, "chat template file", TEMPLATE_LIMIT)
-    raise InvalidSettingsError(f"chat_template {value!r} is neither a jinja template nor a file that exists.")
+            return read_text(path, "chat template file", TEMPLATE_LIMIT)
+        if "{" not in value and ("/" in value or value.endswith((".jinja", ".j2", ".txt", ".json"))):
+            raise InvalidSettingsError(f"chat_template {value!r} looks like a path, but no such file exists.")
+    return value
 
 
-class ExLlamaConfig(BaseModel):
-    """Fields shared by ``ExLlamaLLM``, ``ChatExLlama`` and LlamaIndex's ``ExLlamaLLM`` (not a framework class)."""
+class SettingFields(BaseModel):
+    """GenerationSettings' sampling fields as the classes' own, each optional (None: the runtime's default).
 
-    model_config = ConfigDict(
-        arbitrary_types_allowed=True, populate_by_name=True, protected_namespaces=(), use_attribute_docstrings=True
-    )
-
-    model_dir: str | None = None
-    """Model directory (config.json, safetensors or EXL3 weights, tokenizer) or a Hugging Face Hub id, loaded here."""
-    base_url: str | None = None
-    """An exllama-integrations server (``http://127.0.0.1:8000``): use its model instead of loading one."""
-    api_key: SecretStr | None = None
-    """Bearer key for ``base_url``'s server (or set ``EXLLAMA_API_KEY``)."""
-    runtime: Any = Field(default=None, exclude=True)
-    """Any loaded Runtime (ExLlamaRuntime, RemoteRuntime, ...) to use as it is."""
-    backend: str = "auto"
-    """``auto`` (exllamav3 on CUDA, then ExLlama v1 for GPTQ, else the CPU reference), ``exllamav3``, ``exllama``,
-    ``exllamav2``, ``transformers``."""
-    shared_runtime: bool = True
-    """Reuse the runtime already loaded for this directory and options (True), or load a private one."""
-    max_seq_len: int | None = None
-    """Context (cache) length to allocate; None: the model's, capped by the backend's default."""
-    dtype: str | None = None
-    """Weights dtype for backends that take one (CPU reference: float32 by default)."""
-    device: str | None = None
-    """Device for backends that take one (``cpu``, ``cuda:0``)."""
-    backend_options: dict[str, Any] = Field(default_factory=dict)
-    """Backend load options (exllamav3: ``cache_size``, ``cache_bits``, ``gpu_split``; exllama: ``lora_dir``);
-    unknown ones are refused by name."""
+    Declared here for type checkers and editors; a unit test pins them to GenerationSettings (names and types).
+    """
 
     max_new_tokens: int | None = Field(default=None, alias="max_tokens")
-    """Most tokens to generate (``max_tokens`` is accepted too); None: the runtime default (256)."""
+    """Most tokens to generate, thinking included (``max_tokens`` and ``num_predict`` are accepted too)."""
     temperature: float | None = None
-    """Sampling temperature; 0 is greedy; None: the runtime default (0.8)."""
+    """Sampling temperature; 0 is greedy."""
     top_k: int | None = None
     """Top-k truncation; 0 disables."""
     top_p: float | None = None
@@ -126,6 +91,39 @@ class ExLlamaConfig(BaseModel):
     """Never repeat an n-gram of this many tokens (breaks greedy loops of small models; not on exllamav3)."""
     seed: int | None = None
     """Sampling seed: the same seed and prompt reproduce the output."""
+    max_reasoning_tokens: int | None = None
+    """A reasoning model thinks for at most this many tokens, then answers (``thinking_token_budget`` too)."""
+
+
+class ExLlamaConfig(SettingFields):
+    """Fields shared by ``ExLlamaLLM``, ``ChatExLlama`` and LlamaIndex's ``ExLlamaLLM`` (not a framework class)."""
+
+    model_config = ConfigDict(
+        arbitrary_types_allowed=True, populate_by_name=True, protected_namespaces=(), use_attribute_docstrings=True
+    )
+
+    model_dir: str | None = None
+    """Model directory (config.json, safetensors or EXL3 weights, tokenizer) or a Hugging Face Hub id, loaded here."""
+    base_url: str | None = None
+    """An exllama-integrations server (``http://127.0.0.1:8000``): use its model instead of loading one."""
+    api_key: SecretStr | None = None
+    """Bearer key for ``base_url``'s server (or set ``EXLLAMA_API_KEY``)."""
+    runtime: Any = Field(default=None, exclude=True)
+    """Any loaded Runtime (ExLlamaRuntime, RemoteRuntime, your own) to use as it is."""
+    backend: str = "auto"
+    """``auto`` (exllamav3 on CUDA, then ExLlama v1 for GPTQ, else the CPU reference), ``exllamav3``, ``exllama``,
+    ``exllamav2``, ``transformers``."""
+    shared_runtime: bool = True
+    """Reuse the runtime already loaded for this directory and options (True), or load a private one."""
+    max_seq_len: int | None = None
+    """Context (cache) length to allocate; None: the model's, capped by the backend's default."""
+    dtype: str | None = None
+    """Weights dtype for backends that take one (CPU reference: float32 by default)."""
+    device: str | None = None
+    """Device for backends that take one (``cpu``, ``cuda:0``)."""
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+    """Backend load options (exllamav3: ``cache_size``, ``cache_bits``, ``gpu_split``; exllama: ``lora_dir``;
+    CPU reference: ``num_threads``); unknown ones are refused by name."""
     stop: list[str] | None = None
     """Stop strings, merged with the ``stop`` of each call; never part of the output."""
     logprobs: bool | None = None
@@ -135,7 +133,10 @@ class ExLlamaConfig(BaseModel):
     chat_template: str | None = None
     """A chat template (jinja text, or a file holding it) to use instead of the model's own, in the same sandbox."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Extra variables for the chat template (e.g. ``{"enable_thinking": False}``)."""
+    """Extra variables for the chat template (e.g. ``{"enable_thinking": False}``), merged with each call's."""
+    reasoning_tags: tuple[str, str] | None = None
+    """A reasoning model's thinking delimiters, e.g. ``("<think>", "</think>")``, where its chat template does
+    not show them (they are found in the template otherwise)."""
     split_special_tokens: bool = False
     """Encode message text literally, so special-token strings a user types (``<|im_end|>``) stay text.
     Off by default, as in transformers: such strings become control tokens."""
@@ -158,20 +159,27 @@ class ExLlamaConfig(BaseModel):
             raise InvalidSettingsError(f"invalid arguments for {type(self).__name__}: " + "; ".join(lines)) from None
         self.chat_template = _read_template(self.chat_template)
         if self.chat_template is not None:
-            from .runtime.template import ChatTemplate
+            from .model.template import ChatTemplate
 
             ChatTemplate(self.chat_template)  # a broken override fails here, not at the first chat
-        defaults = self._default_overrides()  # bad values fail before anything loads
+        if self.reasoning_tags is not None:
+            Reasoning(*self.reasoning_tags)
+        defaults = self._field_settings()
+        GenerationSettings().merged(**defaults)  # bad values fail before anything loads
         self._runtime = self._open_runtime()
-        self._runtime.resolve_settings(None, **defaults)  # settings the backend cannot honour
+        resolve_settings(self._defaults(), self._runtime.model_info().unsupported_settings, **defaults)
+        self._loaded()
+
+    def _loaded(self) -> None:
+        """Called once the runtime is there (a class fills in what it reads from the model)."""
 
     @classmethod
     def _normalize_init(cls, data: dict[str, Any]) -> dict[str, Any]:
-        data = dict(data)
-        if "do_sample" in data and data.pop("do_sample") is False and data.get("temperature") is None:
-            data["temperature"] = 0.0
-        if "typical_p" in data:
-            data.setdefault("typical", data.pop("typical_p"))
+        data = canonical(data)
+        if "model" in data:  # ChatOllama's / ChatOpenAI's / vLLM's name for the model
+            model = data.pop("model")
+            if not (data.get("base_url") or data.get("runtime")):
+                data.setdefault("model_dir", model)
         if isinstance(data.get("stop"), str):
             data["stop"] = [data["stop"]]
         lp = data.get("logprobs")
@@ -185,7 +193,9 @@ class ExLlamaConfig(BaseModel):
         unknown = [k for k in data if k not in known]
         if unknown:
             raise InvalidSettingsError(
-                f"unknown argument(s) for {cls.__name__}: {', '.join(_close(k, known) for k in sorted(unknown))}."
+                f"unknown argument(s) for {cls.__name__}: "
+                + ", ".join(unknown_name_hint(k, known) for k in sorted(unknown))
+                + "."
             )
         return data
 
@@ -198,10 +208,15 @@ class ExLlamaConfig(BaseModel):
             )
         if self.runtime is not None:
             if not isinstance(self.runtime, Runtime):
-                raise InvalidSettingsError(f"runtime= must be a Runtime, got {type(self.runtime).__name__}.")
+                missing = [m for m in ("model_info", "encode", "decode", "chat_prompt", "open", "aopen", "close")]
+                missing = [m for m in missing if not callable(getattr(self.runtime, m, None))]
+                raise InvalidSettingsError(
+                    f"runtime= must implement the Runtime protocol; {type(self.runtime).__name__} lacks "
+                    f"{', '.join(missing) or 'closed'}."
+                )
             return self.runtime
         if self.base_url:
-            from .serve.remote import RemoteRuntime
+            from .runtime.remote import RemoteRuntime
 
             key = self.api_key.get_secret_value() if self.api_key is not None else None
             return RemoteRuntime.shared(self.base_url, api_key=key)
@@ -228,15 +243,18 @@ class ExLlamaConfig(BaseModel):
         """The model's name (its directory's)."""
         return self._runtime.model_info().name
 
-    def _default_overrides(self) -> dict[str, Any]:
-        """The instance's settings fields as overrides (validated)."""
+    def _defaults(self) -> GenerationSettings:
+        from .runtime.base import defaults_of
+
+        return defaults_of(self._runtime) if self._runtime is not None else GenerationSettings()
+
+    def _field_settings(self) -> dict[str, Any]:
+        """The instance's setting fields that are set, as settings."""
         fields: dict[str, Any] = {k: getattr(self, k) for k in SETTING_FIELDS}
         if self.logprobs:
             fields["logprobs"] = int(self.top_logprobs or 0)
         fields["stop"] = self.stop or None
-        clean = {k: v for k, v in fields.items() if v is not None}
-        GenerationSettings().merged(**clean)
-        return clean
+        return {k: v for k, v in fields.items() if v is not None}
 
     def _call_settings(
         self, stop: str | Iterable[str] | None, kwargs: Mapping[str, Any], ignored: Iterable[str] = ()
@@ -246,13 +264,19 @@ class ExLlamaConfig(BaseModel):
         Raises:
             InvalidSettingsError: an unknown name (the closest match named) or a bad value.
         """
-        kw = normalize_call_kwargs({k: v for k, v in kwargs.items() if k not in set(ignored)})
+        skip = set(ignored)
+        kw = canonical({k: v for k, v in kwargs.items() if k not in skip})
         call_stop = as_stops(kw.pop("stop", None))
-        check_setting_names(list(kw), "generation argument")
-        overrides = {**self._default_overrides(), **{k: v for k, v in kw.items() if v is not None}}
+        check_names(list(kw), "generation argument")
+        overrides = {**self._field_settings(), **{k: v for k, v in kw.items() if v is not None}}
         stops = [*(self.stop or []), *as_stops(stop), *call_stop]
         overrides["stop"] = list(dict.fromkeys(stops)) or None
-        return self._runtime.resolve_settings(None, **{k: v for k, v in overrides.items() if v is not None})
+        refused = self._runtime.model_info().unsupported_settings
+        return resolve_settings(self._defaults(), refused, **{k: v for k, v in overrides.items() if v is not None})
+
+    def _template_kwargs(self, call: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The instance's ``chat_template_kwargs`` with a call's own over them."""
+        return {**self.chat_template_kwargs, **(call or {})}
 
     def get_token_ids(self, text: str) -> list[int]:
         """Token ids of ``text`` by the model's own tokenizer."""
@@ -260,4 +284,4 @@ class ExLlamaConfig(BaseModel):
 
     def get_num_tokens(self, text: str) -> int:
         """Number of tokens in ``text`` by the model's own tokenizer."""
-        return self._runtime.count_tokens(text)
+        return len(self._runtime.encode(text))

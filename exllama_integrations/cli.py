@@ -104,7 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
         model_dir = str(demo_model_dir())
     options = {"max_seq_len": args.max_seq_len, **_options(args.option)}
     if args.ray:
-        from .serve.ray import run_ray
+        from .serve.ray.deployment import run_ray
 
         return run_ray(
             model_dir,

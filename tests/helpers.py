@@ -100,3 +100,22 @@ def run_isolated(code: str, timeout: float = 120, memory_mb: int | None = None, 
         raise AssertionError(f"timed out after {timeout}s (hang?); output so far: {e.stdout!r} {e.stderr!r}") from None
     assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-3000:]}"
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def error_instances() -> list:
+    """One instance of every typed error class, with its fields set."""
+    from exllama_integrations import errors
+
+    made: list = []
+    for cls in errors.ERRORS.values():
+        if cls is errors.ContextLengthError:
+            made.append(cls(900, 200, 1024))
+        elif cls is errors.MissingDependencyError:
+            made.append(cls("exllamav3", "exllamav3", "the GPU backend"))
+        elif issubclass(cls, errors.InvalidSettingsError):
+            made.append(cls("bad thing", param="max_tokens", reason="max_tokens_too_large"))
+        elif issubclass(cls, errors.ServerError):
+            made.append(cls("far away", 502))
+        else:
+            made.append(cls(f"a {cls.__name__} happened"))
+    return made

@@ -1,7 +1,9 @@
-"""A second, minimal Runtime: a proxy that runs every call of an inner runtime on its own thread.
+"""A second Runtime, written outside the package against the core protocol only.
 
-It implements the Runtime protocol from plain values only (it never hands out the inner runtime or
-its tokenizer), so adapters that work over it depend on the contract and nothing deeper.
+It runs every generation of an inner runtime on a thread of its own and hands over only plain values (it
+never hands out the inner runtime or its tokenizer) and it inherits nothing of the package: it implements
+``closed``, ``model_info``, ``encode``, ``decode``, ``chat_prompt``, ``open``, ``aopen`` and ``close``, as a
+third party's runtime would. Adapters that work over it depend on the core protocol and nothing deeper.
 """
 
 from __future__ import annotations
@@ -12,34 +14,31 @@ import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from exllama_integrations.runtime._common import RuntimeCommon
-from exllama_integrations.runtime.api import (
+from exllama_integrations.contract.api import (
+    GenerationRequest,
     GenerationResult,
-    Grammar,
     ModelInfo,
-    Prompt,
     Runtime,
     StreamChunk,
     result_of,
 )
-from exllama_integrations.runtime.settings import GenerationSettings
 
 _END = object()
 
 
 class _ProxyStream:
-    def __init__(self, inner: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(self, inner: Runtime, request: GenerationRequest) -> None:
         self._q: queue.Queue[Any] = queue.Queue()
         self._stop = threading.Event()
         self._chunks: list[StreamChunk] = []
-        self._backend = inner.model_info().backend
+        self._backend_name = inner.model_info().backend
         self.result: GenerationResult | None = None
         ready = threading.Event()
         errors: list[BaseException] = []
 
         def work() -> None:
             try:
-                stream = inner.stream(*args, **kwargs)
+                stream = inner.open(request)
             except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
                 errors.append(e)
                 ready.set()
@@ -71,7 +70,7 @@ class _ProxyStream:
             raise item
         self._chunks.append(item)
         if item.finish_reason is not None:
-            self.result = result_of(self._chunks, self._backend)
+            self.result = result_of(self._chunks, self._backend_name)
         return item
 
     def close(self) -> None:
@@ -84,12 +83,11 @@ class _ProxyStream:
         self.close()
 
 
-class ThreadProxyRuntime(RuntimeCommon):
-    """Every call runs on another thread of the inner runtime; values only cross."""
+class ThreadProxyRuntime:
+    """Every generation runs on another thread of the inner runtime; values only cross."""
 
     def __init__(self, inner: Runtime) -> None:
         self._inner = inner
-        self.settings = GenerationSettings()
 
     @property
     def closed(self) -> bool:
@@ -101,41 +99,17 @@ class ThreadProxyRuntime(RuntimeCommon):
     def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
         return self._inner.encode(text, add_special_tokens, parse_special)
 
-    def count_tokens(self, text: str) -> int:
-        return self._inner.count_tokens(text)
-
     def decode(self, ids: Sequence[int]) -> str:
         return self._inner.decode(ids)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> str:
         return self._inner.chat_prompt(messages, **kwargs)
 
-    def stream(
-        self,
-        prompt: Prompt,
-        settings: GenerationSettings | None = None,
-        *,
-        grammar: Grammar | None = None,
-        add_special_tokens: bool = True,
-        incremental: bool = True,
-        **overrides: Any,
-    ) -> _ProxyStream:
-        s = self.resolve_settings(settings, **overrides)
-        kw = {"grammar": grammar, "add_special_tokens": add_special_tokens, "incremental": incremental}
-        return _ProxyStream(self._inner, (prompt, s), kw)
+    def open(self, request: GenerationRequest) -> _ProxyStream:
+        return _ProxyStream(self._inner, request)
 
-    async def astream(
-        self,
-        prompt: Prompt,
-        settings: GenerationSettings | None = None,
-        *,
-        grammar: Grammar | None = None,
-        add_special_tokens: bool = True,
-        incremental: bool = True,
-        **overrides: Any,
-    ) -> AsyncIterator[StreamChunk]:
-        kw = {"grammar": grammar, "add_special_tokens": add_special_tokens, "incremental": incremental}
-        stream = await asyncio.to_thread(self.stream, prompt, settings, **kw, **overrides)
+    async def aopen(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        stream = await asyncio.to_thread(self.open, request)
         try:
             while True:
                 chunk = await asyncio.to_thread(next, stream, None)
@@ -144,9 +118,6 @@ class ThreadProxyRuntime(RuntimeCommon):
                 yield chunk
         finally:
             stream.close()
-
-    def batch(self, prompts: Sequence[Prompt], settings: GenerationSettings | None = None, **kw: Any) -> list[Any]:
-        return [self.generate(p, settings, **kw) for p in prompts]
 
     def close(self) -> None:
         pass  # the inner runtime belongs to someone else

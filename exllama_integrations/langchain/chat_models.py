@@ -11,11 +11,12 @@ import contextvars
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from operator import itemgetter
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
+from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, BaseMessage, convert_to_messages
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
 from langchain_core.output_parsers.pydantic import PydanticOutputParser
@@ -26,13 +27,12 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel
 
+from ..chat.outcome import astream_chat, stream_chat
+from ..chat.prepare import ChatRequest, PreparedChat, aprepare_chat, forced_tools, prepare_chat
+from ..contract.api import Batching, check_depth
 from ..errors import InvalidSettingsError
-from ..runtime.chat import ChatRequest, PreparedChat, aprepare_chat, forced_tools, prepare_chat
-from ..runtime.chat_outcome import astream_chat, stream_chat
-from ..runtime.constraints import check_depth
-from ..runtime.settings import GenerationSettings
-from ._chat_utils import lc_chat_chunk, to_template_messages
-from ._utils import ExLlamaLangChainMixin, listens_for_tokens
+from .messages import lc_chat_chunk, to_template_messages
+from .mixin import ExLlamaLangChainMixin, listens_for_tokens
 
 _JSON_SCHEMA_KEYS = ("type", "properties", "$ref", "$defs", "definitions", "anyOf", "oneOf", "allOf", "enum", "const")
 
@@ -76,39 +76,39 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
     def _llm_type(self) -> str:
         return "exllama-chat"
 
+    def _loaded(self) -> None:
+        if self.profile is None:  # what the loaded model is and can do (LangChain v1's ModelProfile)
+            self.profile = cast("ModelProfile", self._profile())
+
     # ----------------------------------------------------------------- requests
 
     def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
         """Exact prompt tokens: the messages rendered by the chat template (with the generation prompt)."""
         tool_specs = [convert_to_openai_tool(t) for t in tools] if tools else ()
-        request = self._chat_request(convert_to_messages(messages), {"tools": tool_specs})
-        prompt = prepare_chat(self._runtime, request).prompt
-        return len(prompt) if isinstance(prompt, list) else len(self._runtime.encode(prompt))
+        request = self._chat_request(convert_to_messages(messages), None, {"tools": tool_specs})
+        prompt = prepare_chat(self._runtime, request).request.prompt
+        return len(prompt) if isinstance(prompt, tuple) else len(self._runtime.encode(prompt))
 
-    def _chat_request(self, messages: list[BaseMessage], bound: dict[str, Any]) -> ChatRequest:
-        return ChatRequest(
-            messages=to_template_messages(messages),
-            tools=bound.get("tools") or (),
-            tool_choice=bound.get("tool_choice"),
-            response_format=bound.get("response_format"),
-            template_kwargs=self.chat_template_kwargs,
-            chat_template=self.chat_template,
-            split_special_tokens=self.split_special_tokens,
-        )
-
-    def _split(
-        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> tuple[ChatRequest, GenerationSettings]:
+    def _chat_request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ChatRequest:
+        """The chat call as a plain value: messages, bound tools and formats, template variables, settings."""
         kwargs = dict(kwargs)
         bound = {k: kwargs.pop(k, None) for k in ("tools", "tool_choice", "response_format")}
         kwargs.pop("ls_structured_output_format", None)
-        return self._chat_request(messages, bound), self._settings(stop, kwargs)
+        template_kwargs = self._template_kwargs(kwargs.pop("chat_template_kwargs", None))
+        return ChatRequest(
+            messages=to_template_messages(messages),
+            settings=self._settings(stop, kwargs),
+            tools=bound.get("tools") or (),
+            tool_choice=bound.get("tool_choice"),
+            response_format=bound.get("response_format"),
+            template_kwargs=template_kwargs,
+            chat_template=self.chat_template,
+            split_special_tokens=self.split_special_tokens,
+            reasoning_tags=self.reasoning_tags,
+        )
 
-    def _prepare(
-        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> tuple[PreparedChat, GenerationSettings]:
-        request, settings = self._split(messages, stop, kwargs)
-        return prepare_chat(self._runtime, request), settings
+    def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> PreparedChat:
+        return prepare_chat(self._runtime, self._chat_request(messages, stop, kwargs))
 
     # ----------------------------------------------------------------- generation
 
@@ -149,7 +149,8 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         configs = config if isinstance(config, list) else [config or {}]
         limits = [int(c.get("max_concurrency") or 0) for c in configs if c]
         limits = [m for m in limits if m > 0]
-        self._runtime.expect(min([len(inputs), *limits]))
+        if isinstance(self._runtime, Batching):
+            self._runtime.expect(min([len(inputs), *limits]))
         return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)  # type: ignore[return-value]
 
     def _stream(
@@ -169,9 +170,10 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         incremental: bool,
         kwargs: dict[str, Any],
     ) -> Iterator[ChatGenerationChunk]:
-        prepared, settings = self._prepare(messages, stop, kwargs)
-        for item in stream_chat(self._runtime, prepared, settings, incremental=incremental):
-            chunk = lc_chat_chunk(item, settings.logprobs is not None)
+        prepared = self._prepare(messages, stop, kwargs)
+        wants_logprobs = prepared.request.settings.logprobs is not None
+        for item in stream_chat(self._runtime, prepared, incremental=incremental):
+            chunk = lc_chat_chunk(item, wants_logprobs)
             if run_manager is not None and incremental:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
@@ -194,10 +196,10 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         incremental: bool,
         kwargs: dict[str, Any],
     ) -> AsyncIterator[ChatGenerationChunk]:
-        request, settings = self._split(messages, stop, kwargs)
-        prepared = await aprepare_chat(self._runtime, request)
-        async for item in astream_chat(self._runtime, prepared, settings, incremental=incremental):
-            chunk = lc_chat_chunk(item, settings.logprobs is not None)
+        prepared = await aprepare_chat(self._runtime, self._chat_request(messages, stop, kwargs))
+        wants_logprobs = prepared.request.settings.logprobs is not None
+        async for item in astream_chat(self._runtime, prepared, incremental=incremental):
+            chunk = lc_chat_chunk(item, wants_logprobs)
             if run_manager is not None and incremental:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk

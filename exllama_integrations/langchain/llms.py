@@ -10,10 +10,13 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import BaseLLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
+from ..chat.prepare import ChatRequest, prepare_chat
+from ..contract.api import Batching, GenerationRequest, GenerationResult
+from ..contract.settings import GenerationSettings
+from ..contract.shapes import metadata
 from ..errors import InvalidSettingsError
-from ..runtime.chat import ChatRequest, prepare_chat
-from ..runtime.chat_outcome import metadata
-from ._utils import ExLlamaLangChainMixin, lc_chunk, listens_for_tokens
+from ..runtime.base import acollect, run_batch, whole
+from .mixin import ExLlamaLangChainMixin, lc_chunk, listens_for_tokens
 
 _HF_TASKS = ("text-generation",)
 # HuggingFacePipeline pipeline_kwargs that map onto our fields one to one.
@@ -48,21 +51,25 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
 
     # ----------------------------------------------------------------- generation
 
-    def _prompt(self, prompt: str) -> tuple[str | list[int], bool]:
-        """What to generate from, and whether the tokenizer adds its special tokens (BOS)."""
+    def _request(self, prompt: str, settings: GenerationSettings) -> GenerationRequest:
+        """The request for one prompt: as it is, or as one user turn through the chat template."""
         if not self.use_chat_template:
-            return prompt, True
-        request = ChatRequest(
+            return GenerationRequest(prompt, settings)
+        chat = ChatRequest(
             messages=[{"role": "user", "content": prompt}],
+            settings=settings,
             template_kwargs=self.chat_template_kwargs,
             chat_template=self.chat_template,
             split_special_tokens=self.split_special_tokens,
+            reasoning_tags=self.reasoning_tags,
         )
-        return prepare_chat(self._runtime, request).prompt, False
+        return prepare_chat(self._runtime, chat).request
 
-    async def _aprompt(self, prompt: str) -> tuple[str | list[int], bool]:
-        """:meth:`_prompt` off the event loop when it renders a template (plain text needs no thread)."""
-        return self._prompt(prompt) if not self.use_chat_template else await asyncio.to_thread(self._prompt, prompt)
+    async def _arequest(self, prompt: str, settings: GenerationSettings) -> GenerationRequest:
+        """:meth:`_request` off the event loop when it renders a template (plain text needs no thread)."""
+        if not self.use_chat_template:
+            return self._request(prompt, settings)
+        return await asyncio.to_thread(self._request, prompt, settings)
 
     def _stream(
         self,
@@ -75,8 +82,7 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
         info = self._runtime.model_info()
         if self.return_full_text:
             yield self._emit(GenerationChunk(text=prompt), run_manager)
-        text, add_special = self._prompt(prompt)
-        with self._runtime.stream(text, settings, add_special_tokens=add_special) as stream:
+        with self._runtime.open(self._request(prompt, settings)) as stream:
             for chunk in stream:
                 yield self._emit(lc_chunk(chunk, info.name, info.backend, settings.logprobs is not None), run_manager)
 
@@ -100,12 +106,15 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
             if run_manager is not None:
                 await run_manager.on_llm_new_token(first.text, chunk=first)
             yield first
-        text, add_special = await self._aprompt(prompt)
-        async for chunk in self._runtime.astream(text, settings, add_special_tokens=add_special):
-            lc = lc_chunk(chunk, info.name, info.backend, settings.logprobs is not None)
-            if run_manager is not None and lc.text:
-                await run_manager.on_llm_new_token(lc.text, chunk=lc)
-            yield lc
+        agen = self._runtime.aopen(await self._arequest(prompt, settings))
+        try:
+            async for chunk in agen:
+                lc = lc_chunk(chunk, info.name, info.backend, settings.logprobs is not None)
+                if run_manager is not None and lc.text:
+                    await run_manager.on_llm_new_token(lc.text, chunk=lc)
+                yield lc
+        finally:
+            await agen.aclose()  # type: ignore[attr-defined]
 
     def _generate(
         self,
@@ -123,18 +132,16 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
         else:
             # Whole completions (several prompts: handed to the runtime together, one dynamic batch on exllamav3).
             settings = self._settings(stop, kwargs)
-            results = self._runtime.batch(
-                [self._prompt(p)[0] for p in prompts], settings, add_special_tokens=not self.use_chat_template
-            )
+            results = run_batch(self._runtime, [self._request(p, settings) for p in prompts])
             gens = [[self._generation(p, r)] for r, p in zip(results, prompts)]
         return LLMResult(generations=gens, llm_output=self._llm_output(gens))
 
-    def _generation(self, prompt: str, result: Any) -> Generation:
+    def _generation(self, prompt: str, result: GenerationResult) -> Generation:
         info = self._runtime.model_info()
-        return Generation(
-            text=(prompt if self.return_full_text else "") + result.text,
-            generation_info=metadata(result, model_name=info.name, backend=info.backend, logprobs=result.logprobs),
-        )
+        md = metadata(result, model_name=info.name, backend=info.backend, logprobs=result.logprobs)
+        if result.reasoning:
+            md["reasoning_content"] = result.reasoning
+        return Generation(text=(prompt if self.return_full_text else "") + result.text, generation_info=md)
 
     async def _agenerate(
         self,
@@ -147,8 +154,8 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
 
         async def one(prompt: str, manager: AsyncCallbackManagerForLLMRun | None) -> Generation:
             if not listens_for_tokens(manager):
-                text, add_special = await self._aprompt(prompt)
-                result = await self._runtime.agenerate(text, settings, add_special_tokens=add_special)
+                request = whole(await self._arequest(prompt, settings))
+                result = await acollect(self._runtime.aopen(request), self._runtime.model_info().backend)
                 return self._generation(prompt, result)
             final: GenerationChunk | None = None
             async for chunk in self._astream(prompt, stop, manager, **kwargs):
@@ -157,7 +164,8 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
             return Generation(text=final.text, generation_info=final.generation_info)
 
         manager = run_manager if len(prompts) == 1 else None
-        self._runtime.expect(len(prompts))  # they reach the runtime one by one: let them prefill together
+        if isinstance(self._runtime, Batching):
+            self._runtime.expect(len(prompts))  # they reach the runtime one by one: let them prefill together
         gens = [[g] for g in await asyncio.gather(*(one(p, manager) for p in prompts))]
         return LLMResult(generations=gens, llm_output=self._llm_output(gens))
 

@@ -20,17 +20,20 @@ from llama_index.core.base.llms.types import (
     CompletionResponseGen,
     LLMMetadata,
     MessageRole,
+    TextBlock,
+    ThinkingBlock,
 )
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from .._adapter import ExLlamaConfig
-from ..runtime.api import StreamChunk
-from ..runtime.chat import ChatRequest, PreparedChat, aprepare_chat, prepare_chat
-from ..runtime.chat_outcome import ChatDelta, ChatOutcome, astream_chat, metadata, stream_chat
-from ..runtime.settings import GenerationSettings
-from ._utils import alast_response, is_custom_messages_to_prompt, last_response, li_logprobs, template_messages
+from ..chat.outcome import ChatDelta, ChatOutcome, astream_chat, stream_chat
+from ..chat.prepare import ChatRequest, PreparedChat, aprepare_chat, prepare_chat
+from ..contract.api import GenerationRequest, StreamChunk
+from ..contract.settings import GenerationSettings
+from ..contract.shapes import metadata
+from .messages import alast_response, is_custom_messages_to_prompt, last_response, li_logprobs, template_messages
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -102,7 +105,10 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
         if chunk.finish_reason is not None:
             info = self._runtime.model_info()
             raw = metadata(chunk, model_name=info.name, backend=info.backend)
-        return CompletionResponse(text=acc, delta=chunk.text, raw=raw, logprobs=li_logprobs(chunk.logprobs))
+        extra = {"thinking_delta": chunk.reasoning} if chunk.reasoning else {}
+        return CompletionResponse(
+            text=acc, delta=chunk.text, raw=raw, logprobs=li_logprobs(chunk.logprobs), additional_kwargs=extra
+        )
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
@@ -121,12 +127,14 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
         settings = self._call_settings(None, kwargs)
         text = self._completion_prompt(prompt, formatted)
 
+        request = GenerationRequest(text, settings, incremental=incremental)
+
         def gen() -> CompletionResponseGen:
             acc = ""
-            with self._runtime.stream(text, settings, incremental=incremental) as stream:
+            with self._runtime.open(request) as stream:
                 for chunk in stream:
                     acc += chunk.text
-                    if chunk.text or chunk.logprobs or chunk.finish_reason is not None:
+                    if chunk.text or chunk.reasoning or chunk.logprobs or chunk.finish_reason is not None:
                         yield self._completion(acc, chunk)
 
         return gen()
@@ -149,62 +157,75 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
         settings = self._call_settings(None, kwargs)
         text = self._completion_prompt(prompt, formatted)
 
+        request = GenerationRequest(text, settings, incremental=incremental)
+
         async def gen() -> CompletionResponseAsyncGen:
             acc = ""
-            async for chunk in self._runtime.astream(text, settings, incremental=incremental):
-                acc += chunk.text
-                if chunk.text or chunk.logprobs or chunk.finish_reason is not None:
-                    yield self._completion(acc, chunk)
+            agen = self._runtime.aopen(request)
+            try:
+                async for chunk in agen:
+                    acc += chunk.text
+                    if chunk.text or chunk.reasoning or chunk.logprobs or chunk.finish_reason is not None:
+                        yield self._completion(acc, chunk)
+            finally:
+                await agen.aclose()  # type: ignore[attr-defined]
 
         return gen()
 
     # ----------------------------------------------------------------- chat
 
-    def _chat_request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[ChatRequest, Any]:
+    def _chat_request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatRequest:
         kwargs = dict(kwargs)
         bound = {k: kwargs.pop(k, None) for k in _CHAT_KWARGS}
+        template_kwargs = self._template_kwargs(kwargs.pop("chat_template_kwargs", None))
         settings = self._call_settings(None, kwargs)
         msgs = list(messages)
         if self.system_prompt and not any(m.role == MessageRole.SYSTEM for m in msgs):
             msgs = [ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt), *msgs]
         schema = bound["json_schema"]
         to_prompt = self.messages_to_prompt
-        request = ChatRequest(
+        return ChatRequest(
             messages=template_messages(msgs),
+            settings=settings,
             tools=bound["tools"] or (),
             tool_choice=bound["tool_choice"],
             response_format={"type": "json_schema", "json_schema": {"schema": schema}} if schema is not None else None,
-            template_kwargs=self.chat_template_kwargs,
+            template_kwargs=template_kwargs,
             chat_template=self.chat_template,
             prompt=to_prompt(msgs) if to_prompt is not None and is_custom_messages_to_prompt(to_prompt) else None,
             split_special_tokens=self.split_special_tokens,
+            reasoning_tags=self.reasoning_tags,
         )
-        return request, settings
 
-    def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[PreparedChat, Any]:
-        request, settings = self._chat_request(messages, kwargs)
-        return prepare_chat(self._runtime, request), settings
+    def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> PreparedChat:
+        return prepare_chat(self._runtime, self._chat_request(messages, kwargs))
 
     @staticmethod
     def _chat_response(acc: str, item: ChatDelta | ChatOutcome) -> ChatResponse:
         if isinstance(item, ChatDelta):
             msg = ChatMessage(role=MessageRole.ASSISTANT, content=acc)
-            return ChatResponse(message=msg, delta=item.text, logprobs=li_logprobs(item.logprobs))
+            extra = {"thinking_delta": item.reasoning} if item.reasoning else {}
+            return ChatResponse(
+                message=msg, delta=item.text, logprobs=li_logprobs(item.logprobs), additional_kwargs=extra
+            )
         kwargs: dict[str, Any] = {}
         if item.tool_calls:
             kwargs["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {
-                        "name": c.name,
-                        "arguments": c.raw if c.error else json.dumps(c.arguments, ensure_ascii=False),
-                    },
-                }
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_text}}
                 for c in item.tool_calls
             ]
-        msg = ChatMessage(role=MessageRole.ASSISTANT, content=item.content, additional_kwargs=kwargs)
-        return ChatResponse(message=msg, delta=item.tail, raw=item.metadata, logprobs=li_logprobs(item.logprobs))
+        blocks: list[Any] = [TextBlock(text=item.content)]
+        if item.reasoning:
+            blocks.insert(0, ThinkingBlock(content=item.reasoning, num_tokens=item.usage.reasoning_tokens))
+        msg = ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=kwargs)
+        extra = {"thinking_delta": item.reasoning_tail} if item.reasoning_tail else {}
+        return ChatResponse(
+            message=msg,
+            delta=item.tail,
+            raw=item.metadata,
+            logprobs=li_logprobs(item.logprobs),
+            additional_kwargs=extra,
+        )
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
@@ -219,11 +240,11 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
     def _stream_chat(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], incremental: bool = True
     ) -> ChatResponseGen:
-        prepared, settings = self._prepare(messages, kwargs)
+        prepared = self._prepare(messages, kwargs)
 
         def gen() -> ChatResponseGen:
             acc = ""
-            for item in stream_chat(self._runtime, prepared, settings, incremental=incremental):
+            for item in stream_chat(self._runtime, prepared, incremental=incremental):
                 acc += item.text if isinstance(item, ChatDelta) else ""
                 yield self._chat_response(acc, item)
 
@@ -242,12 +263,12 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
     def _astream_chat(
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], incremental: bool = True
     ) -> ChatResponseAsyncGen:
-        request, settings = self._chat_request(messages, kwargs)
+        request = self._chat_request(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
             prepared = await aprepare_chat(self._runtime, request)
             acc = ""
-            async for item in astream_chat(self._runtime, prepared, settings, incremental=incremental):
+            async for item in astream_chat(self._runtime, prepared, incremental=incremental):
                 acc += item.text if isinstance(item, ChatDelta) else ""
                 yield self._chat_response(acc, item)
 

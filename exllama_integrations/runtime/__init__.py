@@ -1,62 +1,13 @@
-"""The runtime: the contract (``api``), its in-process implementation, and what both share.
+"""Runtimes: shared conveniences, in process, over HTTP, and the backends below them.
 
-Adapters import :mod:`.api` and build a runtime; nothing here imports torch or a backend until a
-model is loaded.
+Runtimes: the conveniences every runtime shares (:mod:`.base`), the in-process runtime (:mod:`.local`), the HTTP
+client runtime (:mod:`.remote`), and the backends below them (:mod:`.backends`).
+
+Nothing here imports torch or a backend until a model is loaded.
 """
 
-from .api import (
-    GenerationResult,
-    Grammar,
-    ModelInfo,
-    Runtime,
-    StreamChunk,
-    TextStream,
-    Timings,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
-)
+from .base import RuntimeBase
 from .local import ExLlamaRuntime
 from .local.run import LocalStream
-from .model_dir import ModelDirectory
-from .settings import GenerationSettings
-from .streaming import IncrementalDetokenizer, StopStringMatcher
-from .tokenizer import NativeTokenizer
 
-GenerationStream = LocalStream
-"""The in-process stream type (the name of earlier releases)."""
-
-
-def __getattr__(name: str) -> object:
-    if name == "GenerationChunk":
-        import warnings
-
-        warnings.warn(
-            "GenerationChunk was renamed StreamChunk (it clashed with LangChain's GenerationChunk).",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return StreamChunk
-    raise AttributeError(name)
-
-
-__all__ = [
-    "ExLlamaRuntime",
-    "GenerationResult",
-    "GenerationSettings",
-    "GenerationStream",
-    "Grammar",
-    "IncrementalDetokenizer",
-    "LocalStream",
-    "ModelDirectory",
-    "ModelInfo",
-    "NativeTokenizer",
-    "Runtime",
-    "StopStringMatcher",
-    "StreamChunk",
-    "TextStream",
-    "Timings",
-    "TokenLogprob",
-    "TopLogprob",
-    "Usage",
-]
+__all__ = ["ExLlamaRuntime", "LocalStream", "RuntimeBase"]

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 from fixture_models import SMALL_GQA, SMALL_MHA, SMALL_PADDED, make_llama
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A case for a backend whose library is not installed on this machine is skipped, saying so."""
+    for item in items:
+        backend = getattr(getattr(item, "callspec", None), "params", {}).get("backend")
+        if backend and importlib.util.find_spec(backend) is None:
+            item.add_marker(pytest.mark.skip(reason=f"{backend} is not installed on this machine"))
 
 
 @pytest.fixture(scope="session")

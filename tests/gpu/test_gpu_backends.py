@@ -58,14 +58,14 @@ def _oracle_logits(model_dir: Path, ids: list[int]):
 def _backend_logits(rt, ids: list[int]):
     import torch
 
-    b = rt._backend
+    lib = rt.diagnostics()
     with torch.inference_mode():
         if rt.backend_name == "exllamav3":
-            return b._model.forward(torch.tensor([ids], dtype=torch.long)).float()[0].cpu()
-        b._cache.current_seq_len = 0
+            return lib["model"].forward(torch.tensor([ids], dtype=torch.long)).float()[0].cpu()
+        lib["cache"].current_seq_len = 0
         if rt.backend_name == "exllamav2":
-            return b._model.forward(torch.tensor([ids]), b._cache).float()[0].cpu()
-        return b._model.forward(torch.tensor([ids]), b._cache, last_id_only=False).float()[0].cpu()
+            return lib["model"].forward(torch.tensor([ids]), lib["cache"]).float()[0].cpu()
+        return lib["model"].forward(torch.tensor([ids]), lib["cache"], last_id_only=False).float()[0].cpu()
 
 
 def _assert_greedy_equivalent(
@@ -266,12 +266,13 @@ def test_exllama_v1_lora_matches_the_merged_oracle(fixtures: dict[str, Path], tm
     rt = ExLlamaRuntime(fixtures["gptq"], "exllama", lora_dir=str(lora))
     try:
         got = rt.generate(PROMPT, **GREEDY)
-        b = rt._backend
+        lib = rt.diagnostics()
         import torch
 
-        b._cache.current_seq_len = 0
+        lib["cache"].current_seq_len = 0
         with torch.inference_mode():
-            logits = b._model.forward(torch.tensor([ids]), b._cache, last_id_only=False, lora=b._lora).float()[0].cpu()
+            out = lib["model"].forward(torch.tensor([ids]), lib["cache"], last_id_only=False, lora=lib["lora"])
+            logits = out.float()[0].cpu()
         diff = (logits[:, : ref.shape[1]] - ref).abs().max().item()
         tol = 0.05 * ref.std().item()
         print(f"exllama v1 + LoRA vs merged oracle: max logit diff {diff:.4f} (tolerance {tol:.4f})")

@@ -84,12 +84,12 @@ def _decode_logits(rt, prompt_ids: list[int], tokens: list[int]):
     """The backend's logits at each decode step, fed the oracle's tokens (teacher forcing) where it can be."""
     import torch
 
-    b = rt._backend
+    lib = rt.diagnostics()
     if rt.backend_name == "exllamav3":
         # exllamav3 decodes its own greedy tokens; its logits are compared while they agree with the oracle's
         from exllamav3 import ComboSampler, Job
 
-        gen = b._generator
+        gen = lib["generator"]
         job = Job(
             input_ids=torch.tensor([prompt_ids]),
             max_new_tokens=len(tokens),
@@ -107,7 +107,7 @@ def _decode_logits(rt, prompt_ids: list[int], tokens: list[int]):
                     if r.get("token_ids") is not None:
                         got.extend(r["token_ids"].flatten().tolist())
         return torch.stack(steps), got
-    session = b.open_session()
+    session = lib["open_session"]()
     with torch.inference_mode():
         out = [session.prefill(prompt_ids)[0].float().cpu()]
         for t in tokens[:-1]:

@@ -39,7 +39,7 @@ def test_concurrent_callers_share_one_dynamic_batch(rt) -> None:
     """Concurrent callers run as one batch (a non-timing check); tokens/s by callers is reported, not asserted."""
     import threading
 
-    gen = rt._backend._generator
+    gen = rt.diagnostics()["generator"]
     rates, peaks = {}, {}
     for n in (1, 4, 16, 64):
         prompts = [f"{PROMPT} {i}" for i in range(n)]
@@ -106,7 +106,7 @@ def test_64_mixed_callers_threads_and_tasks(rt) -> None:
 
 
 def test_stopped_reader_frees_its_job_within_a_step(rt) -> None:
-    gen = rt._backend._generator
+    gen = rt.diagnostics()["generator"]
     keep = rt.stream(PROMPT, temperature=0, max_new_tokens=400, ignore_eos=True)
     drop = rt.stream(PROMPT + " x", temperature=0, max_new_tokens=400, ignore_eos=True)
     next(keep), next(drop)
@@ -246,7 +246,7 @@ def test_quantized_cache_and_gpu_split_options(model: Path) -> None:
                 assert same >= 8
             elif isinstance(opts["cache_bits"], tuple):
                 k, v = opts["cache_bits"]
-                layers = r._backend._cache.layers.values()
+                layers = r.diagnostics()["cache"].layers.values()
                 assert all((layer.k_bits, layer.v_bits) == (k, v) for layer in layers)  # K and V apart
         finally:
             r.close()

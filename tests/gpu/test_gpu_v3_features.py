@@ -44,7 +44,7 @@ def test_exllamav3_lora_matches_the_merged_oracle(lora_base: tuple[Path, Path]) 
         import torch
 
         with torch.inference_mode():
-            logits = rt._backend._model.forward(torch.tensor([ids], dtype=torch.long)).float()[0].cpu()
+            logits = rt.diagnostics()["model"].forward(torch.tensor([ids], dtype=torch.long)).float()[0].cpu()
         diff = (logits[:, : ref.shape[1]] - ref).abs().max().item()
         tol = 0.05 * ref.std().item()
         llm = ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=64)
@@ -79,7 +79,7 @@ def test_exllamav3_lora_on_exl3_weights_shapes_every_decoded_token(
         ids = rt.encode(PROMPT, add_special_tokens=True)
         got = rt.generate(ids, temperature=0, max_new_tokens=32, ignore_eos=True).token_ids
         with torch.inference_mode():
-            full = rt._backend._model.forward(torch.tensor([ids + list(got)], dtype=torch.long)).float()[0]
+            full = rt.diagnostics()["model"].forward(torch.tensor([ids + list(got)], dtype=torch.long)).float()[0]
         steps = full[len(ids) - 1 : -1]
         gap = steps.max(dim=-1).values - steps.gather(1, torch.tensor(got, device=steps.device)[:, None])[:, 0]
         return int((gap > 0.1 * steps.std()).sum()), got
@@ -87,7 +87,7 @@ def test_exllamav3_lora_on_exl3_weights_shapes_every_decoded_token(
     rt = ExLlamaRuntime(exl3, "exllamav3", cache_size=4096, lora_dir=str(adapter))
     try:
         wrong, got = decode_vs_forward(rt)
-        unfused = rt._backend.info()
+        unfused = rt.model_info().details
     finally:
         rt.close()
     # what exllamav3 does on its own: the same adapter, its fused decode paths left on
@@ -96,7 +96,7 @@ def test_exllamav3_lora_on_exl3_weights_shapes_every_decoded_token(
     raw = ExLlamaRuntime(exl3, "exllamav3", cache_size=4096)
     try:
         plain = raw.generate(PROMPT, temperature=0, max_new_tokens=32, ignore_eos=True).token_ids
-        LoRA.from_directory(raw._backend._model, str(adapter))
+        LoRA.from_directory(raw.diagnostics()["model"], str(adapter))
         raw_wrong, _ = decode_vs_forward(raw)
     finally:
         raw.close()
@@ -123,8 +123,8 @@ def draft_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("draft", ["perfect", "unrelated", "ngram"])
 def test_speculative_decoding_is_greedy_identical(draft_pair: dict[str, Path], draft: str) -> None:
     from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.contract.api import Grammar
     from exllama_integrations.langchain import ExLlamaLLM
-    from exllama_integrations.runtime.api import Grammar
 
     prompts = [PROMPT, "a b c a b c a b c a b c", "one two three four", "the lazy dog sleeps"]
     schema = Grammar.json_schema({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})

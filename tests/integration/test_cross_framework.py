@@ -11,7 +11,7 @@ from llama_index.core.base.llms.types import ChatMessage
 from proxy_runtime import ThreadProxyRuntime
 
 from exllama_integrations import ConstraintViolationError, ExLlamaRuntime, InvalidSettingsError
-from exllama_integrations.runtime.chat import ChatRequest, prepare_chat
+from exllama_integrations.chat.prepare import ChatRequest, prepare_chat
 
 from helpers import ADD_TOOL as ADD
 
@@ -27,7 +27,7 @@ def runtime(request, demo_dir):
         return ThreadProxyRuntime(local)
     from servers import demo_server
 
-    from exllama_integrations.serve.remote import RemoteRuntime
+    from exllama_integrations.runtime.remote import RemoteRuntime
 
     return RemoteRuntime.shared(demo_server())
 

@@ -70,7 +70,7 @@ def test_system_prompt_and_prompt_overrides(where):
         max_new_tokens=20,
         system_prompt="You only answer in French.",
     )
-    prepared, _ = sys_llm._prepare(user(Q), {})
+    prepared = sys_llm._prepare(user(Q), {})
     assert "You only answer in French." in prepared.prompt
     custom = ExLlamaLLM(
         **where,
@@ -79,7 +79,7 @@ def test_system_prompt_and_prompt_overrides(where):
         messages_to_prompt=lambda msgs: "Q: " + msgs[-1].content + "\nA:",
         completion_to_prompt=lambda p: "Complete: " + p,
     )
-    prepared, _ = custom._prepare(user(Q), {})
+    prepared = custom._prepare(user(Q), {})
     assert prepared.prompt == "Q: " + Q + "\nA:"
     assert custom._completion_prompt("x", formatted=False) == "Complete: x"
     assert custom._completion_prompt("x", formatted=True) == "x"

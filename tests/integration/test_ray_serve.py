@@ -49,7 +49,7 @@ for t in threads: t.start()
 for t in threads: t.join(300)
 out["clients"] = results
 out["want"] = want
-out["pids"] = sorted({{httpx.get(url + "/health", timeout=30).json()["pid"] for _ in range(40)}})
+out["pids"] = sorted({{httpx.get(url + "/health", timeout=30).json()["instance"] for _ in range(40)}})
 body = {{"model": "SmolLM2-135M-Instruct", "prompt": "Tell me a long story.", "max_tokens": 400,
          "ignore_eos": True, "stream": True}}
 with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from exllama_integrations import ExLlamaRuntime, InvalidModelError, InvalidSettingsError
-from exllama_integrations.runtime.tokenizer import ChatTemplateError
+from exllama_integrations.model.tokenizer import ChatTemplateError
 
 from helpers import run_isolated
 
@@ -175,7 +175,7 @@ def test_hostile_chat_templates_are_stopped(demo_dir, tmp_path: Path, payload: s
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     cfg["chat_template"] = payload
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    from exllama_integrations.runtime.tokenizer import NativeTokenizer
+    from exllama_integrations.model.tokenizer import NativeTokenizer
 
     tok = NativeTokenizer.from_model_dir(str(d))
     with pytest.raises(ChatTemplateError):
@@ -200,7 +200,7 @@ def test_more_bad_settings_keep_the_runtime_usable(demo_runtime: ExLlamaRuntime,
 
 def test_bad_constraints_are_typed(demo_runtime: ExLlamaRuntime):
     from exllama_integrations import ConstraintError
-    from exllama_integrations.runtime.constraints import TokenConstraint
+    from exllama_integrations.model.grammar import TokenConstraint
 
     tok = demo_runtime.tokenizer
     with pytest.raises(ConstraintError, match="not valid JSON"):

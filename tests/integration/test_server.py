@@ -19,7 +19,7 @@ from proxy_runtime import ThreadProxyRuntime
 from servers import ThreadServer, demo_server
 
 from exllama_integrations import ExLlamaRuntime
-from exllama_integrations.runtime.chat import ChatRequest, prepare_chat
+from exllama_integrations.chat.prepare import ChatRequest, prepare_chat
 
 from helpers import ADD_TOOL
 
@@ -207,13 +207,13 @@ def test_a_client_that_drops_mid_stream_frees_the_server_at_once(url, demo_runti
         (b"{not json", 400, "invalid_json"),
         ({"model": "gpt-4", "prompt": "x"}, 404, "model_not_found"),
         ({"model": MODEL, "prompt": "x", "temprature": 1}, 422, "extra_forbidden"),
-        ({"model": MODEL, "prompt": "x", "temperature": -1}, 400, "InvalidSettingsError"),
+        ({"model": MODEL, "prompt": "x", "temperature": -1}, 400, "invalid_request"),
         ({"model": MODEL, "prompt": "x", "n": 2}, 400, "unsupported_parameter"),
         ({"model": MODEL, "prompt": "x", "presence_penalty": 0.5}, 400, "unsupported_parameter"),
         ({"model": MODEL, "prompt": "word " * 9000, "max_tokens": 4}, 400, "context_length_exceeded"),
-        ({"model": MODEL, "prompt": ""}, 400, "InvalidSettingsError"),
+        ({"model": MODEL, "prompt": ""}, 400, "invalid_request"),
         ({"model": MODEL, "messages": []}, 422, "too_short"),
-        ({"model": MODEL, "prompt": "x", "grammar": {"kind": "regex", "source": "a("}}, 400, "ConstraintError"),
+        ({"model": MODEL, "prompt": "x", "grammar": {"kind": "regex", "source": "a("}}, 400, "invalid_grammar"),
     ],
     ids=["json", "model", "unknown-field", "bad-value", "n", "penalty", "context", "empty", "no-messages", "grammar"],
 )
@@ -236,9 +236,9 @@ def test_unknown_fields_name_the_close_match(url):
 class _Counting(ThreadProxyRuntime):
     calls = 0
 
-    def astream(self, *args, **kwargs):
+    def aopen(self, request):
         type(self).calls += 1
-        return super().astream(*args, **kwargs)
+        return super().aopen(request)
 
 
 def test_auth_limits_and_a_full_queue(demo_runtime):
@@ -309,7 +309,7 @@ def test_one_log_line_per_request(url, caplog):
 
 
 def test_remote_runtime_counts_tokens_locally_and_matches_in_process(url, demo_runtime):
-    from exllama_integrations.serve.remote import RemoteRuntime
+    from exllama_integrations.runtime.remote import RemoteRuntime
 
     rt = RemoteRuntime(url)
     text = "Tokenizers count 12345 différently 🦙"
@@ -327,7 +327,7 @@ def test_remote_runtime_counts_tokens_locally_and_matches_in_process(url, demo_r
 
 
 def test_a_remote_whole_completion_read_comes_in_a_few_events_with_the_same_result(url):
-    from exllama_integrations.serve.remote import RemoteRuntime
+    from exllama_integrations.runtime.remote import RemoteRuntime
 
     rt = RemoteRuntime(url)
     kw = dict(temperature=0, max_new_tokens=24, ignore_eos=True)
@@ -343,7 +343,7 @@ def test_a_remote_whole_completion_read_comes_in_a_few_events_with_the_same_resu
 
 
 def test_remote_stream_closed_early_cancels_on_the_server(url, demo_runtime):
-    from exllama_integrations.serve.remote import RemoteRuntime
+    from exllama_integrations.runtime.remote import RemoteRuntime
 
     rt = RemoteRuntime(url)
     stream = rt.stream("Tell me a long story.", max_new_tokens=400, ignore_eos=True)
@@ -378,7 +378,7 @@ async def test_served_async_keeps_the_loop_free(url):
 
 def test_the_server_can_front_any_runtime(demo_runtime):
     """The app is built on the contract: a RemoteRuntime can be served in turn (a relay)."""
-    from exllama_integrations.serve.remote import RemoteRuntime
+    from exllama_integrations.runtime.remote import RemoteRuntime
 
     relay = ThreadServer(RemoteRuntime(demo_server()))
     try:
@@ -452,7 +452,7 @@ def test_a_stream_over_the_context_is_a_400_not_a_broken_stream(url, path):
 
 def test_a_remote_stream_over_the_context_is_the_typed_error(url):
     from exllama_integrations.errors import ContextLengthError
-    from exllama_integrations.serve.remote import RemoteRuntime
+    from exllama_integrations.runtime.remote import RemoteRuntime
 
     rt = RemoteRuntime(url)
     with pytest.raises(ContextLengthError, match="context"):

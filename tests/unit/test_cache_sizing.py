@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from exllama_integrations.runtime.backends._exllamav3_util import (
+from exllama_integrations.backends.exllamav3.options import (
     PAGE,
     RESERVE,
     ExLlamaV3Options,
@@ -39,7 +39,7 @@ def gpu(monkeypatch):
 
 def _model(weights: int):
     file = SimpleNamespace(stat=lambda: SimpleNamespace(st_size=weights))
-    return SimpleNamespace(config=LLAMA2_7B, weight_files=[file])
+    return SimpleNamespace(config=LLAMA2_7B, text_config=LLAMA2_7B, weight_files=[file])
 
 
 def test_auto_takes_the_free_memory_left_after_the_weights(gpu):
@@ -62,7 +62,7 @@ def test_auto_on_a_full_gpu_still_gives_one_page(gpu):
 
 def test_cache_size_takes_auto_or_pages():
     from exllama_integrations import InvalidSettingsError
-    from exllama_integrations.runtime.backends.base import build_options
+    from exllama_integrations.backends.base import build_options
 
     assert build_options(ExLlamaV3Options, "exllamav3", {}).cache_size == "auto"
     assert build_options(ExLlamaV3Options, "exllamav3", {"cache_bits": [8, 4]}).cache_bits == (8, 4)

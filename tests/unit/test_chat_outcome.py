@@ -8,24 +8,25 @@ from __future__ import annotations
 import pytest
 
 from exllama_integrations import ConstraintViolationError, GenerationSettings, Grammar
-from exllama_integrations.runtime.api import StreamChunk, Timings, TokenLogprob, TopLogprob, Usage
-from exllama_integrations.runtime.chat import PreparedChat
-from exllama_integrations.runtime.chat_outcome import ChatDelta, ChatOutcome, ChatStreamer, metadata
+from exllama_integrations.chat.outcome import ChatDelta, ChatOutcome, ChatStreamer
+from exllama_integrations.chat.prepare import PreparedChat
+from exllama_integrations.contract.api import GenerationRequest, StreamChunk, Timings, TokenLogprob, TopLogprob, Usage
+from exllama_integrations.contract.shapes import metadata
 
 TOOLS = ({"type": "function", "function": {"name": "add", "parameters": {}}},)
 FINAL = StreamChunk("", (), None, "eos", Usage(3, 9), Timings(0.1, 1.0, 10.0))
 
 
 def _items(pieces, tools: bool, final: StreamChunk = FINAL, grammar=None):
-    prepared = PreparedChat("prompt", grammar, TOOLS if tools else ())
-    s = ChatStreamer(prepared, GenerationSettings(), model_name="m", backend="b")
+    prepared = PreparedChat(GenerationRequest("prompt", GenerationSettings(), grammar=grammar), TOOLS if tools else ())
+    s = ChatStreamer(prepared, model_name="m", backend="b")
     out = [s.feed(StreamChunk(p)) for p in pieces]
     out.append(s.feed(final))
     return [i for i in out if i is not None]
 
 
 def _langchain(items):
-    from exllama_integrations.langchain._chat_utils import lc_chat_chunk
+    from exllama_integrations.langchain.messages import lc_chat_chunk
 
     chunks = [lc_chat_chunk(i, False) for i in items]
     full = chunks[0].message
@@ -93,7 +94,13 @@ def test_outcome_carries_usage_and_both_finish_names():
     out = _items(["hi"], False, StreamChunk("", (), None, "length", Usage(3, 9), Timings(0.1, 1.0, 10.0)))[-1]
     assert isinstance(out, ChatOutcome)
     assert (out.finish_reason, out.native_finish_reason) == ("length", "length")
-    assert out.metadata["usage"] == {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12}
+    assert out.metadata["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 9,
+        "total_tokens": 12,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
     assert _items(["hi"], False)[-1].metadata["finish_reason"] == "stop"  # eos is reported OpenAI-style
 
 
@@ -111,7 +118,11 @@ def test_metadata_logprobs_are_openai_shaped():
             {
                 "token": "hi",
                 "logprob": -0.5,
-                "top_logprobs": [{"token": "hi", "logprob": -0.5}, {"token": "yo", "logprob": -1.5}],
+                "bytes": [104, 105],
+                "top_logprobs": [
+                    {"token": "hi", "logprob": -0.5, "bytes": [104, 105]},
+                    {"token": "yo", "logprob": -1.5, "bytes": [121, 111]},
+                ],
             }
         ]
     }

@@ -13,14 +13,16 @@ PUBLIC_CLASSES = [
     ("exllama_integrations", "ExLlamaRuntime"),
     ("exllama_integrations", "GenerationSettings"),
     ("exllama_integrations", "Grammar"),
-    ("exllama_integrations.runtime.template", "ChatTemplate"),
+    ("exllama_integrations.model.template", "ChatTemplate"),
     ("exllama_integrations.langchain", "ExLlamaLLM"),
     ("exllama_integrations.langchain", "ChatExLlama"),
     ("exllama_integrations.llama_index", "ExLlamaLLM"),
-    ("exllama_integrations.runtime", "NativeTokenizer"),
-    ("exllama_integrations.runtime", "IncrementalDetokenizer"),
-    ("exllama_integrations.runtime", "StopStringMatcher"),
-    ("exllama_integrations.runtime.constraints", "TokenConstraint"),
+    ("exllama_integrations.model.tokenizer", "NativeTokenizer"),
+    ("exllama_integrations.model.detokenizer", "IncrementalDetokenizer"),
+    ("exllama_integrations.model.detokenizer", "StopStringMatcher"),
+    ("exllama_integrations", "GenerationRequest"),
+    ("exllama_integrations.runtime.remote", "RemoteRuntime"),
+    ("exllama_integrations.model.grammar", "TokenConstraint"),
 ]
 MODULES = sorted(
     m.name
@@ -38,10 +40,11 @@ def test_public_class_has_an_example(module: str, name: str) -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        "exllama_integrations.runtime.streaming",
-        "exllama_integrations.runtime.settings",
-        "exllama_integrations.runtime.api",
-        "exllama_integrations.runtime.template",
+        "exllama_integrations.model.detokenizer",
+        "exllama_integrations.contract.settings",
+        "exllama_integrations.contract.api",
+        "exllama_integrations.contract.wire",
+        "exllama_integrations.model.template",
     ],
 )
 def test_docstring_examples_run(module: str) -> None:

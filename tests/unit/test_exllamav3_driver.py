@@ -1,7 +1,7 @@
-"""The exllamav3 backend's own logic, without a GPU: its options, the burst window and stream_interval grouping.
+"""The exllamav3 backend's own logic, without a GPU: its options, the inbox's burst window, and the driver.
 
-The generator itself runs on the lent GPU (tests/gpu); here the driver's bookkeeping is fed results shaped
-like exllamav3 1.6.5's ``iterate()`` output.
+The generator itself runs on the lent GPU (tests/gpu); here the :class:`Driver` runs a fake generator that
+returns results shaped like exllamav3 1.6.5's ``iterate()`` output.
 """
 
 from __future__ import annotations
@@ -13,13 +13,17 @@ import time
 
 import pytest
 
+from exllama_integrations.backends import options_for
+from exllama_integrations.backends.base import BackendRequest, TokenStep
+from exllama_integrations.backends.exllamav3 import ExLlamaV3Backend
+from exllama_integrations.backends.exllamav3.driver import Driver
+from exllama_integrations.backends.exllamav3.translate import LiveJob
+from exllama_integrations.backends.inbox import EXPECT_AT_MOST, Inbox
+from exllama_integrations.contract.api import Reasoning
+from exllama_integrations.contract.settings import GenerationSettings
 from exllama_integrations.errors import InvalidSettingsError, ModelNotFoundError
-from exllama_integrations.runtime.backends import options_for
-from exllama_integrations.runtime.backends._exllamav3_util import EXPECT_AT_MOST, Inbox, LiveJob
-from exllama_integrations.runtime.backends.base import BackendRequest, TokenStep
-from exllama_integrations.runtime.backends.exllamav3 import ExLlamaV3Backend
-from exllama_integrations.runtime.files import peft_adapter
-from exllama_integrations.runtime.settings import GenerationSettings
+from exllama_integrations.model.files import peft_adapter
+from exllama_integrations.runtime.local.reasoning import ReasoningControl
 
 
 def _options(**kw):
@@ -60,10 +64,14 @@ def test_peft_adapter_is_checked_before_anything_loads(tmp_path):
     assert config["r"] == 8 and weights.name == "adapter_model.safetensors"
 
 
-def _driver(interval: int = 1, window: float = 0.0) -> ExLlamaV3Backend:
-    b = object.__new__(ExLlamaV3Backend)  # the driver's bookkeeping only: no generator
-    b._interval, b._inbox = interval, Inbox(window)
-    return b
+def _driver(interval: int = 1, window: float = 0.0, generator=None, make_job=None) -> Driver:
+    return Driver(
+        generator if generator is not None else _Generator(),
+        Inbox(window),
+        make_job or (lambda req: (_Job(), False)),
+        lambda req: "grammar-filter",
+        interval=interval,
+    )
 
 
 def _live(steps: list[TokenStep]) -> LiveJob:
@@ -91,7 +99,7 @@ def test_stream_interval_groups_steps_and_the_end_carries_what_was_held():
     b, steps = _driver(interval=3), []
     e = _live(steps)
     for t in (10, 11, 12, 13):
-        assert not b._deliver(_result(e, [t]), e, 3)
+        assert not b._deliver(_result(e, [t]), e, 3)  # the driver's bookkeeping of one job
     assert steps == [TokenStep((10, 11, 12))]  # every 3 steps, not every step
     end = _result(e, [14], eos=True, eos_reason="stop_token", eos_triggering_token_id=2, held={"token_ids": _Ids([2])})
     assert b._deliver(end, e, 3)
@@ -156,11 +164,26 @@ def test_an_announced_batch_is_waited_for_and_a_member_that_never_comes_is_not_w
     assert waits[0].inbox_wait_s < waits[1].inbox_wait_s and "1 requests start together" in waits[1].getMessage()
 
 
-class _Generator:
-    """exllamav3's Generator as the driver sees it: jobs in, one token per job per iterate(), done after two."""
+class _Job:
+    """exllamav3's Job as the driver steers it: forced output, filters replaced."""
 
     def __init__(self):
-        self.jobs, self.closed = [], False
+        self.forced_ids, self.filters, self.forced = None, [], []
+
+    def constrain_output_now(self, ids):
+        self.forced.append([int(t) for t in ids.flatten().tolist()])
+        self.forced_ids = ids
+
+    def set_filters(self, filters):
+        assert self.forced_ids is None, "exllamav3 refuses new filters while forced output drains"
+        self.filters = list(filters)
+
+
+class _Generator:
+    """exllamav3's Generator as the driver sees it: jobs in, one token per job per iterate(), done after ``n``."""
+
+    def __init__(self, n: int = 2, tokens=None):
+        self.jobs, self.closed, self.n, self.tokens = [], False, n, tokens
 
     def enqueue(self, job):
         self.jobs.append([job, 0])
@@ -172,10 +195,16 @@ class _Generator:
         out = []
         for j in self.jobs:
             j[1] += 1
-            out.append({"job": j[0], "stage": "streaming", "token_ids": _Ids([j[1]]), "eos": j[1] == 2})
-            if j[1] == 2:
-                out[-1]["eos_reason"] = "max_new_tokens"
-        self.jobs = [j for j in self.jobs if j[1] < 2]
+            job = j[0]
+            if getattr(job, "forced_ids", None) is not None:  # a forced token is written as it is
+                tok, rest = int(job.forced_ids[0, 0]), job.forced_ids[:, 1:]
+                job.forced_ids = rest if rest.shape[-1] else None
+            else:
+                tok = self.tokens[j[1] - 1] if self.tokens else j[1]
+            out.append({"job": job, "stage": "streaming", "token_ids": _Ids([tok]), "eos": j[1] == self.n})
+            if j[1] == self.n:
+                out[-1].update(eos_reason="max_new_tokens", cached_tokens=3)
+        self.jobs = [j for j in self.jobs if j[1] < self.n]
         return out
 
     def close(self):
@@ -183,33 +212,55 @@ class _Generator:
 
 
 def test_the_driver_builds_each_job_and_a_bad_request_fails_alone():
-    b = _driver()
-    b._generator, b._model, b._draft, b._loras, b._freed = _Generator(), None, None, [], threading.Lock()
     built = []
 
     def job(req):  # on the driver's thread, not the caller's
         built.append(threading.current_thread().name)
         if req.prompt_ids == [666]:
             raise ValueError("no such job")
-        return object()
+        return _Job(), False
 
-    b._job = job
-    b._driver = threading.Thread(target=b._drive, name="driver", daemon=True)
-    b._driver.start()
+    d = _driver(make_job=job)
+    d.start()
     steps: dict[int, list[TokenStep]] = {1: [], 666: [], 3: []}
     reqs = [BackendRequest([k], GenerationSettings(), 2, frozenset(), steps[k].append) for k in steps]
-    b.submit(reqs)
+    assert d.inbox.put(reqs)
     deadline = time.monotonic() + 10
     while not all(v and v[-1].finish for v in steps.values()) and time.monotonic() < deadline:
         time.sleep(0.01)
-    b.close()
-    assert built == ["driver"] * 3
+    d.stop()
+    assert built == ["exllama-exllamav3-driver"] * 3
     assert isinstance(steps[666][-1].error, ValueError) and steps[666][-1].finish == "error"
     for k in (1, 3):
         assert [t for st in steps[k] for t in st.token_ids] == [1, 2] and steps[k][-1].finish == "length"
-    assert b._generator is None  # closed after the driver stopped
-    b.submit([BackendRequest([1], GenerationSettings(), 2, frozenset(), steps[1].append)])
-    assert steps[1][-1].finish == "cancelled"  # after close(): ended at once, not left waiting
+        assert steps[k][-1].cached == 3  # exllamav3's reused prompt tokens reach the usage
+    assert not d.inbox.put([BackendRequest([1], GenerationSettings(), 2, frozenset(), steps[1].append)])
+    assert d.live == 0
+
+
+def _pieces(tid: int) -> str:
+    return {7: "</think>", 8: "<", 9: "/think", 10: ">"}.get(tid, "x")
+
+
+def test_the_driver_writes_the_end_of_thinking_when_the_budget_is_spent_and_then_attaches_the_grammar():
+    """The request's reasoning control sees every step; a spent budget becomes exllamav3's forced output, and the
+    grammar (which forcing turned off) is attached once the forced tokens are written."""
+    steer = ReasoningControl(Reasoning(started=True, budget=3), _pieces, [8, 9, 10])
+    job = _Job()
+    gen = _Generator(n=8)
+    d = _driver(generator=gen, make_job=lambda req: (job, False))
+    steps: list[TokenStep] = []
+    req = BackendRequest([1], GenerationSettings(), 8, frozenset(), steps.append, constraint=object(), steering=steer)
+    d.start()
+    d.inbox.put([req])
+    deadline = time.monotonic() + 10
+    while not (steps and steps[-1].finish) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    d.stop()
+    tokens = [t for st in steps for t in st.token_ids]
+    assert job.forced == [[8, 9, 10]]  # once, after three thinking tokens
+    assert tokens[3:6] == [8, 9, 10] and steer.reasoning_tokens == 6 and steer.constrained
+    assert job.filters == ["grammar-filter"]  # the answer is held to the grammar
 
 
 def test_a_runtime_with_a_lora_is_its_own_shared_entry():
@@ -220,8 +271,8 @@ def test_a_runtime_with_a_lora_is_its_own_shared_entry():
 
 
 def test_a_draft_model_is_checked_against_the_main_model_before_loading(tmp_path):
-    from exllama_integrations.runtime.backends._exllamav3_extras import inspect_draft
-    from exllama_integrations.runtime.model_dir import ModelDirectory
+    from exllama_integrations.backends.exllamav3.extras import inspect_draft
+    from exllama_integrations.model.directory import ModelDirectory
 
     from fixture_models import Shape, make_llama
 

@@ -17,15 +17,20 @@ def test_public_api_is_pinned():
             "ExLlamaIntegrationsError",
             "ExLlamaRuntime",
             "GenerationError",
+            "GenerationRequest",
             "GenerationResult",
             "GenerationSettings",
             "Grammar",
             "InvalidModelError",
             "InvalidSettingsError",
+            "Media",
+            "MediaError",
             "MissingDependencyError",
             "ModelInfo",
             "ModelLoadError",
             "ModelNotFoundError",
+            "ProtocolError",
+            "Reasoning",
             "RemoteRuntime",
             "Runtime",
             "RuntimeClosedError",
@@ -72,7 +77,7 @@ def test_adapters_import_no_concrete_runtime_at_module_level():
 
 def test_missing_extra_names_the_extra(monkeypatch):
     from exllama_integrations import MissingDependencyError
-    from exllama_integrations.runtime.backends.base import require
+    from exllama_integrations.backends.base import require
 
     try:
         require("definitely_not_installed_pkg", "exllamav3", "testing")
@@ -87,7 +92,7 @@ def test_missing_extra_names_the_extra(monkeypatch):
     ("module", "blocked", "extra"),
     [
         ("exllama_integrations.serve.app", "fastapi", "serve"),
-        ("exllama_integrations.serve.remote", "httpx", "remote"),
+        ("exllama_integrations.runtime.remote", "httpx", "remote"),
     ],
 )
 def test_a_missing_serving_extra_is_named(module, blocked, extra):

@@ -14,7 +14,7 @@ from exllama_integrations import (
     ModelNotFoundError,
     UnsupportedModelError,
 )
-from exllama_integrations.runtime.model_dir import ModelDirectory
+from exllama_integrations.model.directory import ModelDirectory
 
 from fixture_models import Shape, make_llama
 
@@ -144,7 +144,7 @@ def test_unknown_backend(model: Path):
 
 
 def test_exllama_v1_shape_limits_are_refused_before_loading():
-    from exllama_integrations.runtime.backends.exllama import shape_problems
+    from exllama_integrations.backends.exllama import shape_problems
 
     assert (
         shape_problems(
@@ -165,7 +165,7 @@ def test_exllama_v1_shape_limits_are_refused_before_loading():
 
 
 def test_exl3_weights_with_padded_hidden_size_are_refused_before_loading(model: Path):
-    from exllama_integrations.runtime.backends.exllamav3 import ExLlamaV3Backend
+    from exllama_integrations.backends.exllamav3 import ExLlamaV3Backend
 
     cfg = json.loads((model / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "exl3", "bits": 4}

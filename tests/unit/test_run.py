@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from exllama_integrations import GenerationSettings
-from exllama_integrations.runtime.backends.base import TokenStep
+from exllama_integrations.backends.base import TokenStep
 from exllama_integrations.runtime.local.run import Run
 
 

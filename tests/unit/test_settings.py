@@ -1,7 +1,7 @@
 import pytest
 
 from exllama_integrations import GenerationSettings, InvalidSettingsError
-from exllama_integrations.runtime.settings import build_settings
+from exllama_integrations.contract.settings import build_settings
 
 
 def test_defaults_are_valid_and_sampling():

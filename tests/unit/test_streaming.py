@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exllama_integrations.runtime.streaming import IncrementalDetokenizer, StopStringMatcher
-from exllama_integrations.runtime.tokenizer import NativeTokenizer
+from exllama_integrations.model.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from exllama_integrations.model.tokenizer import NativeTokenizer
 
 
 def feed_all(detok: IncrementalDetokenizer, ids: list[int], cuts: list[int]) -> str:

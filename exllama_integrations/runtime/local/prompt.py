@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...contract.api import Prompt
 from ...errors import ContextLengthError, InvalidSettingsError
-from ..api import Prompt
 
 if TYPE_CHECKING:
-    from ..settings import GenerationSettings
-    from ..tokenizer import NativeTokenizer
+    from ...contract.settings import GenerationSettings
+    from ...model.tokenizer import NativeTokenizer
 
 
 def prompt_ids(tokenizer: NativeTokenizer, prompt: Prompt, add_special_tokens: bool) -> list[int]:

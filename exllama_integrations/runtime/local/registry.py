@@ -16,12 +16,12 @@ import weakref
 from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..backends import options_for, resolve_backend
-from ..hub import resolve_model_dir
-from ..model_dir import ModelDirectory
+from ...backends import options_for, resolve_backend
+from ...model.directory import ModelDirectory
+from ...model.hub import resolve_model_dir
 
 if TYPE_CHECKING:
-    from ..backends.base import Backend, BackendOptions
+    from ...backends.base import Backend, BackendOptions
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

@@ -1,10 +1,9 @@
 """One generation as an object: backend steps in, stream chunks out.
 
-The backend's thread hands steps to :meth:`Run.emit` (which feeds the grammar and timestamps them)
-and never waits for the reader; the reader turns them into chunks with :meth:`Run.feed`
-(detokenizing, stop strings, usage), through :class:`LocalStream` (a thread) or :func:`aiter_run`
-(an event loop). A reader that stops reading, or closes, cancels the request: the backend ends it
-within a step.
+The backend's thread hands steps to the ``emit`` of :meth:`Run.emit_to` (which timestamps them) and never
+waits for the reader; the reader turns them into chunks with :meth:`Run.feed` (detokenizing, stop strings,
+the reasoning split, usage), through :class:`LocalStream` (a thread) or :func:`aiter_run` (an event loop).
+A reader that stops reading, or closes, cancels the request: the backend ends it within a step.
 """
 
 from __future__ import annotations
@@ -18,15 +17,16 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from ...backends.base import BackendRequest, RawLogprob, TokenStep
+from ...contract.api import GenerationResult, StreamChunk, Timings, TokenLogprob, TopLogprob, Usage, result_of
 from ...errors import ExLlamaIntegrationsError, GenerationError
-from ..api import GenerationResult, StreamChunk, Timings, TokenLogprob, TopLogprob, Usage, result_of
-from ..backends.base import BackendRequest, RawLogprob, TokenStep
-from ..streaming import IncrementalDetokenizer, StopStringMatcher
+from ...model.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from .reasoning import ReasoningControl, ReasoningSplitter
 
 if TYPE_CHECKING:
-    from ..constraints import ConstraintMatcher
-    from ..settings import GenerationSettings
-    from ..tokenizer import NativeTokenizer
+    from ...contract.settings import GenerationSettings
+    from ...model.grammar import ConstraintMatcher
+    from ...model.tokenizer import NativeTokenizer
 
 WATCH_EVERY = 8
 """Steps a whole-completion reader's tokens are held at most while it watches for stop strings."""
@@ -45,12 +45,16 @@ class Run:
         stop_token_ids: frozenset[int],
         matcher: ConstraintMatcher | None,
         backend: str,
+        control: ReasoningControl | None = None,
     ) -> None:
         self.tokenizer, self.settings, self.matcher, self.backend = tokenizer, settings, matcher, backend
         self.prompt_len = len(prompt_ids)
         self.stop_token_ids = stop_token_ids
+        self.control = control
         self._detok = IncrementalDetokenizer(tokenizer)
         self._stops = StopStringMatcher(settings.stop)
+        self._split = ReasoningSplitter(control.reasoning) if control is not None else None
+        self._cached = 0
         self._t0 = time.perf_counter()
         self._t_first: float | None = None
         self._t_last = self._t0
@@ -66,23 +70,19 @@ class Run:
     def emit_to(
         self, put: Callable[[list[tuple[TokenStep, float]]], None], incremental: bool = True
     ) -> Callable[[TokenStep], None]:
-        """The ``emit`` for the backend: feed the grammar (so the next mask is ready), timestamp, hand on.
+        """The ``emit`` for the backend: timestamp each step and hand it on.
 
         ``incremental=False`` (a reader of the whole completion): the steps are held and handed on together
         when the generation ends, or every ``WATCH_EVERY`` steps while stop strings must be watched, so the
         reader's thread wakes once instead of once per token (under load those wake-ups cost the driver
         its GIL). Each step keeps its own timestamp, so time to first token stays exact.
         """
-        matcher = self.matcher
         held: list[tuple[TokenStep, float]] = []
         lock = threading.Lock()
         every = WATCH_EVERY if self.settings.stop else 0
 
         def emit(step: TokenStep) -> None:
             t = time.perf_counter()
-            if matcher is not None:
-                for tid in step.token_ids:
-                    matcher.accept(tid)
             if incremental:
                 put([(step, t)])
                 return
@@ -126,6 +126,8 @@ class Run:
                 finish = "stop" if tid in self.settings.stop_token_ids else "eos"
                 break
             visible.append(tid)
+        if step.cached is not None:
+            self._cached = step.cached
         lps = self._logprobs(step.logprobs[: len(visible)]) if step.logprobs else None
         text = self._stops.push(self._detok.add(visible)) if visible else ""
         stop_string = self._stops.stopped
@@ -133,7 +135,8 @@ class Run:
             finish = "stop"
         out: list[StreamChunk] = []
         if visible or text:  # a token that shows no text yet (half a character) still travels with its id
-            out.append(StreamChunk(text, tuple(visible), lps))
+            answer, reasoning = self._split.push(text) if self._split is not None else (text, "")
+            out.append(StreamChunk(answer, tuple(visible), lps, reasoning=reasoning))
             self._chunks.append(out[-1])
         if finish is None and step.finish is not None:
             finish = _NATIVE_FINISH[step.finish]
@@ -160,7 +163,10 @@ class Run:
             return out
         lps = [lp for c in body for lp in (c.logprobs or ())] if any(c.logprobs for c in body) else None
         merged = StreamChunk(
-            "".join(c.text for c in body), tuple(t for c in body for t in c.token_ids), tuple(lps) if lps else None
+            "".join(c.text for c in body),
+            tuple(t for c in body for t in c.token_ids),
+            tuple(lps) if lps else None,
+            reasoning="".join(c.reasoning for c in body),
         )
         return [merged, *(c for c in out if c.finish_reason is not None)]
 
@@ -172,19 +178,26 @@ class Run:
                 finish, stop_string = "stop", self._stops.stopped
             else:
                 tail += self._stops.flush()
+        reasoning = ""
+        if self._split is not None:
+            tail, reasoning = self._split.push(tail)
+            more_answer, more_reasoning = self._split.flush()
+            tail, reasoning = tail + more_answer, reasoning + more_reasoning
         now = time.perf_counter()
         t_first = self._t_first
         tps = (self._n - 1) / (self._t_last - t_first) if t_first is not None and self._t_last > t_first else None
         complete = self.matcher.is_accepting() if self.matcher is not None else None
+        thought = self.control.reasoning_tokens if self.control is not None else 0
         final = StreamChunk(
             tail,
             (),
             None,
             finish,
-            Usage(self.prompt_len, self._n),
+            Usage(self.prompt_len, self._n, min(thought, self._n), self._cached),
             Timings(None if t_first is None else t_first - self._t0, now - self._t0, tps),
             stop_string,
             complete,
+            reasoning,
         )
         self.result = result_of([*self._chunks, final], self.backend)
         if self.settings.logprobs is not None and self.result.logprobs is None:
@@ -201,13 +214,13 @@ def _joined(steps: list[tuple[TokenStep, float]]) -> tuple[TokenStep, float]:
     raw = [lp for s, _ in steps for lp in (s.logprobs or ())] if any(s.logprobs for s, _ in steps) else None
     last = steps[-1][0]
     ids = tuple(t for s, _ in steps for t in s.token_ids)
-    return TokenStep(ids, tuple(raw) if raw else None, last.finish, last.error), steps[-1][1]
+    return TokenStep(ids, tuple(raw) if raw else None, last.finish, last.error, last.cached), steps[-1][1]
 
 
 class LocalStream:
     """A generation read from a thread: iterate for chunks; ``close()`` (or ``break``) cancels it.
 
-    After it is exhausted, :attr:`result` holds the :class:`~exllama_integrations.runtime.api.GenerationResult`.
+    After it is exhausted, :attr:`result` holds the :class:`~exllama_integrations.contract.api.GenerationResult`.
     """
 
     def __init__(self, run: Run, request: BackendRequest, steps: queue.SimpleQueue[Any], done: Callable[[], None]):

@@ -3,41 +3,44 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from ...errors import RuntimeClosedError
-from .._common import RuntimeCommon
-from ..api import GenerationResult, Grammar, ModelInfo, Prompt, StreamChunk
-from ..backends import BackendRequest
-from ..constraints import TokenConstraint
-from ..model_dir import ModelDirectory
-from ..settings import GenerationSettings
-from ..tokenizer import NativeTokenizer
+from ...backends import BackendRequest
+from ...chat.reasoning import find_reasoning
+from ...contract.api import GenerationRequest, Grammar, ModelInfo, StreamChunk
+from ...contract.settings import GenerationSettings
+from ...errors import InvalidSettingsError, MediaError, RuntimeClosedError
+from ...model.directory import ModelDirectory
+from ...model.grammar import TokenConstraint
+from ...model.tokenizer import NativeTokenizer
+from ..base import RuntimeBase, check_request
 from .prompt import fit_to_context, prompt_ids
+from .reasoning import ReasoningControl
 from .registry import Registry, close_at_exit, plan_load
 from .run import LocalStream, Run, aiter_run, async_queue
 
 if TYPE_CHECKING:
-    from ..backends.base import Backend, BackendOptions
+    from ...backends.base import Backend, BackendOptions
 
 logger = logging.getLogger(__name__)
 
 _registry: Registry[ExLlamaRuntime] = Registry(lambda rt: not rt.closed)
 
 INLINE_PROMPT_CHARS = 8192
-"""Prompts up to this long are tokenized on the event loop by ``astream`` (about a millisecond of work, less
+"""Prompts up to this long are tokenized on the event loop by ``aopen`` (about a millisecond of work, less
 than a hand-off to a thread costs once a decoding thread keeps the GIL busy)."""
 
 
-class ExLlamaRuntime(RuntimeCommon):
+class ExLlamaRuntime(RuntimeBase):
     """One model directory loaded once: backend, tokenizer and generation, shared by wrappers.
 
     Build it directly for a private runtime, or with :meth:`shared` to get the same loaded runtime
@@ -92,6 +95,7 @@ class ExLlamaRuntime(RuntimeCommon):
         self._active: set[BackendRequest] = set()
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="exllama-aio")
         self._grammars = lru_cache(maxsize=64)(self._compile)
+        self._piece = lru_cache(maxsize=1 << 16)(self._token_text)
         self._info = self._model_info()
         close_at_exit(self)
         logger.info("loaded %s on %s in %.1fs", model.name, self.backend_name, self.load_seconds)
@@ -188,11 +192,12 @@ class ExLlamaRuntime(RuntimeCommon):
             renders_tools="tools" in (template or ""),
             max_batch_size=backend.max_batch_size,
             unsupported_settings=self._refused,
+            reasoning=find_reasoning(template),
             details={"model_dir": str(self.model.path), "load_seconds": round(self.load_seconds, 3), **backend.info()},
         )
 
     def model_info(self) -> ModelInfo:
-        """Facts about the loaded model (name, backend, context, tokens, template, batching, refusals)."""
+        """Facts about the loaded model (name, backend, context, tokens, template, reasoning, batching, refusals)."""
         self._require_backend()
         return self._info
 
@@ -208,9 +213,17 @@ class ExLlamaRuntime(RuntimeCommon):
 
     def tokenizer_files(self) -> dict[str, Any]:
         """The tokenizer's files as plain data (what the HTTP server shares, so clients count tokens exactly)."""
-        from ..tokenizer_files import TokenizerFiles
+        from ...model.tokenizer_files import TokenizerFiles
 
         return TokenizerFiles.bundle(self.model)
+
+    def diagnostics(self) -> dict[str, Any]:
+        """The backend's library objects (exllamav3's ``generator``, ``model``, ``cache``, its ``inbox`` ...).
+
+        For tests and benchmarks that measure or probe the library itself: not a stable API, and nothing a
+        caller of the runtime needs.
+        """
+        return {"backend": self.backend_name, **self._require_backend().library_objects()}
 
     def _require_backend(self) -> Backend:
         backend = self._backend
@@ -220,35 +233,77 @@ class ExLlamaRuntime(RuntimeCommon):
             )
         return backend
 
+    # ----------------------------------------------------------------- tokens and templates
+
+    def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text`` by the native tokenizer (``parse_special=False``: special-token text stays text)."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids (special tokens dropped)."""
+        return self.tokenizer.decode(ids)
+
+    def chat_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render chat messages with the model's own template, or ``chat_template`` (bounded sandbox).
+
+        Generate from the result with ``add_special_tokens=False``: the template carries its own BOS.
+        """
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=chat_template,
+            **template_kwargs,
+        )
+
+    def _token_text(self, tid: int) -> str:
+        return self.tokenizer.decode([tid], skip_special_tokens=False)
+
     # ----------------------------------------------------------------- requests
 
     def _compile(self, grammar: Grammar) -> TokenConstraint:
         return TokenConstraint.compile(self.tokenizer, grammar)
 
-    def _prepare(
-        self,
-        prompt: Prompt,
-        settings: GenerationSettings | None,
-        grammar: Grammar | None,
-        add_special_tokens: bool,
-        overrides: dict[str, Any],
-        put: Any,
-        incremental: bool = True,
-    ) -> tuple[Run, BackendRequest]:
-        """Validate and tokenize one request (raising typed errors before anything runs)."""
-        self._require_backend()
-        s = self.resolve_settings(settings, **overrides)
-        ids, max_new = fit_to_context(prompt_ids(self.tokenizer, prompt, add_special_tokens), s, self.context_length)
-        matcher = self._grammars(grammar).matcher() if grammar is not None else None
+    def _prepare(self, request: GenerationRequest, put: Any) -> tuple[Run, BackendRequest]:
+        """Check and tokenize one request (raising typed errors before anything runs)."""
+        backend = self._require_backend()
+        check_request(request, self._info)
+        if request.media and not self._info.accepts_images:
+            raise MediaError(f"{self.model.name!r} takes no images (it has no vision component); send text only.")
+        s = request.settings
+        prompt, add_special = request.prompt, request.add_special_tokens
+        if request.messages:
+            prompt, add_special = self.chat_prompt(request.messages), False
+        ids, max_new = fit_to_context(prompt_ids(self.tokenizer, prompt, add_special), s, backend.context_length)
+        matcher = self._grammars(request.grammar).matcher() if request.grammar is not None else None
+        control = None
+        if request.reasoning is not None:
+            r = request.reasoning
+            if s.max_reasoning_tokens is not None and r.budget is None:
+                r = dataclasses.replace(r, budget=s.max_reasoning_tokens)
+            end_ids = self.tokenizer.encode(r.end, add_special_tokens=False)
+            if not end_ids:
+                raise InvalidSettingsError(f"the reasoning end delimiter {r.end!r} encodes to no tokens.")
+            control = ReasoningControl(r, self._piece, end_ids)
         stop_ids = frozenset(s.stop_token_ids) | (
             frozenset() if s.ignore_eos else frozenset(self.tokenizer.eos_token_ids)
         )
-        run = Run(self.tokenizer, s, ids, stop_ids, matcher, self.backend_name)
-        request = BackendRequest(ids, s, max_new, stop_ids, run.emit_to(put, incremental), constraint=matcher)
-        return run, request
+        run = Run(self.tokenizer, s, ids, stop_ids, matcher, self.backend_name, control)
+        backend_request = BackendRequest(
+            ids, s, max_new, stop_ids, run.emit_to(put, request.incremental), constraint=matcher, steering=control
+        )
+        return run, backend_request
 
     def expect(self, n: int) -> None:
-        """See :meth:`RuntimeCommon.expect <exllama_integrations.runtime._common.RuntimeCommon.expect>`."""
+        """``n`` requests of one batch are about to arrive one by one (see :meth:`RuntimeBase.expect`)."""
         backend = self._backend
         if backend is not None and n > 1:
             backend.expect(n)
@@ -263,94 +318,56 @@ class ExLlamaRuntime(RuntimeCommon):
         with self._lock:
             self._active.discard(request)
 
-    def stream(
-        self,
-        prompt: Prompt,
-        settings: GenerationSettings | None = None,
-        *,
-        grammar: Grammar | None = None,
-        add_special_tokens: bool = True,
-        incremental: bool = True,
-        **overrides: Any,
-    ) -> LocalStream:
-        """Stream a completion of ``prompt`` (text, or token ids) chunk by chunk.
+    def open(self, request: GenerationRequest) -> LocalStream:
+        """Start a generation; its stream of chunks. Closing the stream (or ``break``) cancels it within a step.
 
-        Overrides are generation settings (``temperature=0``, ``stop=[...]``, ...); ``grammar``
-        constrains the output. Breaking out of the loop or closing the stream cancels the generation
-        within one decoding step. ``incremental=False`` says the caller wants the whole completion, not
-        its pieces as they come: the tokens are handed over when it ends (every few steps while stop
-        strings are watched), which spares the decoding thread a wake-up of the reader per token
-        (``generate`` and ``batch`` read this way). The chunks and the result are the same.
+        ``request.incremental=False`` says the caller wants the whole completion, not its pieces as they come:
+        the tokens are handed over when it ends (every few steps while stop strings are watched), which spares
+        the decoding thread a wake-up of the reader per token. The chunks and the result are the same.
 
         Raises:
-            InvalidSettingsError: bad settings, empty or non-UTF-8 prompt.
+            InvalidSettingsError: a setting the backend cannot honour, an empty or non-UTF-8 prompt.
             ContextLengthError: prompt + max_new_tokens exceed the context.
             ConstraintError: the grammar does not compile.
+            MediaError: images for a model that takes none.
             RuntimeClosedError: the runtime was closed.
         """
-        steps: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        run, request = self._prepare(prompt, settings, grammar, add_special_tokens, overrides, steps.put, incremental)
-        self._submit([request])
-        return LocalStream(run, request, steps, lambda: self._done(request))
+        return self.open_batch([request])[0]
 
-    def batch(
-        self,
-        prompts: Sequence[Prompt],
-        settings: GenerationSettings | None = None,
-        *,
-        grammar: Grammar | None = None,
-        add_special_tokens: bool = True,
-        **overrides: Any,
-    ) -> list[GenerationResult]:
-        """Generate completions for several prompts, handed to the backend together (one dynamic batch).
-
-        Every prompt is validated before any runs.
-        """
-        s = self.resolve_settings(settings, **overrides)
-        streams = []
-        for p in prompts:
+    def open_batch(self, requests: Sequence[GenerationRequest]) -> list[LocalStream]:  # type: ignore[override]
+        """Start generations together (one dynamic batch on exllamav3). Every request is checked before any runs."""
+        prepared = []
+        for request in requests:
             steps: queue.SimpleQueue[Any] = queue.SimpleQueue()
-            run, req = self._prepare(p, s, grammar, add_special_tokens, {}, steps.put, False)
-            streams.append((run, req, steps))
-        if not streams:
-            return []
-        self._submit([req for _, req, _ in streams])
-        out = []
-        for run, req, steps in streams:
-            with LocalStream(run, req, steps, lambda r=req: self._done(r)) as stream:  # type: ignore[misc]
-                for _ in stream:
-                    pass
-            assert run.result is not None
-            out.append(run.result)
-        return out
+            run, backend_request = self._prepare(request, steps.put)
+            prepared.append((run, backend_request, steps))
+        if prepared:
+            self._submit([req for _, req, _ in prepared])
+        return [LocalStream(run, req, steps, lambda r=req: self._done(r)) for run, req, steps in prepared]  # type: ignore[misc]
 
-    async def astream(
-        self,
-        prompt: Prompt,
-        settings: GenerationSettings | None = None,
-        *,
-        grammar: Grammar | None = None,
-        add_special_tokens: bool = True,
-        incremental: bool = True,
-        **overrides: Any,
-    ) -> AsyncIterator[StreamChunk]:
-        """Async :meth:`stream`: decoding runs on the backend's worker, never on the loop.
+    async def aopen(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        """Async :meth:`open`: decoding runs on the backend's worker, never on the loop.
 
         A long prompt is tokenized (and a grammar compiled) on the runtime's executor, a short one on the loop,
-        where it costs less than the hand-off.
-
-        Cancelling the consuming task (or closing the async generator) cancels the generation.
+        where it costs less than the hand-off. Cancelling the consuming task (or closing the async generator)
+        cancels the generation.
         """
         steps, put = async_queue()
-        args = (prompt, settings, grammar, add_special_tokens, overrides, put, incremental)
-        if grammar is None and (not isinstance(prompt, str) or len(prompt) <= INLINE_PROMPT_CHARS):
-            run, request = self._prepare(*args)
+        prompt = request.prompt
+        inline = (
+            request.grammar is None
+            and not request.messages
+            and (not isinstance(prompt, str) or len(prompt) <= INLINE_PROMPT_CHARS)
+        )
+        if inline:
+            run, backend_request = self._prepare(request, put)
         else:
-            run, request = await asyncio.get_running_loop().run_in_executor(self._executor, self._prepare, *args)
-        self._submit([request])
+            loop = asyncio.get_running_loop()
+            run, backend_request = await loop.run_in_executor(self._executor, self._prepare, request, put)
+        self._submit([backend_request])
         try:
             async for chunk in aiter_run(run, steps):
                 yield chunk
         finally:  # synchronous, so a closed or cancelled reader frees the backend at once
-            request.cancel.set()
-            self._done(request)
+            backend_request.cancel.set()
+            self._done(backend_request)

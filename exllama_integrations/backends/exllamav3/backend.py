@@ -1,0 +1,210 @@
+"""ExLlamaV3 backend (primary): the load chain, the driver it starts, and what it frees on close.
+
+Config -> Model (upstream fixes applied, see :mod:`.patches`) -> Cache -> ``load()`` -> LoRA adapters and a
+draft model (:mod:`.extras`) -> Tokenizer -> Generator. Requests go to the :class:`~.driver.Driver`'s inbox;
+``close()`` stops the driver after the step in flight, then frees the cache and the weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...errors import BackendUnavailableError, InvalidSettingsError, ModelLoadError, UnsupportedModelError
+from ...model.directory import ModelDirectory
+from ...model.files import peft_adapter
+from ..base import Backend, BackendOptions, BackendRequest, cuda_available, fail_all, require, unsupported
+from ..inbox import Inbox
+from ..logits import release
+from . import patches
+from .driver import Driver
+from .extras import inspect_draft, load_draft, load_loras
+from .options import ExLlamaV3Options, auto_cache_tokens, cache_kwargs, generator_kwargs, show_progress, whole_pages
+from .translate import job_for, matcher_filter
+
+if TYPE_CHECKING:
+    from ...model.tokenizer import NativeTokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class ExLlamaV3Backend(Backend):
+    """exllamav3 on CUDA: EXL3 or fp16/bf16 safetensors, dynamic batching, paged cache."""
+
+    name = "exllamav3"
+    Options = ExLlamaV3Options
+    unsupported_settings = {
+        "typical": "typical sampling is not available on exllamav3; leave typical at 1.0.",
+        "no_repeat_ngram_size": "no_repeat_ngram_size is not available on exllamav3; leave it at 0.",
+    }
+
+    @classmethod
+    def check_available(cls) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("exllamav3") is None:
+            require("exllamav3", "exllamav3", "the exllamav3 backend")
+        if not cuda_available():
+            raise BackendUnavailableError(
+                "exllamav3 needs a CUDA GPU, and torch sees none here; use backend='transformers' on CPU."
+            )
+
+    @classmethod
+    def check_model(cls, model: ModelDirectory) -> None:
+        q = model.quantization
+        if q not in (None, "exl3"):
+            hint = " use backend='exllama' for 4-bit GPTQ Llama models." if q == "gptq" else ""
+            raise unsupported(cls.name, model, f"exllamav3 does not load {q}-quantized weights;{hint}")
+        hidden = int(model.text_config.get("hidden_size") or 0)
+        if q == "exl3" and hidden % 128:
+            # Unquantized weights of such a model load (see patches.trim_gated_mlp_padding); EXL3 weights also
+            # run exllamav3's fused single-token MLP kernel, whose padded output we have not verified.
+            raise unsupported(
+                cls.name,
+                model,
+                f"EXL3 weights with hidden_size {hidden} (not a multiple of 128) are not verified on exllamav3 "
+                "1.6.5 (its gated MLP leaves padded outputs); load the model's fp16/bf16 weights with "
+                "backend='exllamav3', or use backend='transformers'.",
+            )
+        from exllamav3.architecture.architectures import get_architectures
+
+        archs = model.architectures
+        if not archs or archs[0] not in get_architectures():
+            raise unsupported(cls.name, model, f"architecture {archs[:1] or model.model_type!r} is not in exllamav3.")
+
+    def __init__(self, model: ModelDirectory, tokenizer: NativeTokenizer, options: BackendOptions) -> None:
+        import torch
+        from exllamav3 import Cache, Config, Generator, Model, Tokenizer
+
+        assert isinstance(options, ExLlamaV3Options)
+        adapters = [peft_adapter(d) for d in options.lora_dirs]  # a bad adapter is refused before the weights load
+        draft = inspect_draft(options, model)
+        if draft is not None:
+            self.check_model(draft)
+        self._model = self._cache = self._generator = self._draft = None
+        self._loras: list[Any] = []
+        self._unfused = 0
+        self._patched: dict[str, int] = {}
+        try:
+            config = Config.from_directory(str(model.path))
+            self._model = Model.from_config(config)
+            self._patched = patches.apply(self._model)
+            if self._patched:
+                logger.info("exllamav3: upstream fixes applied: %s", self._patched)
+            context = min(options.max_seq_len or model.context_length, model.context_length)
+            self._sizing: dict[str, Any] = {}
+            if options.cache_size == "auto":
+                cache_tokens, self._sizing = auto_cache_tokens(model, options, context, draft)
+            else:
+                cache_tokens = whole_pages(int(options.cache_size))
+            chunk = min(options.max_chunk_size or 2048, cache_tokens)  # a prefill chunk must fit the cache
+            cache_kw = cache_kwargs(options)
+            self._cache = Cache(self._model, max_num_tokens=cache_tokens, **cache_kw)
+            load_kw: dict[str, Any] = {"progressbar": show_progress(options.progressbar), "max_chunk_size": chunk}
+            if options.gpu_split:
+                load_kw["use_per_device"] = list(options.gpu_split)
+            elif options.device:
+                load_kw["device"] = options.device
+            self._model.load(**load_kw)
+            self._loras, self._unfused = load_loras(self._model, adapters, options.lora_scalings)
+            self._xtok = Tokenizer.from_config(config)
+            gen_kw = generator_kwargs(options, chunk)
+            if draft is not None:
+                self._draft = load_draft(draft, cache_tokens, cache_kw, load_kw)
+                gen_kw.update(draft_model=self._draft[0], draft_cache=self._draft[1])
+            self._generator = Generator(self._model, self._cache, self._xtok, **gen_kw)
+        except (InvalidSettingsError, ModelLoadError, UnsupportedModelError):
+            self._free()
+            raise
+        except (AssertionError, ValueError, KeyError, RuntimeError, torch.cuda.OutOfMemoryError) as e:
+            self._free()
+            raise ModelLoadError(f"exllamav3 could not load {model.name!r}: {type(e).__name__}: {e}") from e
+        self._context = min(context, cache_tokens)
+        self._cache_tokens = cache_tokens
+        self._batch = options.max_batch_size
+        self._speculative = "draft model" if draft is not None else "n-gram" if options.ngram_match_min else None
+        self._full_context_jobs = cache_tokens // whole_pages(self._context)
+        logger.info(
+            "exllamav3: cache of %d tokens (%d jobs of the full %d-token context at once) %s",
+            cache_tokens,
+            self._full_context_jobs,
+            self._context,
+            self._sizing,
+        )
+        self.inbox = Inbox(options.arrival_window)
+        self._freed = threading.Lock()
+        self.driver = Driver(
+            self._generator,
+            self.inbox,
+            lambda req: job_for(req, self._xtok),
+            self._filter_for,
+            interval=options.stream_interval,
+            step_context=torch.inference_mode,
+        )
+        self.driver.start()
+
+    @property
+    def context_length(self) -> int:
+        return self._context
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._batch
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "cache_tokens": self._cache_tokens,
+            "max_batch_size": self._batch,
+            "jobs_of_1024_tokens": self._cache_tokens // 1024,
+            "jobs_of_the_full_context": self._full_context_jobs,
+            "lora": [getattr(lora, "name", "") for lora in self._loras],
+            **({"lora_fused_paths_off": self._unfused} if self._loras else {}),
+            "speculative": self._speculative,
+            **({"cache_sizing": self._sizing} if self._sizing else {}),
+            **({"upstream_fixes": self._patched} if self._patched else {}),
+        }
+
+    def _filter_for(self, request: BackendRequest) -> Any:
+        assert request.constraint is not None
+        return matcher_filter(self._xtok, request.constraint)
+
+    def library_objects(self) -> dict[str, Any]:
+        """exllamav3's own objects (diagnostics for tests and benchmarks: ``generator``, ``model``, ``cache`` ...)."""
+        return {
+            "generator": self._generator,
+            "model": self._model,
+            "cache": self._cache,
+            "tokenizer": self._xtok,
+            "inbox": self.inbox,
+            "driver": self.driver,
+        }
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, requests: Sequence[BackendRequest]) -> None:
+        if not self.inbox.put(requests):
+            fail_all(requests)
+
+    def expect(self, n: int) -> None:
+        """``n`` requests of one batch are on their way: the idle driver waits for them (see :class:`Inbox`)."""
+        self.inbox.expect(n)
+
+    def close(self) -> None:
+        driver = getattr(self, "driver", None)
+        if driver is not None:
+            driver.stop()  # after the iteration in flight: nothing runs on freed memory
+        if self._freed.acquire(blocking=False):  # once, whoever closes first
+            self._free()
+
+    def _free(self) -> None:
+        generator, model, draft, loras = self._generator, self._model, self._draft, self._loras
+        self._generator = self._cache = self._model = self._draft = None
+        self._loras = []
+        release(
+            (generator, "close"),
+            *((lora, "unload") for lora in loras),
+            (draft[0] if draft else None, "unload"),
+            (model, "unload"),
+        )

@@ -1,0 +1,171 @@
+"""The exllamav3 driver: one thread that owns the Generator. Requests from an inbox in, token steps out.
+
+It takes what callers handed in between steps (an idle driver waits a moment for a burst, see
+:class:`~..inbox.Inbox`), builds their Jobs on its own thread (under load every Python step a caller takes
+before its request is in waits for the GIL the driver holds), runs ``iterate()`` while jobs exist, and hands
+each request its tokens: every step, or every ``stream_interval`` steps while other jobs decode. A reasoning
+request's control sees every token at once, whatever the interval: it may write the end of the thinking
+block (``constrain_output_now``) or attach the grammar for the answer (``set_filters``) before the next step.
+A cancelled request leaves the batch at the next step; ``close`` stops the thread after the step in flight.
+
+It is handed the generator and a job factory, so its bookkeeping is tested with a fake generator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..base import BackendRequest, TokenStep, fail_all
+from ..inbox import Inbox
+from .translate import LiveJob, finish_of, tokens_of
+
+logger = logging.getLogger(__name__)
+
+JobFactory = Callable[[BackendRequest], tuple[Any, bool]]
+"""A request -> its Job, and whether its grammar filter waits to be attached (see ``translate.job_for``)."""
+FilterFactory = Callable[[BackendRequest], Any]
+
+
+class Driver:
+    """Runs a Generator on its own thread (see the module docstring)."""
+
+    def __init__(
+        self,
+        generator: Any,
+        inbox: Inbox,
+        make_job: JobFactory,
+        make_filter: FilterFactory,
+        interval: int = 1,
+        step_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> None:
+        """``step_context``: entered around each ``iterate()`` (``torch.inference_mode`` on the GPU)."""
+        self.generator, self.inbox = generator, inbox
+        self._make_job, self._make_filter = make_job, make_filter
+        self.interval = interval
+        self._step_context = step_context
+        self._live: dict[int, LiveJob] = {}
+        self._thread = threading.Thread(target=self._run, name="exllama-exllamav3-driver", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Take no more requests (those waiting end cancelled) and wait for the step in flight."""
+        fail_all(self.inbox.close())
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    @property
+    def live(self) -> int:
+        """Jobs decoding now."""
+        return len(self._live)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run(self) -> None:
+        gen, live = self.generator, self._live
+        try:
+            while True:
+                incoming = self.inbox.take(idle=not live)
+                if incoming is None:
+                    break
+                for req in incoming:
+                    self._enqueue(req)
+                for key, entry in list(live.items()):
+                    if entry.req.cancel.is_set():
+                        gen.cancel(entry.job)
+                        del live[key]
+                        entry.req.emit(TokenStep(finish="cancelled"))
+                if not live:
+                    continue
+                try:
+                    with self._step_context():
+                        results = gen.iterate()
+                except Exception as e:  # noqa: BLE001 - fail every caller, keep serving
+                    logger.exception("exllamav3 iterate() failed")
+                    for entry in live.values():
+                        gen.cancel(entry.job)
+                        entry.req.emit(TokenStep(finish="error", error=e))
+                    live.clear()
+                    continue
+                interval = self.interval if len(live) > 1 else 1
+                for r in results:
+                    found = live.get(id(r.get("job")))
+                    if found is not None and self._deliver(r, found, interval):
+                        del live[id(r["job"])]
+        except BaseException as e:  # noqa: BLE001 - never leave a reader waiting
+            logger.exception("exllamav3 driver stopped")
+            fail_all([entry.req for entry in live.values()], e)
+            live.clear()
+        finally:
+            for entry in live.values():
+                with contextlib.suppress(Exception):  # the generator is going away anyway
+                    gen.cancel(entry.job)
+                entry.req.emit(TokenStep(finish="cancelled"))
+            live.clear()
+            fail_all(self.inbox.close())
+
+    def _enqueue(self, req: BackendRequest) -> None:
+        try:
+            job, deferred = self._make_job(req)
+            self.generator.enqueue(job)
+            self._live[id(job)] = LiveJob(job, req, deferred)
+        except Exception as e:  # noqa: BLE001 - a bad request fails alone; the driver goes on
+            req.emit(TokenStep(finish="error", error=e))
+
+    def _steer(self, entry: LiveJob, tokens: list[int]) -> None:
+        """A reasoning request's control sees this step's tokens and may act on the job before the next step."""
+        steer = entry.req.steering
+        if steer is None:
+            return
+        steer.observe(tokens)
+        forced = steer.forced()
+        if forced:
+            import torch
+
+            entry.job.constrain_output_now(torch.tensor([forced], dtype=torch.long))
+            entry.deferred = entry.req.constraint is not None  # forcing turned the job's filters off for good
+        if entry.deferred and steer.constrained and getattr(entry.job, "forced_ids", None) is None:
+            entry.job.set_filters([self._make_filter(entry.req)])
+            entry.deferred = False
+
+    def _deliver(self, r: dict[str, Any], entry: LiveJob, interval: int) -> bool:
+        """Hand one iteration's result to its request (every ``interval`` steps); True when the job has ended."""
+        req = entry.req
+        if r.get("stage") == "error":
+            req.emit(TokenStep(finish="error", error=r.get("error") or RuntimeError("exllamav3 job failed")))
+            return True
+        if r.get("stage") != "streaming":
+            return False  # prefill progress
+        tokens, lps = tokens_of(r, req.settings.logprobs)
+        entry.hold(tokens, lps)
+        if not r.get("eos"):
+            self._steer(entry, tokens)
+            if entry.steps >= interval and entry.tokens:
+                req.emit(entry.take())
+            return False
+        finish = finish_of(r)
+        if finish == "stop_token":
+            # exllamav3 holds the stop token (and any pieces before it) back; pass them on so that the
+            # runtime names the finish (eos or stop) and counts it, as on every other backend
+            held, held_lps = tokens_of(r.get("held") or {}, req.settings.logprobs)
+            entry.hold(held, held_lps, step=False)
+            stop = int(r["eos_triggering_token_id"])
+            if entry.tokens[-1:] != [stop]:
+                entry.hold([stop], None, step=False)
+        step = entry.take(finish)
+        cached = r.get("cached_tokens")
+        req.emit(
+            step if not isinstance(cached, int) else TokenStep(step.token_ids, step.logprobs, finish, cached=cached)
+        )
+        return True
+
+    def jobs(self) -> Iterator[tuple[Any, BackendRequest]]:
+        """The live jobs and their requests (diagnostics)."""
+        for entry in list(self._live.values()):
+            yield entry.job, entry.req

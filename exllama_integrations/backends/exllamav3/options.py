@@ -1,0 +1,185 @@
+"""The exllamav3 backend's load options (TabbyAPI's names where it has one), and how its cache is sized.
+
+``cache_size="auto"`` takes a fraction of the GPU memory left after the weights (like vLLM's
+``gpu_memory_utilization``), at most what ``max_batch_size`` jobs of the full context can use; the other
+options become the ``Cache``, ``load()`` and ``Generator`` arguments here, in one place.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ..base import BackendOptions
+
+if TYPE_CHECKING:
+    from ...model.directory import ModelDirectory
+
+PAGE = 256
+
+
+def whole_pages(tokens: int) -> int:
+    """``tokens`` rounded up to whole cache pages (one page at least)."""
+    return max(PAGE, -(-tokens // PAGE) * PAGE)
+
+
+RESERVE = 4 * 2**30
+"""GPU memory left free for activations, prefill chunks and workspace when sizing the cache."""
+
+
+def cache_bytes_per_token(config: dict[str, Any], cache_bits: int | tuple[int, int] | None) -> float:
+    """Bytes one cached token takes: K and V of every layer (fp16, or the quantized bits)."""
+    layers = int(config.get("num_hidden_layers") or 1)
+    heads = int(config.get("num_attention_heads") or 1)
+    kv = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or int(config.get("hidden_size") or heads) // heads)
+    k, v = cache_bits if isinstance(cache_bits, tuple) else (cache_bits or 16, cache_bits or 16)
+    return layers * kv * head_dim * (k + v) / 8
+
+
+def auto_cache_tokens(
+    model: ModelDirectory, options: ExLlamaV3Options, context: int, draft: ModelDirectory | None = None
+) -> tuple[int, dict[str, Any]]:
+    """The cache size for ``cache_size="auto"``, and how it was chosen (for the log and model info).
+
+    Free memory on the devices the model loads on, times ``cache_memory``, less the weights (their
+    size on disk) and a reserve for activations; at most ``max_batch_size`` jobs of the full context.
+    A draft model's weights and its cache (as large as the main one) count too.
+    """
+    import torch
+
+    devices = range(torch.cuda.device_count()) if options.gpu_split else [torch.cuda.current_device()]
+    if options.device and not options.gpu_split:
+        devices = [torch.device(options.device).index or 0]
+    free = sum(torch.cuda.mem_get_info(d)[0] for d in devices)
+    models = [model] if draft is None else [model, draft]
+    weights = sum(p.stat().st_size for m in models for p in m.weight_files)
+    per_token = sum(cache_bytes_per_token(m.text_config, options.cache_bits) for m in models)
+    budget = free * options.cache_memory - weights - RESERVE
+    most = options.max_batch_size * context
+    tokens = max(PAGE, min(int(budget // per_token), most) // PAGE * PAGE)
+    why = {
+        "free_gib": round(free / 2**30, 1),
+        "weights_gib": round(weights / 2**30, 1),
+        "bytes_per_token": int(per_token),
+        "limited_by": "memory" if budget // per_token < most else "max_batch_size x context",
+    }
+    return tokens, why
+
+
+class ExLlamaV3Options(BackendOptions):
+    """Load options of the exllamav3 backend (TabbyAPI's names where it has one)."""
+
+    cache_size: int | Literal["auto"] = "auto"
+    """Paged-cache tokens shared by all jobs (whole 256-token pages). ``"auto"``: ``cache_memory`` of the GPU
+    memory left after the weights (like vLLM's ``gpu_memory_utilization``), at most what ``max_batch_size``
+    jobs of the full context can use."""
+    cache_memory: float = Field(default=0.9, gt=0.0, le=0.98)
+    """With ``cache_size="auto"``: the fraction of free GPU memory the weights and cache may take."""
+    cpu_cache_size: int = Field(default=0, ge=0)
+    """Bytes of pinned host memory for pages evicted from the GPU cache (kept for prefix reuse); 0: off."""
+    disk_cache_dir: str | None = None
+    """A folder for a third, persistent tier of cached pages behind ``cpu_cache_size`` (needs it > 0)."""
+    cache_bits: int | tuple[int, int] | None = None
+    """Quantized K/V cache: bits for both, or ``(k_bits, v_bits)``, each 2..8; None: fp16."""
+    gpu_split: list[float] | None = None
+    """GB of weights per GPU, in device order (layer split)."""
+    max_batch_size: int = Field(default=64, ge=1, le=1024)
+    """Most jobs decoding together."""
+    max_chunk_size: int | None = Field(default=None, ge=256)
+    """Prefill chunk (tokens); None: min(2048, cache)."""
+    prefill_cooldown: int | None = Field(default=0, ge=0)
+    """Iterations between prefill passes while other jobs decode. 0 (ours): a caller who arrives while others
+    decode starts at the next step; exllamav3's own 4 smooths running streams but, measured with 64 callers
+    arriving ms apart on the H200, cost 44% of the throughput and 3.5x the time to first token."""
+    progressbar: bool | None = None
+    """A progress bar while loading; None: when stderr is a terminal or in a notebook."""
+    stream_interval: int = Field(default=1, ge=1, le=64)
+    """While other jobs decode too, hand a request its tokens every this many steps (all at once when it
+    ends); 1: every step. Larger values wake each caller's thread less often under load."""
+    arrival_window: float = Field(default=0.002, ge=0.0, le=0.1)
+    """Seconds the idle driver waits for more requests after one arrives (until none came for this long,
+    at most 50x), so that a burst of calls (a LangChain ``batch``, ``asyncio.gather``) prefills together."""
+    lora_dir: str | list[str] | None = None
+    """PEFT LoRA adapter directories (adapter_config.json + adapter_model.safetensors), applied to every job."""
+    lora_scaling: float | list[float] = 1.0
+    """Scale of each adapter (on top of its alpha / r): one for all, or one per ``lora_dir``."""
+    draft_model_dir: str | None = None
+    """A smaller model with the same vocabulary that drafts tokens for speculative decoding."""
+    num_draft_tokens: int | None = Field(default=None, ge=1, le=32)
+    """Tokens drafted per step with ``draft_model_dir`` or ``ngram_match_min``; None: exllamav3's 4."""
+    ngram_match_min: int = Field(default=0, ge=0, le=64)
+    """Speculative decoding with no draft model: draft from the job's own context where its last this many
+    tokens occurred before (0: off)."""
+
+    @field_validator("cache_size")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        if v != "auto" and (not isinstance(v, int) or isinstance(v, bool) or v < 256):
+            raise ValueError('cache_size must be "auto" or an int of at least 256 tokens')
+        return v
+
+    @model_validator(mode="after")
+    def _extras(self) -> ExLlamaV3Options:
+        dirs = self.lora_dirs
+        if isinstance(self.lora_scaling, list) and len(self.lora_scaling) != len(dirs):
+            raise ValueError(f"lora_scaling has {len(self.lora_scaling)} values for {len(dirs)} lora_dir entries")
+        if self.draft_model_dir and self.ngram_match_min:
+            raise ValueError("draft_model_dir and ngram_match_min are two ways to draft: choose one")
+        if self.num_draft_tokens is not None and not (self.draft_model_dir or self.ngram_match_min):
+            raise ValueError("num_draft_tokens needs draft_model_dir or ngram_match_min")
+        return self
+
+    @property
+    def lora_dirs(self) -> list[str]:
+        """``lora_dir`` as a list."""
+        return [self.lora_dir] if isinstance(self.lora_dir, str) else list(self.lora_dir or [])
+
+    @property
+    def lora_scalings(self) -> list[float]:
+        """One scale per adapter."""
+        s = self.lora_scaling
+        return list(s) if isinstance(s, list) else [float(s)] * len(self.lora_dirs)
+
+    @field_validator("cache_bits")
+    @classmethod
+    def _bits(cls, v: Any) -> Any:
+        pair = v if isinstance(v, tuple) else (v, v)
+        if v is not None and not all(isinstance(b, int) and 2 <= b <= 8 for b in pair):
+            raise ValueError("cache_bits must be 2..8, or a (k_bits, v_bits) pair of those")
+        return v
+
+
+def cache_kwargs(options: ExLlamaV3Options) -> dict[str, Any]:
+    """exllamav3 ``Cache`` arguments for ``cache_bits`` (empty: fp16)."""
+    if options.cache_bits is None:
+        return {}
+    from exllamav3.cache import CacheLayer_quant
+
+    k, v = options.cache_bits if isinstance(options.cache_bits, tuple) else (options.cache_bits,) * 2
+    return {"layer_type": CacheLayer_quant, "k_bits": k, "v_bits": v}
+
+
+def generator_kwargs(options: ExLlamaV3Options, chunk: int) -> dict[str, Any]:
+    """exllamav3 ``Generator`` arguments from our options (a draft model is added by the caller)."""
+    kw: dict[str, Any] = {"max_batch_size": options.max_batch_size, "max_chunk_size": chunk}
+    if options.prefill_cooldown is not None:
+        kw["prefill_cooldown"] = options.prefill_cooldown
+    if options.ngram_match_min:
+        kw["ngram_match_min"] = options.ngram_match_min
+    if options.num_draft_tokens is not None:
+        kw["num_draft_tokens"] = options.num_draft_tokens
+    if options.cpu_cache_size:
+        kw["cpu_cache_size"] = options.cpu_cache_size
+        if options.disk_cache_dir:
+            kw["disk_cache_dir"] = options.disk_cache_dir
+    return kw
+
+
+def show_progress(option: bool | None) -> bool:
+    """Whether to show a progress bar while loading (``None``: when stderr is a terminal, or in a notebook)."""
+    if option is not None:
+        return option
+    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules

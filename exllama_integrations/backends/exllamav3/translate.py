@@ -1,0 +1,182 @@
+"""Our requests as exllamav3 Jobs, and exllamav3's results as our token steps.
+
+A request's settings become a ``ComboSampler`` and the Job's arguments; its grammar matcher (the one
+owner of the grammar state, see :class:`MatcherFilter`) becomes the Job's filter, waiting for the end of
+the thinking block when the model reasons; ``iterate()`` results become :class:`TokenStep` values with
+log-probabilities when they were asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from ..base import BackendRequest, RawLogprob, StepFinish, TokenStep
+
+if TYPE_CHECKING:
+    from ...model.grammar import ConstraintMatcher
+
+
+def sampler_for(settings: Any) -> Any:
+    """An exllamav3 sampler equivalent to our settings (ComboSampler: penalty, temperature, min_p, top_k, top_p)."""
+    from exllamav3 import ComboSampler
+
+    return ComboSampler(
+        rep_p=settings.repetition_penalty,
+        temperature=0.0 if settings.greedy else settings.temperature,
+        min_p=settings.min_p,
+        top_k=settings.top_k,
+        top_p=settings.top_p,
+    )
+
+
+def matcher_filter(tokenizer: Any, matcher: ConstraintMatcher, trigger_token: int | None = None) -> Any:
+    """Our grammar matcher as an exllamav3 filter: exllamav3 masks and feeds it, and we read it when the job ends.
+
+    One matcher per generation, fed only here (not again by the runtime), so the grammar state has one owner.
+    ``trigger_token``: the filter waits for that token (the end of a thinking block) before it constrains.
+    """
+    from exllamav3.generator.filter import Filter
+
+    class MatcherFilter(Filter):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(tokenizer, trigger_token, None, eos_after_completed=True)
+
+        def reset(self) -> None:
+            matcher.reset()
+
+        def accept_token(self, token: int) -> None:
+            matcher.accept(token)
+
+        def get_next_logit_mask(self) -> Any:
+            return matcher.packed_mask()
+
+        def is_completed(self) -> bool:
+            return matcher.is_stopped()
+
+    return MatcherFilter()
+
+
+def thinking_filter(tokenizer: Any, request: BackendRequest, watch: Any) -> Any:
+    """A filter that forbids the stop tokens while a constrained request thinks (its answer is owed).
+
+    ``watch`` is a reasoning control of its own (the request's is advanced by the driver after each step, this
+    one by exllamav3 as it samples); the filter completes, and steps aside, when the thinking block ends.
+    """
+    import torch
+    from exllamav3.generator.filter import Filter
+
+    class ThinkingFilter(Filter):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(tokenizer, None, None, eos_after_completed=False)
+            self._mask: Any = None
+
+        def attach(self, job: Any) -> None:
+            super().attach(job)
+            words = self.vocab_size // 32 + 1
+            mask = torch.full((1, words), -1, dtype=torch.int32)
+            bits = mask.view(-1).numpy().view("uint32")
+            for t in request.stop_token_ids:
+                if t < words * 32:
+                    bits[t >> 5] &= ~(1 << (t & 31)) & 0xFFFFFFFF
+            self._mask = mask
+
+        def reset(self) -> None:
+            pass
+
+        def accept_token(self, token: int) -> None:
+            watch.observe((token,))
+
+        def get_next_logit_mask(self) -> Any:
+            return self._mask
+
+        def is_completed(self) -> bool:
+            return bool(watch.constrained)
+
+        def use_background_worker(self) -> bool:
+            return False
+
+    return ThinkingFilter()
+
+
+def job_for(request: BackendRequest, tokenizer: Any, embeddings: list[Any] | None = None) -> tuple[Any, bool]:
+    """The Job for a request, and whether its grammar filter is still to be attached (after the thinking block).
+
+    With reasoning, a grammar waits for the end delimiter: exllamav3's trigger token when the delimiter is one
+    token, else it is attached by the driver once the request's reasoning control says the answer began.
+    """
+    import torch
+    from exllamav3 import Job
+
+    s = request.settings
+    filters: list[Any] = []
+    deferred = False
+    if request.constraint is not None:
+        steer = request.steering
+        if steer is None or steer.constrained:
+            filters = [matcher_filter(tokenizer, request.constraint)]
+        else:
+            filters = [thinking_filter(tokenizer, request, steer.twin())]
+            if len(steer.end_ids) == 1:
+                filters.append(matcher_filter(tokenizer, request.constraint, trigger_token=steer.end_ids[0]))
+            else:
+                deferred = True
+    job = Job(
+        input_ids=torch.tensor([request.prompt_ids], dtype=torch.long),
+        max_new_tokens=request.max_new_tokens,
+        sampler=sampler_for(s),
+        seed=s.seed,
+        stop_conditions=sorted(request.stop_token_ids),
+        return_top_tokens=s.logprobs or 0,
+        return_probs=s.logprobs is not None,
+        filters=filters,
+        decode_special_tokens=True,
+        embeddings=embeddings or None,
+    )
+    return job, deferred
+
+
+def tokens_of(r: dict[str, Any], k: int | None) -> tuple[list[int], tuple[RawLogprob, ...] | None]:
+    """Token ids of a result (or its ``held`` part), with logprobs when they were asked for."""
+    ids = r.get("token_ids")
+    tokens = [int(t) for t in ids.flatten().tolist()] if ids is not None else []
+    if k is None or r.get("token_probs") is None or not tokens:
+        return tokens, None
+    probs = r["token_probs"].flatten().tolist()
+    tops: list[tuple[tuple[int, float], ...]] = [()] * len(tokens)
+    if k and r.get("top_k_tokens") is not None:
+        tt = r["top_k_tokens"].reshape(len(tokens), -1).tolist()
+        tp = r["top_k_probs"].reshape(len(tokens), -1).tolist()
+        tops = [tuple((int(a), math.log(max(b, 1e-30))) for a, b in zip(ts, ps))[:k] for ts, ps in zip(tt, tp)]
+    return tokens, tuple(RawLogprob(t, math.log(max(p, 1e-30)), top) for t, p, top in zip(tokens, probs, tops))
+
+
+class LiveJob:
+    """A job the driver runs, with the tokens it holds back for its reader (see ``stream_interval``)."""
+
+    __slots__ = ("deferred", "job", "lps", "req", "steps", "tokens")
+
+    def __init__(self, job: Any, req: BackendRequest, deferred: bool = False) -> None:
+        self.job, self.req, self.deferred = job, req, deferred
+        self.tokens: list[int] = []
+        self.lps: list[Any] | None = None
+        self.steps = 0
+
+    def hold(self, tokens: list[int], lps: tuple[Any, ...] | None, step: bool = True) -> None:
+        self.tokens += tokens
+        if lps is not None:
+            self.lps = [*(self.lps or ()), *lps]
+        self.steps += step
+
+    def take(self, finish: Any = None) -> TokenStep:
+        out = TokenStep(tuple(self.tokens), tuple(self.lps) if self.lps is not None else None, finish)
+        self.tokens, self.lps, self.steps = [], None, 0
+        return out
+
+
+def finish_of(r: dict[str, Any]) -> StepFinish:
+    """Our name for why exllamav3 ended a job (its ``eos_reason``)."""
+    reason = r.get("eos_reason")
+    if reason == "stop_token":
+        return "stop_token"
+    return "length" if reason == "max_new_tokens" else "end"

@@ -1,0 +1,163 @@
+"""CPU reference backend: the same model directory through transformers.
+
+Real token-by-token decoding with a KV cache per request and transformers' own logits processors,
+on the shared logits-level worker (up to 8 requests interleaved a step at a time). It is how the
+whole package is tested without a GPU, and the oracle the GPU backends are checked against
+(``device="cuda", dtype="float32"``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidModelError, InvalidSettingsError
+from ..model.directory import ModelDirectory
+from .base import BackendOptions, require, unsupported
+from .logits import LogitsBackend, LogitsSession
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..model.tokenizer import NativeTokenizer
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+}
+
+
+class TransformersBackend(LogitsBackend):
+    """Hugging Face transformers on CPU (or any torch device), fp32/bf16/fp16 safetensors."""
+
+    name = "transformers"
+    max_sessions = 8
+
+    @classmethod
+    def resolve_options(cls, options: BackendOptions) -> BackendOptions:
+        device = options.device or "cpu"
+        dtype = (options.dtype or "auto").lower()
+        if dtype == "auto":
+            dtype = "float32" if device == "cpu" else "float16"
+        elif dtype not in _DTYPES:
+            raise InvalidSettingsError(
+                f"dtype must be one of auto, {', '.join(sorted(_DTYPES))}; got {options.dtype!r}."
+            )
+        return options.model_copy(update={"device": device, "dtype": _DTYPES[dtype]})
+
+    @classmethod
+    def check_available(cls) -> None:
+        require("torch", "transformers", "the CPU reference backend")
+        require("transformers", "transformers", "the CPU reference backend")
+
+    @classmethod
+    def check_model(cls, model: ModelDirectory) -> None:
+        q = model.quantization
+        if q is not None:
+            hint = {"gptq": "backend='exllama' (v1) on a GPU", "exl3": "backend='exllamav3' on a GPU"}.get(
+                q, "an ExLlama backend on a GPU"
+            )
+            raise unsupported(cls.name, model, f"its weights are {q}-quantized; use {hint}.")
+        from transformers import CONFIG_MAPPING
+
+        if model.model_type not in CONFIG_MAPPING:
+            why = f"transformers does not know model_type {model.model_type!r}"
+            if model.config.get("auto_map"):
+                why += " (it ships its own code, and trust_remote_code is never enabled)"
+            raise unsupported(cls.name, model, why + ".")
+
+    def __init__(self, model: ModelDirectory, tokenizer: NativeTokenizer, options: BackendOptions) -> None:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+
+        options = self.resolve_options(options)
+        device = options.device or "cpu"
+        self.dtype = getattr(torch, options.dtype or "float32")
+        major = int(transformers.__version__.split(".")[0])
+        dtype_kw = {"dtype": self.dtype} if major >= 5 else {"torch_dtype": self.dtype}
+        loaded: Any
+        try:
+            loaded = AutoModelForCausalLM.from_pretrained(
+                str(model.path),
+                local_files_only=True,
+                trust_remote_code=False,
+                use_safetensors=True,
+                output_loading_info=True,
+                **dtype_kw,
+            )
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            raise InvalidModelError(f"transformers could not load {model.name!r}: {e}") from None
+        self.model: Any = loaded[0]
+        info: dict[str, Any] = loaded[1]
+        missing = [k for k in info.get("missing_keys", []) if not k.endswith("lm_head.weight")]
+        if missing:
+            del self.model
+            shown = ", ".join(sorted(missing)[:5]) + (" ..." if len(missing) > 5 else "")
+            raise InvalidModelError(
+                f"weights are missing from {model.name!r}: {len(missing)} tensors ({shown}); "
+                "the safetensors files are incomplete."
+            )
+        self.model.to(device)
+        self.model.eval()
+        # transformers renamed `past_key_values` to `cache` (5.2x); pass whichever this version takes.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.device = torch.device(device)
+        self._context = min(options.max_seq_len or model.context_length, model.context_length)
+        self._start_worker()
+
+    @property
+    def context_length(self) -> int:
+        return self._context
+
+    def info(self) -> dict[str, Any]:
+        return {"device": str(self.device), "dtype": str(self.dtype).replace("torch.", "")}
+
+    def open_session(self) -> LogitsSession:
+        return _Session(self)
+
+    def library_objects(self) -> dict[str, Any]:
+        return {**super().library_objects(), "model": self.model}
+
+    def _free(self) -> None:
+        if hasattr(self, "model"):
+            del self.model
+        import gc
+
+        gc.collect()
+
+
+class _Session:
+    """One request's KV cache on the loaded model."""
+
+    def __init__(self, backend: TransformersBackend) -> None:
+        from transformers import DynamicCache
+
+        self.backend = backend
+        self.cache: Any = DynamicCache()
+
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        import torch
+
+        b = self.backend
+        x = torch.tensor([ids], dtype=torch.long, device=b.device)
+        out = b.model(input_ids=x, use_cache=True, logits_to_keep=1, **{b._cache_kw: self.cache})
+        return out.logits[:, -1, :]
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        return self._forward(ids)
+
+    def step(self, token: int) -> torch.Tensor:
+        return self._forward([token])
+
+    def close(self) -> None:
+        self.cache = None

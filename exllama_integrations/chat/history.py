@@ -1,0 +1,114 @@
+"""A chat history as the template will see it: tool calls and results natively, or in the documented fallback.
+
+A template that renders ``tools`` gets OpenAI-style tool calls with their arguments as objects; any other
+gets the fallback: calls written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in the
+assistant's turn and results as ``<tool_response>`` user turns. :func:`literal_prompt_ids` encodes message
+text literally (special-token strings a user typed stay text).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..contract.api import Runtime
+
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+RESPONSE_OPEN = "<tool_response>"
+
+
+def tool_call_text(name: str, arguments: Mapping[str, Any]) -> str:
+    """A tool call written the way the fallback format asks the model to write it."""
+    return f"{TOOL_OPEN}{json.dumps({'name': name, 'arguments': dict(arguments)}, ensure_ascii=False)}{TOOL_CLOSE}"
+
+
+def tool_response_text(content: str) -> str:
+    """A tool result as the fallback format shows it to the model (in a user turn)."""
+    return f"{RESPONSE_OPEN}\n{content}\n</tool_response>"
+
+
+def add_system_note(messages: Sequence[Mapping[str, Any]], note: str) -> list[dict[str, Any]]:
+    """Append ``note`` to the system turn, adding one if there is none."""
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = (out[0].get("content") or "") + "\n\n" + note
+        return out
+    return [{"role": "system", "content": note}, *out]
+
+
+def fallback_history(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A history for a template that renders no tools (the documented fallback).
+
+    Calls become ``<tool_call>`` text in the assistant turn, results ``<tool_response>`` user turns.
+    """
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        d = dict(m)
+        calls = d.pop("tool_calls", None) or []
+        if d.get("role") == "assistant" and calls:
+            text = d.get("content") or ""
+            written = "".join(tool_call_text(c["function"]["name"], _arguments(c["function"])) for c in calls)
+            d["content"] = (text + "\n" if text else "") + written
+        elif d.get("role") == "tool":
+            d = {"role": "user", "content": tool_response_text(d.get("content") or "")}
+        out.append(d)
+    return out
+
+
+def _arguments(function: Mapping[str, Any]) -> dict[str, Any]:
+    args = function.get("arguments")
+    if isinstance(args, Mapping):
+        return dict(args)
+    try:
+        value = json.loads(args or "{}")
+    except (json.JSONDecodeError, TypeError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def native_history(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A history for a template that renders tools: tool-call arguments as objects, as templates expect."""
+    out = []
+    for m in messages:
+        d = dict(m)
+        if d.get("tool_calls"):
+            d["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": _arguments(c["function"])}} for c in d["tool_calls"]
+            ]
+        out.append(d)
+    return out
+
+
+_SENTINEL = re.compile("\ue000(\\d+)\ue001")
+
+
+def literal_prompt_ids(
+    runtime: Runtime, messages: list[dict[str, Any]], render: Callable[[list[dict[str, Any]]], str]
+) -> list[int] | None:
+    """The prompt's ids with each message's text encoded literally (special-token strings stay text).
+
+    The template is rendered with a placeholder for each message's text; the template's own text is
+    encoded as usual, the messages' text with ``parse_special=False``. None when the template does not
+    keep the placeholders intact (it slices or rewrites message text): then the caller renders normally.
+    """
+    texts: list[str] = []
+    marked = []
+    for m in messages:
+        if isinstance(m.get("content"), str) and m["content"]:
+            texts.append(m["content"])
+            m = {**m, "content": f"\ue000{len(texts) - 1}\ue001"}
+        marked.append(m)
+    rendered = render(marked)
+    parts = _SENTINEL.split(rendered)
+    if any("\ue000" in p or "\ue001" in p for p in parts[::2]) or any(int(n) >= len(texts) for n in parts[1::2]):
+        return None
+    ids: list[int] = []
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            ids += runtime.encode(part) if part else []
+        else:
+            ids += runtime.encode(texts[int(part)], parse_special=False)
+    return ids

@@ -1,0 +1,284 @@
+"""A chat call, prepared once for every front door (LangChain, LlamaIndex, the HTTP server), over any Runtime.
+
+:func:`prepare_chat`: a :class:`ChatRequest` (messages in Hugging Face conventions, OpenAI tool specs,
+``tool_choice``, ``response_format``, template variables, settings) -> a
+:class:`~exllama_integrations.contract.api.GenerationRequest`. Tools go to the template when it renders
+them, else into the system turn with the history in the documented fallback (:mod:`.history`); a forced
+``tool_choice`` becomes a grammar for exactly one well-formed call; a JSON reply becomes a strict
+JSON-schema grammar. A reasoning model (:mod:`.reasoning`) thinks first: the grammar applies after its
+thinking block, and ``max_reasoning_tokens`` bounds the block. What comes back is finished in :mod:`.outcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..contract.api import GenerationRequest, Grammar, Media, Reasoning, check_depth
+from ..contract.settings import GenerationSettings
+from ..errors import ConstraintError, InvalidSettingsError
+from .grammars import strict_schema, tool_call_grammar
+from .history import (
+    RESPONSE_OPEN,
+    TOOL_CLOSE,
+    TOOL_OPEN,
+    add_system_note,
+    fallback_history,
+    literal_prompt_ids,
+    native_history,
+)
+from .reasoning import find_reasoning, generation_prompt, open_block, tags_reasoning, turn_reasoning
+
+if TYPE_CHECKING:
+    from ..contract.api import Runtime
+
+FALLBACK_TOOL_PROMPT = (
+    "You can call these tools. To call one, reply with only\n"
+    f'{TOOL_OPEN}{{"name": <tool name>, "arguments": <arguments as a JSON object>}}{TOOL_CLOSE}\n'
+    "Tools:\n{tools}"
+)
+RENDERER_ARGUMENTS = frozenset({"messages", "tools", "add_generation_prompt", "chat_template", "documents"})
+"""Names the renderer passes itself: a ``chat_template_kwargs`` key may not be one of them."""
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One chat call as plain data, whatever framework it came from."""
+
+    messages: Sequence[Mapping[str, Any]]
+    """Hugging Face conventions: ``{"role", "content"}``; assistant ``tool_calls`` as OpenAI's
+    ``[{"id", "type": "function", "function": {"name", "arguments"}}]`` and earlier thinking as
+    ``reasoning_content`` (the template keeps or strips it); results as ``{"role": "tool", "content",
+    "tool_call_id"}``. Rendered natively or through the fallback, as the template allows."""
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
+    tools: Sequence[Mapping[str, Any]] = ()
+    tool_choice: Any = None
+    response_format: Mapping[str, Any] | None = None
+    """OpenAI's: ``{"type": "json_schema", "json_schema": {"schema": {...}}}``, ``{"type": "json_object"}``."""
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None
+    """A template to use instead of the model's own (rendered in the same sandbox)."""
+    prompt: str | None = None
+    """A prompt the caller formatted itself (LlamaIndex ``messages_to_prompt``): the template is skipped."""
+    split_special_tokens: bool = False
+    """Encode message text literally: special-token strings a user typed (``<|im_end|>``) stay text.
+    By default (as in transformers) they become control tokens."""
+    reasoning_tags: tuple[str, str] | None = None
+    """A reasoning model's delimiters, where its template does not show them (default: found in the template)."""
+    media: Sequence[Media] = ()
+    """Images the messages refer to, in order."""
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """What to generate for one chat call, and what its reply is read for."""
+
+    request: GenerationRequest
+    tools: tuple[Mapping[str, Any], ...] = ()
+    """The tools shown to the model; when any are, ``<tool_call>`` output becomes tool calls."""
+
+    @property
+    def prompt(self) -> str | tuple[int, ...]:
+        """What the model is given: prompt text, or token ids when message text was encoded literally."""
+        return self.request.prompt
+
+    @property
+    def tools_active(self) -> bool:
+        """Whether the reply is parsed for tool calls."""
+        return bool(self.tools)
+
+    @property
+    def grammar(self) -> Grammar | None:
+        """The grammar the answer is held to."""
+        return self.request.grammar
+
+
+def forced_tools(tools: Sequence[Mapping[str, Any]], tool_choice: Any) -> list[Mapping[str, Any]] | None:
+    """The tools a tool_choice forces a call to (None: the model decides; []: no tools).
+
+    Raises:
+        InvalidSettingsError: ``tool_choice`` names no bound tool.
+    """
+    if tool_choice in (None, "auto"):
+        return None
+    if tool_choice in ("none", False):
+        return []
+    if tool_choice in ("any", "required", True):
+        return list(tools)
+    name = tool_choice
+    if isinstance(tool_choice, Mapping):
+        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+    chosen = [t for t in tools if t["function"]["name"] == name]
+    if not chosen:
+        raise InvalidSettingsError(
+            f"tool_choice {tool_choice!r} names no bound tool; bound: {[t['function']['name'] for t in tools]}.",
+            param="tool_choice",
+        )
+    return chosen
+
+
+def reply_schema(response_format: Mapping[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
+    """Whether ``response_format`` asks for JSON, and its schema (None: any JSON object).
+
+    Raises:
+        InvalidSettingsError: a malformed ``response_format``.
+    """
+    if response_format is None:
+        return False, None
+    if not isinstance(response_format, Mapping):
+        raise InvalidSettingsError(
+            "response_format must be a dict like {'type': 'json_schema', ...}.", param="response_format"
+        )
+    kind = response_format.get("type")
+    if kind in (None, "text"):
+        return False, None
+    if kind == "json_object":
+        return True, None
+    if kind == "json_schema":
+        js = response_format.get("json_schema") or {}
+        schema = js.get("schema", js) if isinstance(js, Mapping) else None
+        if not isinstance(schema, Mapping):
+            raise InvalidSettingsError(
+                "response_format.json_schema.schema must be a JSON schema object.", param="response_format"
+            )
+        return True, dict(schema)
+    raise InvalidSettingsError(
+        f"response_format type must be text, json_schema or json_object, not {kind!r}.", param="response_format"
+    )
+
+
+def _schema_instructions(schema: Mapping[str, Any] | None) -> str:
+    """What the model is told about the JSON it must write (the grammar enforces it; words make it likely)."""
+    if schema is None:
+        return "Reply with a JSON object."
+    return "Reply with a JSON object that follows this JSON schema:\n" + json.dumps(schema, ensure_ascii=False)
+
+
+def _check_template_kwargs(kwargs: Mapping[str, Any]) -> None:
+    clash = sorted(RENDERER_ARGUMENTS & set(kwargs))
+    if clash:
+        raise InvalidSettingsError(
+            f"chat_template_kwargs may not set {', '.join(clash)}: the renderer passes those itself "
+            "(give messages and tools as the call's own arguments).",
+            param="chat_template_kwargs",
+        )
+
+
+def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
+    """Render a chat call and build its request (see the module docstring).
+
+    Raises:
+        InvalidSettingsError: bad tool_choice, response_format or chat_template_kwargs.
+        ConstraintError: a schema that cannot be turned into a grammar.
+        ChatTemplateError: the template failed.
+    """
+    _check_template_kwargs(request.template_kwargs)
+    tools = list(request.tools or ())
+    forced = forced_tools(tools, request.tool_choice) if tools else None
+    shown = tools if tools and forced != [] else []
+    wants_json, schema = reply_schema(request.response_format)
+    grammar: Grammar | None = None
+    messages: list[dict[str, Any]] = [dict(m) for m in request.messages]
+    check_depth(tools, "the tools' schemas")
+    check_depth(schema)
+    try:
+        if forced:
+            grammar = Grammar.lark(tool_call_grammar(forced, TOOL_OPEN, TOOL_CLOSE))
+        elif wants_json:
+            grammar = Grammar.json_schema(strict_schema(schema) if schema is not None else {"type": "object"})
+            messages = add_system_note(messages, _schema_instructions(schema))
+    except RecursionError:
+        raise ConstraintError("the schema is nested too deeply to compile; flatten it.") from None
+    info = runtime.model_info()
+    reasoning = tags_reasoning(request.reasoning_tags)
+    if reasoning is None:
+        reasoning = find_reasoning(request.chat_template) if request.chat_template is not None else info.reasoning
+    settings = request.settings
+    if grammar is not None and settings.stop:
+        settings = settings.model_copy(update={"stop": []})  # with a grammar, the grammar decides where output ends
+    media = tuple(request.media)
+    if request.prompt is not None:
+        turn = turn_reasoning(reasoning, request.prompt[-256:], settings.max_reasoning_tokens)
+        return _prepared(request.prompt, settings, grammar, turn, media, shown)
+    native = info.renders_tools if request.chat_template is None else "tools" in request.chat_template
+    messages = native_history(messages) if native else fallback_history(messages)
+    if shown and not native:
+        specs = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in shown)
+        messages = add_system_note(messages, FALLBACK_TOOL_PROMPT.replace("{tools}", specs))
+    if not native and grammar is None and (shown or any(m.get("role") == "tool" for m in request.messages)):
+        # in the fallback format tool results are our markup: the model must never write one itself
+        settings = settings.model_copy(update={"stop": [*settings.stop, RESPONSE_OPEN]})
+
+    def render(msgs: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        return runtime.chat_prompt(
+            msgs,
+            tools=shown if (shown and native) else None,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=request.chat_template,
+            **dict(request.template_kwargs),
+        )
+
+    text = render(messages)
+    turn = None
+    if reasoning is not None:
+        gen = generation_prompt(lambda add: render(messages, add), text)
+        turn = turn_reasoning(reasoning, gen, settings.max_reasoning_tokens)
+    opening = ""
+    if turn is not None and grammar is not None and not turn.started:
+        opening, turn = open_block(turn)  # the model thinks first; the grammar holds its answer
+    if request.split_special_tokens:
+        ids = literal_prompt_ids(runtime, messages, render)
+        if ids is not None:
+            ids += runtime.encode(opening) if opening else []
+            return _prepared(ids, settings, grammar, turn, media, shown)
+    return _prepared(text + opening, settings, grammar, turn, media, shown)
+
+
+def _prepared(
+    prompt: str | list[int],
+    settings: GenerationSettings,
+    grammar: Grammar | None,
+    reasoning: Reasoning | None,
+    media: tuple[Media, ...],
+    shown: list[Mapping[str, Any]],
+) -> PreparedChat:
+    request = GenerationRequest(
+        prompt if isinstance(prompt, str) else tuple(prompt),
+        settings,
+        grammar=grammar,
+        add_special_tokens=False,  # a template's text carries its own BOS
+        reasoning=reasoning,
+        media=media,
+    )
+    return PreparedChat(request, tuple(shown))
+
+
+async def aprepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
+    """:func:`prepare_chat` from a coroutine, on a thread.
+
+    A template's rendering time is not bounded by the conversation's length (a custom template may loop),
+    so it never runs on the event loop.
+    """
+    return await asyncio.to_thread(prepare_chat, runtime, request)
+
+
+def with_incremental(prepared: PreparedChat, incremental: bool) -> GenerationRequest:
+    """The prepared request, read incrementally or as a whole completion."""
+    request = prepared.request
+    return request if request.incremental == incremental else dataclasses.replace(request, incremental=incremental)
+
+
+__all__ = [
+    "FALLBACK_TOOL_PROMPT",
+    "ChatRequest",
+    "PreparedChat",
+    "aprepare_chat",
+    "forced_tools",
+    "prepare_chat",
+    "reply_schema",
+    "with_incremental",
+]

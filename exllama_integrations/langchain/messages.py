@@ -1,0 +1,142 @@
+"""LangChain messages as chat-template dicts, and chat outcomes back as LangChain chunks (types only).
+
+Reasoning travels LangChain's way: an earlier turn's thinking (``additional_kwargs["reasoning_content"]`` or a
+``reasoning`` content block) goes to the template as ``reasoning_content``, which keeps or strips it; a reply's
+thinking comes back in ``additional_kwargs["reasoning_content"]`` (streamed as deltas, so chunks add up), which
+``content_blocks`` shows as a ``reasoning`` block, and never in ``content``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGenerationChunk
+
+from ..chat.history import TOOL_OPEN
+from ..chat.outcome import ChatDelta, ChatOutcome
+from ..contract.api import Usage
+from ..contract.shapes import logprobs_content
+from ..errors import InvalidSettingsError, MediaError
+
+_SKIPPED = ("tool_use", "tool_call", "function_call", "reasoning", "thinking")
+
+
+def text_of(content: str | list[Any]) -> str:
+    """The text of a message's content (text blocks joined; other blocks refused with a clear error)."""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict):
+            kind = block.get("type")
+            if kind == "text":
+                parts.append(str(block.get("text", "")))
+            elif kind in _SKIPPED:
+                continue  # carried by tool_calls / reasoning_content
+            elif kind in ("image", "image_url", "file", "audio", "video"):
+                raise MediaError(f"message content of type {kind!r} is not supported: this model takes text only.")
+            else:
+                raise InvalidSettingsError(f"message content of type {kind!r} is not supported.")
+    return "".join(parts)
+
+
+def reasoning_of(message: AIMessage) -> str | None:
+    """An assistant turn's thinking: ``additional_kwargs["reasoning_content"]`` or its ``reasoning`` blocks."""
+    given = message.additional_kwargs.get("reasoning_content")
+    if isinstance(given, str):
+        return given
+    if isinstance(message.content, list):
+        parts = [
+            str(b.get("reasoning", "")) for b in message.content if isinstance(b, dict) and b.get("type") == "reasoning"
+        ]
+        if parts:
+            return "".join(parts)
+    return None
+
+
+def to_template_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages as ``{"role", "content", ...}`` dicts in Hugging Face conventions (see chat.prepare)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if isinstance(m, SystemMessage):
+            d: dict[str, Any] = {"role": "system", "content": text_of(m.content)}
+        elif isinstance(m, HumanMessage):
+            d = {"role": "user", "content": text_of(m.content)}
+        elif isinstance(m, AIMessage):
+            d = {"role": "assistant", "content": text_of(m.content)}
+            if m.tool_calls:
+                d["tool_calls"] = [
+                    {"id": c.get("id"), "type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
+                    for c in m.tool_calls
+                ]
+            thought = reasoning_of(m)
+            if thought:
+                d["reasoning_content"] = thought
+        elif isinstance(m, ToolMessage):
+            body = text_of(m.content)
+            if getattr(m, "status", "success") == "error":
+                body = f"Error: {body}"
+            d = {"role": "tool", "content": body, "tool_call_id": m.tool_call_id}
+        elif isinstance(m, ChatMessage):
+            d = {"role": m.role, "content": text_of(m.content)}
+        else:
+            raise InvalidSettingsError(f"unsupported message type {type(m).__name__}")
+        if getattr(m, "name", None) and "name" not in d:
+            d["name"] = m.name
+        out.append(d)
+    return out
+
+
+def usage_metadata(usage: Usage) -> UsageMetadata:
+    """Usage in LangChain's shape, with the reasoning and cache-read details."""
+    return UsageMetadata(
+        input_tokens=usage.prompt_tokens,
+        output_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        input_token_details={"cache_read": usage.cached_tokens},
+        output_token_details={"reasoning": usage.reasoning_tokens},
+    )
+
+
+def lc_chat_chunk(item: ChatDelta | ChatOutcome, wants_logprobs: bool) -> ChatGenerationChunk:
+    """A chat delta or the final outcome as a LangChain chunk (the outcome carries usage and tool calls)."""
+    if isinstance(item, ChatDelta):
+        lp: dict[str, Any] = {"logprobs": {"content": logprobs_content(item.logprobs)}} if item.logprobs else {}
+        extra = {"reasoning_content": item.reasoning} if item.reasoning else {}
+        return ChatGenerationChunk(
+            message=AIMessageChunk(content=item.text, response_metadata=lp, additional_kwargs=extra)
+        )
+    tool_chunks = []
+    for i, c in enumerate(item.tool_calls):
+        # A malformed call keeps its raw text, tag included: LangChain's partial-JSON parse of chunk args
+        # would otherwise "repair" it into a valid-looking call with missing arguments.
+        args = TOOL_OPEN + c.raw if c.error else c.arguments_text
+        tool_chunks.append({"name": c.name, "args": args, "id": c.id, "index": i, "type": "tool_call_chunk"})
+    md: dict[str, Any] = {**item.metadata, "model_provider": "exllama"}
+    if wants_logprobs:
+        md["logprobs"] = {"content": []}  # the streamed chunks' logprobs concatenate into this
+    msg = AIMessageChunk(
+        content=item.tail,
+        additional_kwargs={"reasoning_content": item.reasoning_tail} if item.reasoning_tail else {},
+        usage_metadata=usage_metadata(item.usage),
+        response_metadata=md,
+        tool_call_chunks=tool_chunks,  # type: ignore[arg-type]  # dicts of ToolCallChunk's shape
+        chunk_position="last",
+    )
+    return ChatGenerationChunk(message=msg, generation_info={"finish_reason": item.finish_reason})
+
+
+__all__ = ["lc_chat_chunk", "reasoning_of", "text_of", "to_template_messages", "usage_metadata"]

@@ -1,0 +1,77 @@
+"""The native endpoints: the contract itself over HTTP, in its wire form (what RemoteRuntime speaks).
+
+* ``GET /v1/exllama/info``: the served model's :class:`~exllama_integrations.contract.api.ModelInfo` and name;
+* ``GET /v1/exllama/tokenizer``: its tokenizer files (clients count tokens and render prompts exactly);
+* ``POST /v1/exllama/generate``: a :class:`~exllama_integrations.contract.api.GenerationRequest` in, its
+  :class:`~exllama_integrations.contract.api.StreamChunk` values out as server-sent events (``data: {...}``),
+  a typed error as ``data: {"error": {"code", "message", "fields"}}`` (or, before any output, as the
+  response with the error's status), so a client raises the same class the server's runtime raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from .. import __version__
+from ..contract import wire
+from ..contract.api import GenerationRequest, SharesTokenizer
+from ..errors import BackendUnavailableError, ExLlamaIntegrationsError, InvalidSettingsError
+from .state import ServeState, record, state_of
+from .streaming import start_stream
+
+router = APIRouter(prefix="/v1/exllama", tags=["native"])
+
+
+@router.get("/info")
+async def info(request: Request) -> JSONResponse:
+    """The served model's facts and the name clients use for it."""
+    state = state_of(request.app)
+    return JSONResponse({"info": wire.to_data(state.info), "served_model_name": state.name, "version": __version__})
+
+
+@router.get("/tokenizer")
+async def tokenizer(request: Request) -> Any:
+    """The tokenizer's files, for clients that count tokens and render prompts themselves."""
+    runtime = state_of(request.app).runtime
+    if not isinstance(runtime, SharesTokenizer):
+        raise BackendUnavailableError(
+            "this server's runtime does not share its tokenizer files, so clients cannot count tokens here."
+        )
+    return await asyncio.to_thread(runtime.tokenizer_files)
+
+
+def _events(state: ServeState, request: GenerationRequest, scope_state: Any) -> AsyncIterator[bytes]:
+    chunks = state.runtime.aopen(request)
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in chunks:
+                yield b"data: " + wire.dumps(chunk) + b"\n\n"
+                if chunk.usage is not None:
+                    record(scope_state, chunk.usage, chunk.timings)
+        except ExLlamaIntegrationsError as e:
+            yield b"data: " + wire.dumps_error(e) + b"\n\n"
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    return events()
+
+
+@router.post("/generate")
+async def generate(request: Request) -> Any:
+    """Run a request given in the wire form; its chunks as server-sent events."""
+    state = state_of(request.app)
+    req = wire.loads_request(await request.body())
+    cap = state.limits.max_tokens
+    if cap is not None and (req.settings.max_new_tokens is None or req.settings.max_new_tokens > cap):
+        raise InvalidSettingsError(
+            f"max_new_tokens is {req.settings.max_new_tokens}; this server allows at most {cap}.",
+            param="max_new_tokens",
+            reason="max_tokens_too_large",
+        )
+    return await start_stream(state, _events(state, req, request.state), "text/event-stream")

@@ -1,0 +1,114 @@
+"""``POST /v1/chat/completions``: a chat call prepared and finished by the chat layer, in OpenAI's chat shapes.
+
+A reasoning model's thinking is ``reasoning_content`` on the message and on stream deltas (and vLLM's newer
+``reasoning``), never in ``content``; its tokens are ``usage.completion_tokens_details.reasoning_tokens``.
+Prompt tokens reused from the prefix cache are ``usage.prompt_tokens_details.cached_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from ...chat.outcome import ChatDelta, ChatOutcome, astream_chat
+from ...chat.prepare import aprepare_chat
+from ...contract.shapes import chat_logprobs, usage_dict
+from ..state import ServeState, record, state_of
+from ..streaming import start_stream, whole
+from .completions import ERRORS, check_finish, new_id
+from .protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDeltaWire,
+    ToolCallOut,
+    UsageWire,
+)
+from .sse import framed, sse
+
+router = APIRouter(tags=["openai"])
+
+
+def tool_calls_out(outcome: ChatOutcome, with_index: bool = False) -> list[ToolCallOut] | None:
+    """Parsed calls as OpenAI tool calls; a malformed call keeps its raw text as the arguments."""
+    if not outcome.tool_calls:
+        return None
+    return [
+        ToolCallOut(
+            id=c.id,
+            function={"name": c.name or "", "arguments": c.arguments_text},
+            index=i if with_index else None,
+        )
+        for i, c in enumerate(outcome.tool_calls)
+    ]
+
+
+def message_of(outcome: ChatOutcome) -> AssistantMessage:
+    """The assistant message of a finished chat."""
+    calls = tool_calls_out(outcome)
+    thought = outcome.reasoning or None
+    content: str | None = outcome.content if not calls else (outcome.content or None)
+    return AssistantMessage(content=content, reasoning_content=thought, reasoning=thought, tool_calls=calls)
+
+
+def _events(state: ServeState, items: Any, rid: str, include_usage: bool, scope_state: Any) -> Any:
+    def chunk(delta: ChatDeltaWire, finish: str | None = None, logprobs: Any = None) -> bytes:
+        choice = ChatChunkChoice(delta=delta, logprobs=logprobs, finish_reason=finish)
+        return sse(ChatCompletionChunk(id=rid, model=state.name, choices=[choice]))
+
+    def delta(content: str | None, thought: str) -> ChatDeltaWire:
+        return ChatDeltaWire(content=content, reasoning_content=thought or None, reasoning=thought or None)
+
+    def render(item: ChatDelta | ChatOutcome) -> Iterator[bytes]:
+        if isinstance(item, ChatDelta):
+            content = item.text if item.text or not item.reasoning else None
+            yield chunk(delta(content, item.reasoning), logprobs=chat_logprobs(item.logprobs))
+            return
+        check_finish(item.native_finish_reason)
+        record(scope_state, item.usage, item.timings)
+        if item.tail or item.reasoning_tail:
+            yield chunk(delta(item.tail or None, item.reasoning_tail))
+        calls = tool_calls_out(item, with_index=True)
+        if calls:
+            yield chunk(ChatDeltaWire(tool_calls=calls))
+        yield chunk(ChatDeltaWire(), item.finish_reason)
+        if include_usage:
+            usage = UsageWire(**usage_dict(item.usage))
+            yield sse(ChatCompletionChunk(id=rid, model=state.name, choices=[], usage=usage))
+
+    return framed(items, render, preamble=[chunk(ChatDeltaWire(role="assistant", content=""))])
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    """A chat reply through the model's own template; ``stream: true`` for server-sent events."""
+    state = state_of(request.app)
+    state.check_model(body.model)
+    info = state.info
+    chat = body.to_chat(state.defaults, info.unsupported_settings, state.limits.max_tokens, state.chat_template)
+    prepared = await aprepare_chat(state.runtime, chat)
+    rid = new_id("chatcmpl")
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        items = astream_chat(state.runtime, prepared, strict=False, incremental=True)
+        return await start_stream(state, _events(state, items, rid, include_usage, request.state), "text/event-stream")
+
+    async def outcome() -> ChatOutcome:
+        last: Any = None
+        async for last in astream_chat(state.runtime, prepared, strict=False, incremental=False):  # noqa: B007
+            pass
+        assert isinstance(last, ChatOutcome)
+        return last
+
+    done = await whole(state, request, outcome)
+    check_finish(done.native_finish_reason)
+    record(request.state, done.usage, done.timings)
+    choice = ChatChoice(
+        message=message_of(done), logprobs=chat_logprobs(done.logprobs), finish_reason=done.finish_reason
+    )
+    return ChatCompletionResponse(id=rid, model=state.name, choices=[choice], usage=UsageWire(**usage_dict(done.usage)))

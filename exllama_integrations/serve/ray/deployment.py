@@ -1,0 +1,189 @@
+"""Ray Serve: replicas of one model, each a runtime on its own GPU, behind Ray's HTTP proxy, with the same app.
+
+``build_app(args)`` is what ``serve run exllama_integrations.serve.ray:build_app model_dir=...`` and a
+Serve config file call; ``exllama-integrations serve --ray --replicas N`` runs it on a local Ray
+instance. Replicas and autoscaling are configuration (``num_replicas``, ``autoscaling_config``),
+routing is Ray's (power of two choices over queue lengths). Streaming responses stream through
+the proxy; a client that disconnects cancels its request on the replica. Every process Ray starts
+gets NVLink multicast switched off (shared multi-GPU hosts).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from ...errors import MissingDependencyError
+
+logger = logging.getLogger(__name__)
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+"""Set in every replica (and the driver): a program that uses NVLink multicast can take shared GPUs down."""
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+"""With this set before Ray starts, a local Ray keeps all of its traffic on 127.0.0.1."""
+
+
+def _serve() -> Any:
+    try:
+        from ray import serve
+    except ImportError:
+        raise MissingDependencyError("ray[serve]", "ray", "Ray Serve replicas") from None
+    return serve
+
+
+def bind_replica_grpc_to_node_address() -> bool:
+    """Make this replica's inter-deployment gRPC server listen on the node's own address, not every interface.
+
+    Ray Serve 2.60 starts it with ``"[::]:0"`` (replica.py, after the user constructor, which is where this
+    runs). Bound to the address Ray knows the node by, other nodes still reach it, and a local Ray
+    (node 127.0.0.1) listens on loopback only. ``EXLLAMA_RAY_BIND_ALL=1`` keeps Ray's own behaviour.
+    Returns whether the binding was changed.
+    """
+    if os.environ.get("EXLLAMA_RAY_BIND_ALL") == "1":
+        return False
+    try:
+        import ray
+        from ray.serve._private import replica
+    except ImportError:
+        return False
+    original = getattr(replica, "add_port_to_grpc_server", None)
+    if original is None or getattr(original, "_node_address", False):
+        return False
+    node = ray.util.get_node_ip_address()
+    host = f"[{node}]" if ":" in node else node
+
+    def bind(server: Any, address: str) -> Any:
+        if address.startswith("[::]:"):
+            address = f"{host}:{address.rsplit(':', 1)[1]}"
+        return original(server, address)
+
+    bind._node_address = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = bind
+    return True
+
+
+class ExLlamaDeployment:
+    """One replica: a runtime loaded on the replica's GPU (or CPU), serving the OpenAI-compatible app."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        """Load the model in this replica."""
+        os.environ.update(NO_MULTICAST)
+        bind_replica_grpc_to_node_address()
+        from ...runtime.local import ExLlamaRuntime
+
+        self.config = config
+        self.runtime = ExLlamaRuntime(config["model_dir"], config.get("backend", "auto"), **config.get("runtime", {}))
+
+    def __serve_build_asgi_app__(self) -> Any:
+        """The same HTTP app as ``exllama-integrations serve``, over this replica's runtime."""
+        from ..app import ServeLimits, create_app
+
+        c = self.config
+        limits = ServeLimits(**{k: v for k, v in (c.get("limits") or {}).items() if v is not None})
+        return create_app(
+            self.runtime,
+            served_model_name=c.get("served_model_name"),
+            api_key=c.get("api_key"),
+            limits=limits,
+            on_shutdown=self.runtime.close,
+            freeze_gc=True,  # the replica's process is ours
+        )
+
+    def check_health(self) -> None:
+        """Ray's health check: a closed runtime is an unhealthy replica."""
+        if self.runtime.closed:
+            raise RuntimeError("the runtime was closed")
+
+
+def build_app(args: dict[str, Any]) -> Any:
+    """A Serve application from plain arguments (what ``serve run`` and config files pass).
+
+    ``model_dir`` (required), ``backend``, ``runtime`` (load options, e.g. ``{"cache_size": 65536}``),
+    ``num_replicas`` (an int or ``"auto"``), ``autoscaling_config`` (Ray's), ``num_gpus`` per replica
+    (default 1 where CUDA is visible, else 0), ``num_cpus``, ``max_ongoing_requests`` (default 64),
+    ``served_model_name``, ``api_key``, ``limits`` (``max_tokens``, ``max_pending``, ``max_body_bytes``).
+    """
+    serve = _serve()
+    if not args.get("model_dir"):
+        from ...errors import InvalidSettingsError
+
+        raise InvalidSettingsError("build_app needs model_dir (a model directory or Hub id).")
+    num_gpus = args.get("num_gpus")
+    if num_gpus is None:
+        from ...backends.base import cuda_available
+
+        num_gpus = 1 if cuda_available() else 0
+    actor: dict[str, Any] = {
+        "num_gpus": float(num_gpus),
+        "num_cpus": float(args.get("num_cpus", 1)),
+        "runtime_env": {"env_vars": dict(NO_MULTICAST)},
+    }
+    options: dict[str, Any] = {
+        "name": "ExLlamaDeployment",
+        "ray_actor_options": actor,
+        "max_ongoing_requests": int(args.get("max_ongoing_requests", 64)),
+        "health_check_period_s": 10,
+    }
+    if args.get("autoscaling_config"):
+        options["autoscaling_config"] = dict(args["autoscaling_config"])
+    else:
+        options["num_replicas"] = args.get("num_replicas", 1)
+    config = {
+        "model_dir": str(args["model_dir"]),
+        "backend": args.get("backend", "auto"),
+        "runtime": dict(args.get("runtime") or {}),
+        "served_model_name": args.get("served_model_name"),
+        "api_key": args.get("api_key"),
+        "limits": dict(args.get("limits") or {}),
+    }
+    deployment = serve.deployment(serve.ingress()(ExLlamaDeployment), **options)
+    return deployment.bind(config)
+
+
+def run_ray(
+    model_dir: str,
+    *,
+    backend: str = "auto",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    replicas: int = 1,
+    num_gpus: float | None = None,
+    api_key: str | None = None,
+    served_model_name: str | None = None,
+    runtime_options: dict[str, Any] | None = None,
+    limits: dict[str, Any] | None = None,
+) -> int:
+    """Start (or join) Ray here, serve ``replicas`` replicas behind its proxy on ``host:port``, until interrupted."""
+    if host in ("127.0.0.1", "localhost"):
+        os.environ.update(LOOPBACK)
+    os.environ.update(NO_MULTICAST)
+    import ray
+
+    serve = _serve()
+    ray.init(include_dashboard=False, ignore_reinit_error=True)
+    serve.start(http_options={"host": host, "port": port})
+    app = build_app(
+        {
+            "model_dir": model_dir,
+            "backend": backend,
+            "num_replicas": replicas,
+            "num_gpus": num_gpus,
+            "api_key": api_key,
+            "served_model_name": served_model_name,
+            "runtime": runtime_options or {},
+            "limits": limits or {},
+        }
+    )
+    serve.run(app, name="exllama", route_prefix="/")
+    logger.warning("serving %s on %d Ray replica(s) at http://%s:%d/v1", model_dir, replicas, host, port)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return 0

@@ -1,0 +1,113 @@
+"""What the endpoints of one server share: the runtime, its served name and limits, and admission.
+
+Admission counts requests in flight (decoding or waiting), streamed or not, until their response ends;
+past ``max_pending`` a request is refused with 503 and ``Retry-After`` before anything runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ..contract.api import ModelInfo, Runtime
+from ..contract.settings import GenerationSettings
+from ..errors import ModelNotFoundError, ServerBusyError
+from ..runtime.base import defaults_of
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one server accepts."""
+
+    max_body_bytes: int = 8 * 2**20
+    """Largest request body; larger ones get 413."""
+    max_tokens: int | None = None
+    """Most tokens a request may generate (None: the context decides); a request that sets none gets at most this."""
+    max_pending: int = 256
+    """Requests in flight at once (decoding or waiting); more get 503 with ``Retry-After``."""
+
+
+@dataclass
+class ServeState:
+    """One server's shared state (``app.state.serve``)."""
+
+    runtime: Runtime
+    name: str
+    limits: ServeLimits = field(default_factory=ServeLimits)
+    chat_template: str | None = None
+    """A template that replaces the model's own on the OpenAI chat endpoint (``serve --chat-template``)."""
+    created: int = 0
+    """When the model was loaded (``/v1/models``'s ``created``)."""
+    pending: int = 0
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    """A random name of this server instance (which replica answered), never the pid or a host name."""
+
+    @property
+    def info(self) -> ModelInfo:
+        """The served model's facts."""
+        return self.runtime.model_info()
+
+    @property
+    def defaults(self) -> GenerationSettings:
+        """The settings a request starts from."""
+        return defaults_of(self.runtime)
+
+    def check_model(self, model: str | None) -> None:
+        """Refuse a request for a model this server does not serve (None: the served one).
+
+        Raises:
+            ModelNotFoundError: (404) naming the model it serves.
+        """
+        if model is not None and model not in (self.name, self.info.name):
+            e = ModelNotFoundError(f"model {model!r} is not served here; this server serves {self.name!r}.")
+            e.param = "model"
+            raise e
+
+    def admit(self) -> None:
+        """Count one more request in flight, or refuse it when the server is full.
+
+        Raises:
+            ServerBusyError: (503) the server has ``max_pending`` requests in flight.
+        """
+        if self.pending >= self.limits.max_pending:
+            raise ServerBusyError(f"the server has {self.pending} requests in flight (its limit); retry shortly.")
+        self.pending += 1
+
+    def release(self) -> None:
+        """One request fewer in flight."""
+        self.pending -= 1
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """A request in flight for the block."""
+        self.admit()
+        try:
+            yield
+        finally:
+            self.release()
+
+    async def stream(self, items: AsyncIterator[bytes], close: Any) -> AsyncIterator[bytes]:
+        """``items`` while the request counts as in flight; ``close`` (shielded from a disconnect) at the end."""
+        try:
+            async for b in items:
+                yield b
+        finally:
+            self.release()
+            with anyio.CancelScope(shield=True):
+                await close()
+
+
+def record(scope_state: Any, usage: Any, timings: Any) -> None:
+    """What the request's log line reports (its tokens and time to first token)."""
+    ttft = (timings and timings.time_to_first_token) or 0.0
+    scope_state.usage = (usage.prompt_tokens, usage.completion_tokens, ttft)
+
+
+def state_of(app: Any) -> ServeState:
+    """The server state of an app (or a request's app)."""
+    return app.state.serve  # type: ignore[no-any-return]

@@ -1,0 +1,82 @@
+"""How an endpoint answers: a stream or a whole body, ended when the client goes.
+
+How an endpoint answers: a stream started only once its first event is there, or a whole body, and either one
+ended (its generation cancelled) when the client goes away.
+
+A stream runs to its first event before the response starts, so an error before any output (a prompt over the
+context, bad settings) gets its own status; after that, an error becomes an event in the stream. A whole (non-
+streamed) answer is computed while the connection is watched: a client that disconnects cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from .state import ServeState
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready (its generation was cancelled)."""
+
+
+async def start_stream(state: ServeState, events: AsyncIterator[bytes], media_type: str) -> StreamingResponse:
+    """The response for ``events``: admitted, run to its first event, then streamed (see the module docstring)."""
+    state.admit()
+
+    async def close() -> None:
+        await events.aclose()  # type: ignore[attr-defined]
+
+    try:
+        first = await events.__anext__()
+    except StopAsyncIteration:
+        first = b""
+    except BaseException:
+        state.release()
+        with anyio.CancelScope(shield=True):
+            await close()
+        raise
+
+    async def rest() -> AsyncIterator[bytes]:
+        yield first
+        async for b in events:
+            yield b
+
+    return StreamingResponse(state.stream(rest(), close), media_type=media_type)
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result, cancelled (and :class:`ClientGone` raised) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+
+    async def listen() -> None:
+        while True:
+            message: Any = await request.receive()
+            if message.get("type") == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(listen())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ClientGone()
+
+
+async def whole(state: ServeState, request: Request, work: Callable[[], Awaitable[T]]) -> T:
+    """A non-streamed answer: admitted, then ``work()`` computed while the client is watched."""
+    with state.in_flight():
+        return await until_disconnect(request, work())

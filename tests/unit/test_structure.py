@@ -1,0 +1,104 @@
+"""The package's shape, measured from its imports: the contract at the ground floor, no circles, no giant.
+
+These hold the architecture the README describes: the contract imports nothing of the package but
+``errors``; no module imports another that (directly or not) imports it back; no top-level folder or
+module holds more than a third of the lines; and tests and benchmarks reach no private member of a
+runtime or backend (they use the documented ``diagnostics()`` hook).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import exllama_integrations
+
+ROOT = Path(exllama_integrations.__file__).parent
+REPO = ROOT.parent
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        name = ".".join(p.relative_to(REPO).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = p
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """What a module imports of the package when it is imported (``TYPE_CHECKING`` blocks are not imports)."""
+    deps: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            continue
+        for n in node.body if isinstance(node, ast.Try) else [node]:
+            if isinstance(n, ast.ImportFrom):
+                if n.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (n.level - 1)]
+                    target = ".".join(base + ([n.module] if n.module else []))
+                else:
+                    target = n.module or ""
+                for a in n.names:
+                    full = f"{target}.{a.name}"
+                    deps.add(full if full in modules else target)
+            elif isinstance(n, ast.Import):
+                deps.update(a.name for a in n.names)
+    return {d for d in deps if d in modules and d != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_there_is_no_import_circle():
+    graph, state, circles = _graph(), {}, []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for dep in sorted(graph[node]):
+            if state.get(dep) == "open":
+                circles.append(" -> ".join([*path[path.index(dep) :], dep]))
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert circles == []
+
+
+def test_the_contract_is_the_ground_floor():
+    graph = _graph()
+    contract = {n for n in graph if n.startswith("exllama_integrations.contract")}
+    for name in contract:
+        outside = graph[name] - contract - {"exllama_integrations.errors"}
+        assert not outside, f"{name} imports {sorted(outside)}"
+    assert graph["exllama_integrations.errors"] == set()
+
+
+def test_no_folder_or_module_holds_more_than_a_third_of_the_package():
+    sizes: dict[str, int] = {}
+    for p in ROOT.rglob("*.py"):
+        top = p.relative_to(ROOT).parts[0]
+        sizes[top] = sizes.get(top, 0) + len(p.read_text().splitlines())
+    total = sum(sizes.values())
+    biggest = max(sizes, key=lambda k: sizes[k])
+    assert sizes[biggest] / total < 0.33, f"{biggest} holds {sizes[biggest]} of {total} lines"
+
+
+def test_tests_and_benchmarks_reach_no_private_member_of_a_runtime():
+    private = re.compile(r"\._backend\b|\._generator\b|\._inbox\b|\._stream\(")
+    found = [
+        f"{p.relative_to(REPO)}:{i}"
+        for folder in ("tests", "benchmarks")
+        for p in (REPO / folder).rglob("*.py")
+        if p.name != "test_structure.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if private.search(line)
+    ]
+    assert found == [], "use runtime.diagnostics() instead"
