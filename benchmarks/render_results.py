@@ -53,6 +53,13 @@ RUNS = {
     "gpu_load_run13_batch16.json": "run 13 (fresh prompts, never seen by either generator, for every call of "
     "every row; batch16, 256 new tokens, 6 repetitions)",
     "gpu_load_run13_callers.json": "run 13 (fresh prompts; single and callers64, 128 new tokens, 3 repetitions)",
+    "gpu_load_run14_batch16.json": "run 14 (after the contract step: one request value, the backend split by role, "
+    "the runtime reading GenerationRequest values; batch16, 256 new tokens, 5 repetitions)",
+    "gpu_load_run14_callers.json": "run 14 (callers64 after the contract step, 128 new tokens, 3 repetitions)",
+    "gpu_load_run15_callers_before.json": "run 15, before (the code before the contract step, b073b3e, in the same "
+    "GPU call as the next run: callers64, 128 new tokens, 3 repetitions)",
+    "gpu_load_run15_callers_after.json": "run 15, after (the code after the contract step, in the same GPU call as "
+    "the previous run: callers64, 128 new tokens, 3 repetitions)",
 }
 LOAD_PLOT = ("gpu_load_run13_batch16.json", "gpu_load_run13_callers.json")
 """The load runs drawn in gpu_throughput.png (the newest)."""

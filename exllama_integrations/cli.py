@@ -11,6 +11,8 @@ from typing import Any
 from .errors import ExLlamaIntegrationsError
 
 DEMO_QUESTION = "What is the capital of France?"
+SLOW_CPU_TOKENS_PER_S = 5
+"""Below this the demo model (135M) is starved of CPU (measured: 14-16 tokens/s on two free cores)."""
 
 
 def _sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -24,12 +26,15 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--max-seq-len", type=int, help="context/cache length to allocate")
+    p.add_argument("--threads", type=int, help="CPU threads of the CPU reference backend (default: cores - 1)")
 
 
 def _llm(model_dir: str, args: argparse.Namespace, chat: bool) -> Any:
     from .langchain import ExLlamaLLM
 
+    options = {"num_threads": args.threads} if args.threads else {}
     return ExLlamaLLM(
+        backend_options=options,
         model_dir=model_dir,
         backend=args.backend,
         max_seq_len=args.max_seq_len,
@@ -57,6 +62,12 @@ def _run_chain(llm: Any, template: str, inputs: dict[str, str]) -> None:
         def on_llm_end(self, response: Any, **kwargs: Any) -> None:
             Stats.info = response.generations[0][0].generation_info or {}
 
+    loaded = llm.exllama_runtime.model_info()
+    details = loaded.details
+    threads = details.get("threads")
+    where = f"{details.get('device')}, {threads} thread{'s' if threads != 1 else ''}" if threads else "GPU"
+    seconds = details.get("load_seconds", 0)
+    print(f"loaded {loaded.name} on {loaded.backend} ({where}) in {seconds:.1f} s", file=sys.stderr)
     chain = PromptTemplate.from_template(template) | llm | StrOutputParser()
     for piece in chain.stream(inputs, config={"callbacks": [Stats()]}):
         sys.stdout.write(piece)
@@ -74,6 +85,12 @@ def _run_chain(llm: Any, template: str, inputs: dict[str, str]) -> None:
         else f"[backend={model.backend} model={model.name}]",
         file=sys.stderr,
     )
+    if tps and model.backend == "transformers" and tps < SLOW_CPU_TOKENS_PER_S:
+        print(
+            f"hint: {tps:.1f} tokens/s is slow for this model on the CPU ({SLOW_CPU_TOKENS_PER_S}+ on two free cores): "
+            "the machine may be busy; try --threads 1, or a GPU with backend exllamav3.",
+            file=sys.stderr,
+        )
 
 
 def _options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -97,12 +114,17 @@ def _serve(args: argparse.Namespace) -> int:
     import os
 
     key = args.api_key or os.environ.get("EXLLAMA_API_KEY")
-    model_dir = args.model_dir
+    model_dir = args.model_dir or args.model
     if model_dir is None:
         from .demo_model import demo_model_dir
 
         model_dir = str(demo_model_dir())
-    options = {"max_seq_len": args.max_seq_len, **_options(args.option)}
+    options = {"max_seq_len": args.max_seq_len, "dtype": args.dtype, **_options(args.option)}
+    template = None
+    if args.chat_template is not None:
+        from ._adapter import _read_template
+
+        template = _read_template(args.chat_template)
     if args.ray:
         from .serve.ray.deployment import run_ray
 
@@ -120,52 +142,108 @@ def _serve(args: argparse.Namespace) -> int:
                 "max_tokens": args.max_tokens,
                 "max_pending": args.max_pending,
                 "max_body_bytes": args.max_body_bytes,
+                "body_timeout": args.body_timeout,
             },
         )
     import uvicorn
 
     from .runtime.local import ExLlamaRuntime
+
+    logging.getLogger("exllama_integrations.serve").setLevel(logging.INFO)  # one line per request, always
     from .serve.app import ServeLimits, create_app
 
     rt = ExLlamaRuntime(model_dir, args.backend, **{k: v for k, v in options.items() if v is not None})
-    limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens, max_pending=args.max_pending)
+    limits = ServeLimits(
+        max_body_bytes=args.max_body_bytes,
+        max_tokens=args.max_tokens,
+        max_pending=args.max_pending,
+        body_timeout=args.body_timeout,
+    )
     app = create_app(
-        rt, served_model_name=args.served_model_name, api_key=key, limits=limits, on_shutdown=rt.close, freeze_gc=True
+        rt,
+        served_model_name=args.served_model_name,
+        api_key=key,
+        limits=limits,
+        on_shutdown=rt.close,
+        freeze_gc=True,
+        chat_template=template,
     )
     print(f"serving {rt.model_name} ({rt.backend_name}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=30, log_level="info")
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        timeout_graceful_shutdown=30,
+        timeout_keep_alive=args.timeout_keep_alive,
+        limit_concurrency=args.max_connections,
+        h11_max_incomplete_event_size=64 * 1024,
+        log_level="info" if args.verbose else "warning",
+    )
     return 0
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows each option's default, where it has one and its text does not say it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS, []) or "default" in text:
+            return text
+        return super()._get_help_string(action) or text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``exllama-integrations`` command."""
-    parser = argparse.ArgumentParser(prog="exllama-integrations", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the runtime does")
+    from . import __version__
+
+    formatter = _Help
+    parser = argparse.ArgumentParser(prog="exllama-integrations", description=__doc__, formatter_class=formatter)
+    parser.add_argument("--version", action="version", version=f"exllama-integrations {__version__}")
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log what the runtime does (and one line per request)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log what the runtime does (and one line per request)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="prepare the demo model (SmolLM2-135M-Instruct) and answer a question")
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[verbose], formatter_class=formatter)
+
+    d = add("demo", "prepare the demo model (SmolLM2-135M-Instruct) and answer a question")
     d.add_argument("prompt", nargs="?", default=DEMO_QUESTION)
     _sampling_flags(d)
 
-    g = sub.add_parser("generate", help="complete a prompt with any model directory")
+    g = add("generate", "complete a prompt with any model directory")
     g.add_argument("--model-dir", required=True)
     g.add_argument("--chat", action="store_true", help="send the prompt as a user turn through the chat template")
     g.add_argument("prompt")
     _sampling_flags(g)
 
-    sub.add_parser("prepare-demo", help="download and convert the demo model, print its directory")
+    add("prepare-demo", "download and convert the demo model, print its directory")
 
-    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over one loaded model (or Ray Serve replicas)")
+    sv = add("serve", "an OpenAI-compatible HTTP server over one loaded model (or Ray Serve replicas)")
+    sv.add_argument("model", nargs="?", help="model directory or Hub id, as vLLM takes it (or --model-dir)")
     sv.add_argument("--model-dir", help="model directory or Hub id (default: the demo model)")
     sv.add_argument("--backend", default="auto", help="auto, exllamav3, exllama, exllamav2, transformers")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on")
     sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set EXLLAMA_API_KEY)")
     sv.add_argument("--served-model-name", help="the model name clients use (default: the directory's name)")
-    sv.add_argument("--max-seq-len", type=int, help="context/cache length to allocate")
+    sv.add_argument("--max-seq-len", "--max-model-len", type=int, help="context/cache length to allocate")
+    sv.add_argument("--dtype", help="weights dtype, for backends that take one (CPU reference: float32)")
+    sv.add_argument("--chat-template", help="a chat template (a file, or jinja text) instead of the model's own")
+    sv.add_argument("--timeout-keep-alive", type=float, default=5.0, help="seconds an idle connection stays open")
+    sv.add_argument("--max-connections", type=int, default=1024, help="connections at once; more get 503")
     sv.add_argument("--max-tokens", type=int, help="largest max_tokens a request may ask for")
     sv.add_argument("--max-pending", type=int, default=256, help="requests in flight at once; more get 503")
     sv.add_argument("--max-body-bytes", type=int, default=8 * 2**20, help="largest request body; larger get 413")
+    sv.add_argument("--body-timeout", type=float, default=30.0, help="seconds to send a whole body; slower get 408")
     sv.add_argument(
         "--option",
         action="append",
@@ -189,7 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "demo":
             from .demo_model import demo_model_dir
 
-            llm = _llm(str(demo_model_dir()), args, chat=True)
+            path = demo_model_dir()
+            print(f"loading the demo model ({path.name}) ...", file=sys.stderr)
+            llm = _llm(str(path), args, chat=True)
             _run_chain(llm, "{question}", {"question": args.prompt})
         else:
             _run_chain(_llm(args.model_dir, args, chat=args.chat), "{text}", {"text": args.prompt})

@@ -12,6 +12,12 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+THINKS = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
+"""A chat template whose generation prompt opens a thinking block (DeepSeek-R1's shape): SmolLM2 then "thinks"."""
+
 # the OpenAI-shaped tool the tool-calling tests ask the demo model to call
 ADD_TOOL = {
     "type": "function",

@@ -53,6 +53,27 @@ def _runtime(ns, out):
     assert "Paris" in r.text and r.finish_reason in ("eos", "length")
     assert r.usage.prompt_tokens == len(rt.encode("The capital of France is", add_special_tokens=True))
     assert r.timings.time_to_first_token > 0
+    whole = rt.generate("One, two,", temperature=0, max_tokens=6).text
+    assert out.rstrip("\n").endswith(whole)  # the request value gives what the conveniences give
+
+
+def _reasoning(ns, out):
+    reply, city, thinker = ns["reply"], ns["city"], ns["thinker"]
+    thought = reply.additional_kwargs["reasoning_content"]
+    assert thought and thought in out and "<think>" not in reply.content and "</think>" not in reply.content
+    assert 6 <= reply.usage_metadata["output_token_details"]["reasoning"] <= 9  # the budget, then "</think>"
+    assert f"{reply.usage_metadata['output_token_details']}" in out
+    assert isinstance(city, ns["City"]) and city.name
+    assert thinker.profile["reasoning_output"] is True
+    assert thinker.profile["max_input_tokens"] == thinker.exllama_runtime.model_info().context_length
+
+
+def _agent(ns, out):
+    steps = ns["steps"]
+    calls = [c for m in steps for c in getattr(m, "tool_calls", [])]
+    assert calls and calls[0]["name"] == "add" and calls[0]["args"] == {"a": 2, "b": 3}
+    assert type(steps[-2]).__name__ == "ToolMessage" and steps[-2].text == "5"
+    assert steps[-1].text.strip() and steps[-1].text in out and "tool_response>" not in steps[-1].text
 
 
 CHECKS = {
@@ -62,6 +83,8 @@ CHECKS = {
     "ExLlamaLLM.from_model_id(": _from_model_id,
     "TokenCountingHandler(": _llama_index,
     "rt = ExLlamaRuntime.shared(": _runtime,
+    "thinker = ChatExLlama(": _reasoning,
+    "agent = create_agent(": _agent,
 }
 
 

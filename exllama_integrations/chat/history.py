@@ -2,8 +2,9 @@
 
 A template that renders ``tools`` gets OpenAI-style tool calls with their arguments as objects; any other
 gets the fallback: calls written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in the
-assistant's turn and results as ``<tool_response>`` user turns. :func:`literal_prompt_ids` encodes message
-text literally (special-token strings a user typed stay text).
+assistant's turn and results as ``<tool_response>`` user turns, the last of them followed by
+:data:`ANSWER_NOTE` (without it small models copy the markup instead of answering).
+:func:`literal_prompt_ids` encodes message text literally (special-token strings a user typed stay text).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN = "<tool_response>"
+ANSWER_NOTE = "Now answer the question in plain words using these results."
+"""What follows the tool results that end a fallback-format history: the model's turn is to answer."""
 
 
 def tool_call_text(name: str, arguments: Mapping[str, Any]) -> str:
@@ -42,7 +45,8 @@ def add_system_note(messages: Sequence[Mapping[str, Any]], note: str) -> list[di
 def fallback_history(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A history for a template that renders no tools (the documented fallback).
 
-    Calls become ``<tool_call>`` text in the assistant turn, results ``<tool_response>`` user turns.
+    Calls become ``<tool_call>`` text in the assistant turn, results ``<tool_response>`` user turns; a
+    history that ends on results ends with :data:`ANSWER_NOTE`.
     """
     out: list[dict[str, Any]] = []
     for m in messages:
@@ -55,6 +59,8 @@ def fallback_history(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, An
         elif d.get("role") == "tool":
             d = {"role": "user", "content": tool_response_text(d.get("content") or "")}
         out.append(d)
+    if messages and messages[-1].get("role") == "tool":
+        out[-1]["content"] += "\n" + ANSWER_NOTE
     return out
 
 

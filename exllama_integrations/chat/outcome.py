@@ -159,7 +159,6 @@ class ChatStreamer:
             reasoning_tail=chunk.reasoning,
         )
 
-
     def _cut_message(self, raw: str, chunk: StreamChunk) -> str:
         thinking = not raw.strip() and bool("".join(self._reasoning))
         if chunk.finish_reason == "length":

@@ -21,7 +21,7 @@ from langchain_core.messages import AIMessage, BaseMessage, convert_to_messages
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
 from langchain_core.output_parsers.pydantic import PydanticOutputParser
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -299,6 +299,9 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
             )
         else:
             raise InvalidSettingsError(f"method must be json_schema, function_calling or json_mode, not {method!r}")
+        # Parse the whole reply once: LangChain's parsers would stream partial objects whose missing strings read
+        # as real values (City(name='')); a grammar-constrained reply is complete only at its end.
+        parser = RunnableLambda(parser.invoke, afunc=parser.ainvoke, name=type(parser).__name__)
         if not include_raw:
             return llm | parser
         parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)

@@ -12,6 +12,7 @@ from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from langchain_core.outputs import GenerationChunk
 
 from .._adapter import SETTING_FIELDS, ExLlamaConfig, as_stops
+from ..chat.reasoning import find_reasoning
 from ..contract.api import StreamChunk
 from ..contract.settings import GenerationSettings
 from ..contract.shapes import logprobs_content, metadata
@@ -74,7 +75,7 @@ class ExLlamaLangChainMixin(ExLlamaConfig):
             "tool_calling": True,
             "tool_choice": True,
             "structured_output": True,
-            "reasoning_output": info.reasoning is not None or self.reasoning_tags is not None,
+            "reasoning_output": bool(info.reasoning or self.reasoning_tags or find_reasoning(self.chat_template)),
             "image_inputs": info.accepts_images,
             "image_url_inputs": info.accepts_images,
             "text_inputs": True,

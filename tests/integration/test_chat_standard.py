@@ -6,6 +6,7 @@ each with the reason and what the model does.
 
 from __future__ import annotations
 
+from langchain_core.messages import AIMessage
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 
@@ -50,6 +51,31 @@ class TestChatExLlamaIntegration(_ChatExLlamaSuite, ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict:
         return {**super().chat_model_params, "max_tokens": 100}  # keeps the xfailed loops short
+
+    @property
+    def supported_usage_metadata_details(self) -> dict:
+        both = ["reasoning_output", "cache_read_input"]
+        return {"invoke": both, "stream": both}
+
+    def _reply(self, model: ChatExLlama, text: str, stream: bool) -> AIMessage:
+        if not stream:
+            return model.invoke(text)
+        chunks = list(model.stream(text))
+        full = chunks[0]
+        for c in chunks[1:]:
+            full = full + c
+        return full  # type: ignore[return-value]
+
+    def invoke_with_reasoning_output(self, *, stream: bool = False) -> AIMessage:
+        from helpers import THINKS
+
+        params = {**self.chat_model_params, "chat_template": THINKS, "max_reasoning_tokens": 8}
+        msg = self._reply(self.chat_model_class(**params), "What is the capital of France?", stream)
+        assert msg.usage_metadata["output_token_details"]["reasoning"] >= 8  # thought, up to the budget
+        return msg
+
+    def invoke_with_cache_read_input(self, *, stream: bool = False) -> AIMessage:
+        return self._reply(self.chat_model_class(**self.chat_model_params), "What is 2 + 2?", stream)
 
 
 class TestChatExLlamaIntegrationServed(TestChatExLlamaIntegration):

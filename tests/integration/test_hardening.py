@@ -356,6 +356,28 @@ def test_a_link_to_a_file_outside_is_refused(tiny: Path, tmp_path: Path):
         ModelDirectory.inspect(tiny)
 
 
+def test_a_snapshot_whose_blobs_is_a_link_gets_no_exception_from_the_link_rule(tiny: Path, tmp_path: Path):
+    """A folder shaped like a hub-cache snapshot whose ``blobs`` links to ``/`` may not reach any file through it."""
+    snap = _hub_cache(tmp_path / "hub", tiny)
+    repo = snap.parent.parent
+    real = repo / "blobs"
+    real.rename(repo / "real-blobs")
+    os.symlink("/", real)  # blobs -> /
+    for f in snap.iterdir():
+        target = os.readlink(f).replace("../../blobs/", "../../real-blobs/")
+        f.unlink()
+        os.symlink(target, f)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("{{ 'SECRET' }}")
+    cfg = json.loads((repo / "real-blobs" / os.readlink(snap / "tokenizer_config.json").split("/")[-1]).read_text())
+    cfg.pop("chat_template", None)
+    (snap / "tokenizer_config.json").unlink()
+    (snap / "tokenizer_config.json").write_text(json.dumps(cfg))
+    os.symlink(f"../../blobs{secret}", snap / "chat_template.jinja")  # through blobs -> / to any file
+    with pytest.raises(InvalidModelError, match="outside the model directory"):
+        ModelDirectory.inspect(snap)
+
+
 def test_hub_ids_resolve_offline_from_the_cache(tiny: Path, tmp_path: Path):
     _hub_cache(tmp_path / "hub", tiny)
     env = f"import os; os.environ['HF_HUB_CACHE'] = {str(tmp_path / 'hub')!r}; os.environ['HF_HUB_OFFLINE'] = '1'\n"

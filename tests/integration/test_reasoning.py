@@ -17,11 +17,8 @@ from servers import ThreadServer
 
 from exllama_integrations import ConstraintViolationError, ExLlamaRuntime
 
-THINKS = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
-)
-"""A template whose generation prompt opens the thinking block (DeepSeek-R1's shape)."""
+from helpers import THINKS
+
 KEEPS = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m.get('reasoning_content') %}<think>\n"
     "{{ m['reasoning_content'] }}\n</think>\n{% endif %}{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -74,3 +74,32 @@ def test_results_md_is_rendered_from_the_committed_json() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert (RESULTS / "RESULTS.md").read_text() == module.render(), "run python benchmarks/render_results.py"
+
+
+def test_the_architecture_table_is_the_committed_oracle_results() -> None:
+    """Each family row's "prefill / decode, N of 16" is a line of gpu_arch_matrix.jsonl for its class."""
+    lines = [json.loads(x) for x in (RESULTS / "gpu_arch_matrix.jsonl").read_text().splitlines() if x.strip()]
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("### Architectures") : readme.index("\n## ", readme.index("### Architectures"))]
+    rows = 0
+    for line in table.splitlines():
+        m = re.match(rf"\| [^|]*\(`(\w+)`\) \| yes \| [^|]*?({NUM}) / ({NUM}), (\d+) of (\d+)", line)
+        if not m:
+            continue
+        rows += 1
+        config, prefill, decode, agree, steps = m.groups()
+        assert any(
+            r["config"] == config
+            and _same(prefill, r["prefill_max_logit_diff"])
+            and _same(decode, r["decode_max_logit_diff"])
+            and r["greedy_tokens_agree"] == int(agree)
+            and r["decode_steps_compared"] == int(steps)
+            for r in lines
+            if "prefill_max_logit_diff" in r
+        ), line
+        status = {r["status"] for r in lines if r["config"] == config}
+        if "refused" in status:
+            assert "refused" in line  # a family the backend computes wrong is said to be refused
+        elif "approximate" in status:
+            assert "tolerance" in line  # and one outside the tolerance says by how much
+    assert rows >= 9, "the Architectures table lost its rows"

@@ -6,6 +6,10 @@ transformers oracle; remove it when the release it names fixes the cause.
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 
@@ -36,18 +40,50 @@ def strip_empty_key_prefix(model: Any) -> int:
 
     ``Gemma3TextModel`` builds its modules with ``key_prefix=""``, but ``Gemma3Model`` writes every tensor key
     as ``f"{key_prefix}.model..."``, so the keys start with a dot (``.model.embed_tokens``) and no tensor is
-    found ("missing tensor .model.embed_tokens.weight"). ``Ministral3Model``, built the same way, handles the
-    empty prefix. Stripping the leading dot gives the keys of the checkpoint (``model.embed_tokens``).
-    Returns how many keys were changed.
+    found ("Required tensor .model.layers.0.input_layernorm.weight not found"). ``Ministral3Model``, built the
+    same way, handles the empty prefix. Every key a module holds (its ``key``, ``alt_key``, and keys derived
+    from them at construction, such as a norm's ``tensor_key``) loses the leading dot, which gives the
+    checkpoint's own keys (``model.embed_tokens``). Returns how many keys were changed.
     """
     n = 0
     for module in model:
-        for attr in ("key", "alt_key"):
-            key = getattr(module, attr, None)
-            if isinstance(key, str) and key.startswith("."):
-                setattr(module, attr, key[1:])
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, str) and _DOTTED.match(value):
+                setattr(module, attr, value[1:])
                 n += 1
     return n
+
+
+_DOTTED = re.compile(r"^\.(model\.|lm_head\b)")
+
+RENAMED_CONFIG_KEYS = {
+    "qwen3_moe": {"num_experts": "num_local_experts"},
+    "qwen2_moe": {"num_experts": "num_local_experts"},
+}
+"""Config keys exllamav3 (1.6.5) reads by the name real checkpoints use, where transformers 5 writes another.
+
+transformers 5's ``Qwen3MoeConfig`` maps ``num_experts`` to ``num_local_experts`` and saves the latter, so a
+directory written by ``save_pretrained`` fails in exllamav3 with "Missing any of the following keys:
+['num_experts']". The value is the same; exllamav3 is handed a copy of config.json with its name added."""
+
+
+def config_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """Keys to add to config.json for exllamav3 (see ``RENAMED_CONFIG_KEYS``); empty when none are needed."""
+    renamed = RENAMED_CONFIG_KEYS.get(str(config.get("model_type")), {})
+    return {want: config[have] for want, have in renamed.items() if want not in config and have in config}
+
+
+def overlay(directory: Path, overrides: dict[str, Any]) -> tempfile.TemporaryDirectory[str]:
+    """A folder that is ``directory`` (its files linked) with ``overrides`` added to its config.json."""
+    import json
+
+    folder = tempfile.TemporaryDirectory(prefix="exllamav3-config-")
+    for f in directory.iterdir():
+        if f.name != "config.json":
+            os.symlink(f, Path(folder.name) / f.name)
+    config = json.loads((directory / "config.json").read_text())
+    (Path(folder.name) / "config.json").write_text(json.dumps({**config, **overrides}))
+    return folder
 
 
 def apply(model: Any) -> dict[str, int]:

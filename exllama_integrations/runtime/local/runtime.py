@@ -9,7 +9,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -234,35 +234,6 @@ class ExLlamaRuntime(RuntimeBase):
         return backend
 
     # ----------------------------------------------------------------- tokens and templates
-
-    def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
-        """Token ids of ``text`` by the native tokenizer (``parse_special=False``: special-token text stays text)."""
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of token ids (special tokens dropped)."""
-        return self.tokenizer.decode(ids)
-
-    def chat_prompt(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        chat_template: str | None = None,
-        **template_kwargs: Any,
-    ) -> str:
-        """Render chat messages with the model's own template, or ``chat_template`` (bounded sandbox).
-
-        Generate from the result with ``add_special_tokens=False``: the template carries its own BOS.
-        """
-        return self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            chat_template=chat_template,
-            **template_kwargs,
-        )
 
     def _token_text(self, tid: int) -> str:
         return self.tokenizer.decode([tid], skip_special_tokens=False)

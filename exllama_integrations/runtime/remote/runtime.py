@@ -19,7 +19,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -156,32 +156,6 @@ class RemoteRuntime(RuntimeBase):
     def tokenizer_files(self) -> dict[str, Any]:
         """The tokenizer files it took from its server (so a server can front this runtime in turn)."""
         return dict(self._bundle)
-
-    def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
-        """Token ids of ``text`` by the served model's tokenizer (computed here)."""
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens, parse_special=parse_special)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of token ids (special tokens dropped)."""
-        return self.tokenizer.decode(ids)
-
-    def chat_prompt(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        chat_template: str | None = None,
-        **template_kwargs: Any,
-    ) -> str:
-        """Render chat messages with the served model's template (here, in the same sandbox)."""
-        return self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            chat_template=chat_template,
-            **template_kwargs,
-        )
 
     # ----------------------------------------------------------------- generation (on the server)
 
