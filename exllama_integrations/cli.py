@@ -151,6 +151,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     logging.getLogger("exllama_integrations.serve").setLevel(logging.INFO)  # one line per request, always
     from .serve.app import ServeLimits, create_app
+    from .serve.guard import header_deadline_protocol
 
     rt = ExLlamaRuntime(model_dir, args.backend, **{k: v for k, v in options.items() if v is not None})
     limits = ServeLimits(
@@ -177,6 +178,7 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_keep_alive=args.timeout_keep_alive,
         limit_concurrency=args.max_connections,
         h11_max_incomplete_event_size=64 * 1024,
+        http=header_deadline_protocol(args.header_timeout),
         log_level="info" if args.verbose else "warning",
     )
     return 0
@@ -244,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sv.add_argument("--max-pending", type=int, default=256, help="requests in flight at once; more get 503")
     sv.add_argument("--max-body-bytes", type=int, default=8 * 2**20, help="largest request body; larger get 413")
     sv.add_argument("--body-timeout", type=float, default=30.0, help="seconds to send a whole body; slower get 408")
+    sv.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request's headers")
     sv.add_argument(
         "--option",
         action="append",

@@ -134,7 +134,8 @@ class _Bounded(ImmutableSandboxedEnvironment):
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja's signature
         _tick()
         name = getattr(__obj, "__name__", "")
-        owner = getattr(__obj, "__self__", None)
+        # the sandbox hands ``str.format`` back wrapped; the bound method (and so its string) is under __wrapped__
+        owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
         if isinstance(owner, str):
             if name in ("ljust", "rjust", "center", "zfill") and args and isinstance(args[0], int):
                 _size(args[0], "a padded string")

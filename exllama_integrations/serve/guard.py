@@ -148,3 +148,52 @@ def _replay(body: bytes, receive: Any) -> Any:
         return await receive()  # type: ignore[no-any-return]
 
     return replayed
+
+
+def header_deadline_protocol(seconds: float) -> type:
+    """The HTTP/1.1 protocol of uvicorn with a deadline on the request line and headers.
+
+    uvicorn bounds the idle time between requests (``--timeout-keep-alive``) but not the time a client takes
+    to send its headers, so a client that connects and trickles them (or sends nothing) holds a connection
+    for ever. Here a connection that has no complete request head ``seconds`` after it opened, or after its
+    next request's first byte, is closed; the body has its own deadline in :class:`Guard`.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadline(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_later(seconds, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _waiting_for_head(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _too_slow(self) -> None:
+            self._head_timer = None
+            if self._waiting_for_head() and not self.transport.is_closing():
+                logger.info("closed a connection whose request head took over %g s", seconds)
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._waiting_for_head():
+                self._arm()
+            super().data_received(data)
+            if not self._waiting_for_head():
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline

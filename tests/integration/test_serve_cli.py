@@ -92,3 +92,49 @@ def test_serve_drains_a_stream_in_flight_on_sigterm(demo_dir):
         out = proc.stdout.read() if proc.stdout else ""
     assert "127.0.0.1" in out and "Waiting for connections to close" in out and "Application shutdown complete" in out
     assert "objects alive at startup are left out of garbage collection" in out  # no full-collection pauses
+
+
+def test_serve_closes_connections_whose_headers_never_come(demo_dir):
+    """Slow-header clients (one that sends nothing, one that trickles its head) lose their connection after
+    ``--header-timeout``; a normal request on the same server is answered."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exllama_integrations", "serve", "--model-dir", str(demo_dir), "--backend"]
+        + ["transformers", "--port", str(port), "--header-timeout", "1.5"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 120:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError("the server did not come up")
+
+        def closed_after(trickle: bytes) -> float:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                start = time.perf_counter()
+                for byte in trickle:  # a byte every 0.5 s: each arrives, the head never completes in time
+                    try:
+                        s.sendall(bytes([byte]))
+                    except OSError:
+                        break
+                    time.sleep(0.5)
+                s.settimeout(10)
+                try:
+                    assert s.recv(1024) == b""  # closed by the server, nothing answered
+                except ConnectionResetError:
+                    pass
+                return time.perf_counter() - start
+
+        assert closed_after(b"") < 5
+        assert closed_after(b"GET /health HTTP/1.1\r\nhost: x\r\n") < 5  # not the 16 s the trickle would take
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
