@@ -143,6 +143,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "max_pending": args.max_pending,
                 "max_body_bytes": args.max_body_bytes,
                 "body_timeout": args.body_timeout,
+                "allow_image_urls": args.allow_image_urls or None,
             },
         )
     import uvicorn
@@ -150,6 +151,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .runtime.local import ExLlamaRuntime
 
     logging.getLogger("exllama_integrations.serve").setLevel(logging.INFO)  # one line per request, always
+    from .model.media import MediaLimits
     from .serve.app import ServeLimits, create_app
     from .serve.guard import header_deadline_protocol
 
@@ -159,6 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         max_pending=args.max_pending,
         body_timeout=args.body_timeout,
+        media=MediaLimits(fetch_urls=args.allow_image_urls),
     )
     app = create_app(
         rt,
@@ -247,6 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sv.add_argument("--max-body-bytes", type=int, default=8 * 2**20, help="largest request body; larger get 413")
     sv.add_argument("--body-timeout", type=float, default=30.0, help="seconds to send a whole body; slower get 408")
     sv.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request's headers")
+    sv.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch http(s) image URLs in chat requests (10 s, 20 MB, no redirects); off: data: URLs only",
+    )
     sv.add_argument(
         "--option",
         action="append",

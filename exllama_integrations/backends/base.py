@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..contract.settings import GenerationSettings
-from ..errors import InvalidSettingsError, MissingDependencyError, UnsupportedModelError
+from ..errors import InvalidSettingsError, MediaError, MissingDependencyError, UnsupportedModelError
 from ..model.directory import ModelDirectory
 
 if TYPE_CHECKING:
@@ -222,6 +222,20 @@ class Backend(ABC):
     def info(self) -> dict[str, Any]:
         """Facts about the loaded model for metadata and logs."""
         return {}
+
+    vision: str | None = "it has no vision component"
+    """Why this loaded model takes no images, or None when it takes them (its vision component is loaded)."""
+
+    def encode_media(self, text: str, images: list[Any], add_special_tokens: bool) -> tuple[list[int], Any]:
+        """A prompt with images: its ids, each image's placeholder expanded, and what the backend needs for them.
+
+        The ids count each image as the tokens the model reads it as; the second value travels in
+        :attr:`BackendRequest.embeddings` to this backend's prefill.
+
+        Raises:
+            MediaError: the model takes no images, or the prompt does not place them.
+        """
+        raise MediaError(f"this model takes no images on backend {self.name!r}: {self.vision}; send text only.")
 
     def library_objects(self) -> dict[str, Any]:
         """The inference library's own objects (model, cache, generator ...), for tests and benchmarks only."""

@@ -258,7 +258,7 @@ class CachedForwardSession:
         x = torch.tensor([ids], dtype=torch.long)
         return self.model.forward(x, self.cache, last_id_only=True, **self.kw)[:, -1, :]
 
-    def prefill(self, ids: list[int]) -> Any:
+    def prefill(self, ids: list[int], embeddings: Any = None) -> Any:  # text only: images are refused before
         self.cache.current_seq_len = 0
         return self._forward(ids)
 

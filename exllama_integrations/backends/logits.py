@@ -153,9 +153,12 @@ def raw_logprob(raw: torch.Tensor, token: int, k: int) -> RawLogprob:
 
 
 class LogitsSession(Protocol):
-    """One request's state on the model: ``prefill(prompt_ids)`` then ``step(token)``, each -> logits [1, vocab]."""
+    """One request's state on the model: ``prefill(prompt_ids)`` then ``step(token)``, each -> logits [1, vocab].
 
-    def prefill(self, ids: list[int]) -> torch.Tensor: ...
+    A backend that takes images is handed their embeddings' source (:meth:`Backend.encode_media`) at prefill.
+    """
+
+    def prefill(self, ids: list[int], embeddings: Any = None) -> torch.Tensor: ...
 
     def step(self, token: int) -> torch.Tensor: ...
 
@@ -181,7 +184,10 @@ class _Decode:
             if self.session is None:
                 self.sampler = Sampler(req)
                 self.session = self.backend.open_session()
-                logits = self.session.prefill(req.prompt_ids)
+                if req.embeddings is None:
+                    logits = self.session.prefill(req.prompt_ids)
+                else:
+                    logits = self.session.prefill(req.prompt_ids, req.embeddings)
             else:
                 logits = self.session.step(self.token)
             assert self.sampler is not None

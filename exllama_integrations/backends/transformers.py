@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from ..errors import InvalidModelError, InvalidSettingsError
+from ..errors import InvalidModelError, InvalidSettingsError, MediaError
 from ..model.directory import ModelDirectory
-from .base import BackendOptions, require, unsupported
+from .base import Backend, BackendOptions, require, unsupported
 from .logits import LogitsBackend, LogitsSession
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ class TransformersOptions(BackendOptions):
     """Threads torch computes with on the CPU (process-wide, as torch's setting is). None: one fewer than the
     cores (at most 8), so the caller's threads (readers, an event loop, an HTTP server) keep a core: on a busy
     2-core machine two threads ran the demo at 2.3 tokens/s where one ran it at 10.7."""
+    vision: bool = True
+    """For a vision-language model: take images (through its processor). False: text only."""
 
 
 def default_threads() -> int:
@@ -110,9 +112,18 @@ class TransformersBackend(LogitsBackend):
         self.dtype = getattr(torch, options.dtype or "float32")
         major = int(transformers.__version__.split(".")[0])
         dtype_kw = {"dtype": self.dtype} if major >= 5 else {"torch_dtype": self.dtype}
+        auto: Any = AutoModelForCausalLM
+        self.processor: Any = None
+        if "vision_config" in model.config:
+            from transformers import AutoModelForImageTextToText
+
+            auto = AutoModelForImageTextToText
+            self.vision = "its vision component is off (vision=False)"
+            if getattr(options, "vision", True):
+                self.processor, self.vision = _processor(model)
         loaded: Any
         try:
-            loaded = AutoModelForCausalLM.from_pretrained(
+            loaded = auto.from_pretrained(
                 str(model.path),
                 local_files_only=True,
                 trust_remote_code=False,
@@ -138,6 +149,10 @@ class TransformersBackend(LogitsBackend):
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.device = torch.device(device)
+        # mrope models (Qwen-VL) keep the prompt's rope offset on the model between calls: each session keeps its own
+        self._rope_holder = next(
+            (m for m in (getattr(self.model, "model", None), self.model) if hasattr(m, "rope_deltas")), None
+        )
         self._context = min(options.max_seq_len or model.context_length, model.context_length)
         self._start_worker()
 
@@ -149,7 +164,24 @@ class TransformersBackend(LogitsBackend):
         out: dict[str, Any] = {"device": str(self.device), "dtype": str(self.dtype).replace("torch.", "")}
         if self.device.type == "cpu":
             out["threads"] = torch_threads()
+        if self.processor is not None or self.vision != Backend.vision:  # a vision-language model
+            out["vision"] = self.vision or "loaded"
         return out
+
+    def encode_media(self, text: str, images: list[Any], add_special_tokens: bool) -> tuple[list[int], Any]:
+        """The model's processor places the images: each placeholder expanded to the image's tokens."""
+        if self.processor is None:
+            return super().encode_media(text, images, add_special_tokens)
+        try:
+            enc = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=add_special_tokens)
+        except (ValueError, IndexError) as e:
+            raise MediaError(
+                f"the prompt does not place its {len(images)} image(s) as the model's processor expects ({e}); "
+                "send images inside user messages, so the chat template places them."
+            ) from None
+        ids = enc["input_ids"][0].tolist()
+        extra = {k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")}
+        return ids, extra
 
     def open_session(self) -> LogitsSession:
         return _Session(self)
@@ -163,6 +195,27 @@ class TransformersBackend(LogitsBackend):
         import gc
 
         gc.collect()
+
+
+def _processor(model: ModelDirectory) -> tuple[Any, str | None]:
+    """A vision-language model's processor (images -> pixels, placeholders -> image tokens), or why not."""
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(str(model.path), local_files_only=True, trust_remote_code=False)
+    except ImportError as e:
+        import re
+
+        lib = re.search(r"requires the (\w+) library", str(e))
+        if lib:
+            name = lib.group(1)
+            return None, f"transformers needs {name} to build its processor (pip install {name.lower()})"
+        return None, f"transformers could not build its processor ({str(e).strip()[:200]})"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return None, f"transformers could not build its processor ({type(e).__name__}: {str(e)[:200]})"
+    if getattr(processor, "image_processor", None) is None:
+        return None, "its processor has no image processor"
+    return processor, None
 
 
 def torch_threads() -> int:
@@ -181,16 +234,27 @@ class _Session:
         self.backend = backend
         self.cache: Any = DynamicCache()
 
-    def _forward(self, ids: list[int]) -> torch.Tensor:
+    rope_deltas: Any = None
+
+    def _forward(self, ids: list[int], extra: dict[str, Any] | None = None) -> torch.Tensor:
         import torch
 
         b = self.backend
         x = torch.tensor([ids], dtype=torch.long, device=b.device)
-        out = b.model(input_ids=x, use_cache=True, logits_to_keep=1, **{b._cache_kw: self.cache})
+        holder = b._rope_holder
+        if holder is not None:
+            holder.rope_deltas = self.rope_deltas
+        out = b.model(input_ids=x, use_cache=True, logits_to_keep=1, **{b._cache_kw: self.cache}, **(extra or {}))
+        if holder is not None:
+            self.rope_deltas = holder.rope_deltas
         return out.logits[:, -1, :]
 
-    def prefill(self, ids: list[int]) -> torch.Tensor:
-        return self._forward(ids)
+    def prefill(self, ids: list[int], embeddings: Any = None) -> torch.Tensor:
+        if not embeddings:
+            return self._forward(ids)
+        b = self.backend
+        extra = {k: v.to(b.device, b.dtype if v.is_floating_point() else v.dtype) for k, v in embeddings.items()}
+        return self._forward(ids, extra)
 
     def step(self, token: int) -> torch.Tensor:
         return self._forward([token])

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..contract.api import GenerationRequest, Grammar, Media, Reasoning, check_depth
 from ..contract.settings import GenerationSettings
-from ..errors import ConstraintError, InvalidSettingsError
+from ..errors import ConstraintError, InvalidSettingsError, MediaError
 from .grammars import strict_schema, tool_call_grammar
 from .history import (
     RESPONSE_OPEN,
@@ -194,6 +194,9 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
     except RecursionError:
         raise ConstraintError("the schema is nested too deeply to compile; flatten it.") from None
     info = runtime.model_info()
+    if request.media and not info.accepts_images:  # before rendering: a text model's template reads text only
+        why = info.details.get("vision") or "it has no vision component"
+        raise MediaError(f"{info.name!r} takes no images: {why}; send text only.")
     reasoning = tags_reasoning(request.reasoning_tags)
     if reasoning is None:
         reasoning = find_reasoning(request.chat_template) if request.chat_template is not None else info.reasoning

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from ..chat.outcome import astream_chat, stream_chat
 from ..chat.prepare import ChatRequest, PreparedChat, aprepare_chat, forced_tools, prepare_chat
-from ..contract.api import Batching, check_depth
+from ..contract.api import Batching, Media, check_depth
 from ..errors import InvalidSettingsError
 from .messages import lc_chat_chunk, to_template_messages
 from .mixin import ExLlamaLangChainMixin, listens_for_tokens
@@ -95,8 +95,9 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         bound = {k: kwargs.pop(k, None) for k in ("tools", "tool_choice", "response_format")}
         kwargs.pop("ls_structured_output_format", None)
         template_kwargs = self._template_kwargs(kwargs.pop("chat_template_kwargs", None))
+        media: list[Media] = []
         return ChatRequest(
-            messages=to_template_messages(messages),
+            messages=to_template_messages(messages, media),
             settings=self._settings(stop, kwargs),
             tools=bound.get("tools") or (),
             tool_choice=bound.get("tool_choice"),
@@ -105,6 +106,7 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
             chat_template=self.chat_template,
             split_special_tokens=self.split_special_tokens,
             reasoning_tags=self.reasoning_tags,
+            media=media,
         )
 
     def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> PreparedChat:

@@ -23,34 +23,72 @@ from langchain_core.messages import (
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk
 
+from ..chat.content import content_of
 from ..chat.history import TOOL_OPEN
 from ..chat.outcome import ChatDelta, ChatOutcome
-from ..contract.api import Usage
+from ..contract.api import Media, Usage
 from ..contract.shapes import logprobs_content
 from ..errors import InvalidSettingsError, MediaError
+from ..model.media import in_process_limits, media_from_base64, media_from_url
 
 _SKIPPED = ("tool_use", "tool_call", "function_call", "reasoning", "thinking")
 
 
 def text_of(content: str | list[Any]) -> str:
     """The text of a message's content (text blocks joined; other blocks refused with a clear error)."""
+    out = content_of_blocks(content, None)
+    assert isinstance(out, str)
+    return out
+
+
+def _image(block: dict[str, Any]) -> Media:
+    """An image content block of any of LangChain's shapes, as bytes."""
+    limits = in_process_limits()
+    mime = block.get("mime_type")
+    if block.get("type") == "image_url":  # OpenAI's shape
+        ref = block.get("image_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str):
+            raise MediaError("an image_url block needs image_url={'url': 'data:image/...' or 'https://...'}.")
+        return media_from_url(url, limits)
+    source = block.get("source_type")  # LangChain v0: source_type "base64" | "url", the payload in "data" / "url"
+    data = block.get("base64") or (block.get("data") if source == "base64" else None)
+    if isinstance(data, str):
+        return media_from_base64(data, mime, limits)
+    url = block.get("url") or (block.get("data") if source == "url" else None)
+    if isinstance(url, str):
+        return media_from_url(url, limits, mime)
+    if block.get("file_id") or source == "id":
+        raise MediaError("an image given by file id cannot be read here; send its bytes (base64) or a URL.")
+    raise MediaError("an image block needs 'base64' data (with 'mime_type') or a 'url'.")
+
+
+def content_of_blocks(content: str | list[Any], media: list[Media] | None) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or text and image parts with the images appended to ``media``.
+
+    With ``media=None`` images are refused (a place that takes text only).
+    """
     if isinstance(content, str):
         return content
-    parts = []
+    pieces: list[str | Media] = []
     for block in content:
         if isinstance(block, str):
-            parts.append(block)
+            pieces.append(block)
         elif isinstance(block, dict):
             kind = block.get("type")
             if kind == "text":
-                parts.append(str(block.get("text", "")))
+                pieces.append(str(block.get("text", "")))
             elif kind in _SKIPPED:
                 continue  # carried by tool_calls / reasoning_content
+            elif kind in ("image", "image_url") and media is not None:
+                pieces.append(_image(block))
             elif kind in ("image", "image_url", "file", "audio", "video"):
-                raise MediaError(f"message content of type {kind!r} is not supported: this model takes text only.")
+                raise MediaError(
+                    f"message content of type {kind!r} is not taken here: send text (and images in a user turn)."
+                )
             else:
                 raise InvalidSettingsError(f"message content of type {kind!r} is not supported.")
-    return "".join(parts)
+    return content_of(pieces, media if media is not None else [])
 
 
 def reasoning_of(message: AIMessage) -> str | None:
@@ -67,14 +105,17 @@ def reasoning_of(message: AIMessage) -> str | None:
     return None
 
 
-def to_template_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    """LangChain messages as ``{"role", "content", ...}`` dicts in Hugging Face conventions (see chat.prepare)."""
+def to_template_messages(messages: Sequence[BaseMessage], media: list[Media] | None = None) -> list[dict[str, Any]]:
+    """LangChain messages as ``{"role", "content", ...}`` dicts in Hugging Face conventions (see chat.prepare).
+
+    A user turn's image blocks become image parts, their bytes appended to ``media`` (None: images refused).
+    """
     out: list[dict[str, Any]] = []
     for m in messages:
         if isinstance(m, SystemMessage):
             d: dict[str, Any] = {"role": "system", "content": text_of(m.content)}
         elif isinstance(m, HumanMessage):
-            d = {"role": "user", "content": text_of(m.content)}
+            d = {"role": "user", "content": content_of_blocks(m.content, media)}
         elif isinstance(m, AIMessage):
             d = {"role": "assistant", "content": text_of(m.content)}
             if m.tool_calls:

@@ -30,7 +30,7 @@ from llama_index.core.llms.llm import ToolSelection
 from .._adapter import ExLlamaConfig
 from ..chat.outcome import ChatDelta, ChatOutcome, astream_chat, stream_chat
 from ..chat.prepare import ChatRequest, PreparedChat, aprepare_chat, prepare_chat
-from ..contract.api import GenerationRequest, StreamChunk
+from ..contract.api import GenerationRequest, Media, StreamChunk
 from ..contract.settings import GenerationSettings
 from ..contract.shapes import metadata
 from .messages import alast_response, is_custom_messages_to_prompt, last_response, li_logprobs, template_messages
@@ -184,8 +184,9 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
             msgs = [ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt), *msgs]
         schema = bound["json_schema"]
         to_prompt = self.messages_to_prompt
+        media: list[Media] = []
         return ChatRequest(
-            messages=template_messages(msgs),
+            messages=template_messages(msgs, media),
             settings=settings,
             tools=bound["tools"] or (),
             tool_choice=bound["tool_choice"],
@@ -195,6 +196,7 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
             prompt=to_prompt(msgs) if to_prompt is not None and is_custom_messages_to_prompt(to_prompt) else None,
             split_special_tokens=self.split_special_tokens,
             reasoning_tags=self.reasoning_tags,
+            media=media,
         )
 
     def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> PreparedChat:

@@ -12,22 +12,52 @@ from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, LogProb, MessageRole
 
-from ..contract.api import TokenLogprob
+from ..chat.content import content_of
+from ..contract.api import Media, TokenLogprob
 from ..errors import InvalidSettingsError, MediaError
+from ..model.media import in_process_limits, media_from_bytes, media_from_path, media_from_url
 
 
 def message_text(message: ChatMessage) -> str:
     """The text of a message's blocks (tool calls and thinking are carried apart; media refused)."""
-    parts = []
+    content = message_content(message, None)
+    assert isinstance(content, str)
+    return content
+
+
+def _image(block: Any) -> Media:
+    limits = in_process_limits()
+    mime = getattr(block, "image_mimetype", None)
+    if getattr(block, "image", None) is not None:
+        try:
+            data = block.resolve_image(as_base64=False).read(limits.max_bytes + 1)
+        except ValueError as e:
+            raise MediaError(f"an ImageBlock's image could not be read: {e}") from None
+        return media_from_bytes(data, mime, limits)
+    if getattr(block, "path", None) is not None:
+        return media_from_path(block.path, mime, limits)
+    if getattr(block, "url", None) is not None:
+        return media_from_url(str(block.url), limits, mime)
+    raise MediaError("an ImageBlock has no image, path or url.")
+
+
+def message_content(message: ChatMessage, media: list[Media] | None) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or text and image parts with the images appended to ``media``.
+
+    With ``media=None`` images are refused (a place that takes text only).
+    """
+    pieces: list[str | Media] = []
     for block in message.blocks:
         kind = getattr(block, "block_type", "text")
         if kind == "text":
-            parts.append(block.text)  # type: ignore[union-attr]
+            pieces.append(block.text)  # type: ignore[union-attr]
+        elif kind == "image" and media is not None:
+            pieces.append(_image(block))
         elif kind in ("image", "audio", "video", "document"):
-            raise MediaError(f"message blocks of type {kind!r} are not supported: this model takes text only.")
+            raise MediaError(f"message blocks of type {kind!r} are not taken here: send text (and images to a chat).")
         elif kind not in ("tool_call", "thinking"):
             raise InvalidSettingsError(f"message blocks of type {kind!r} are not supported.")
-    return "".join(parts)
+    return content_of(pieces, media if media is not None else [])
 
 
 def message_thinking(message: ChatMessage) -> str | None:
@@ -36,14 +66,17 @@ def message_thinking(message: ChatMessage) -> str | None:
     return "".join(p for p in parts if isinstance(p, str)) if parts else None
 
 
-def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """LlamaIndex messages as template dicts in Hugging Face conventions (see runtime.chat)."""
+def template_messages(messages: Sequence[ChatMessage], media: list[Media] | None = None) -> list[dict[str, Any]]:
+    """LlamaIndex messages as template dicts in Hugging Face conventions (see chat.prepare).
+
+    A user turn's ``ImageBlock`` becomes an image part, its bytes appended to ``media`` (None: images refused).
+    """
     out: list[dict[str, Any]] = []
     for m in messages:
         role = m.role.value if isinstance(m.role, MessageRole) else str(m.role)
         d: dict[str, Any] = {
             "role": "system" if role == MessageRole.DEVELOPER.value else role,
-            "content": message_text(m),
+            "content": message_content(m, media if role == MessageRole.USER.value else None),
         }
         calls = m.additional_kwargs.get("tool_calls") or []
         if role == MessageRole.ASSISTANT.value and calls:

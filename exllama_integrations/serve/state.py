@@ -17,6 +17,7 @@ import anyio
 from ..contract.api import ModelInfo, Runtime
 from ..contract.settings import GenerationSettings
 from ..errors import ModelNotFoundError, ServerBusyError
+from ..model.media import MediaLimits
 from ..runtime.base import defaults_of
 
 
@@ -32,6 +33,9 @@ class ServeLimits:
     """Requests in flight at once (decoding or waiting); more get 503 with ``Retry-After``."""
     body_timeout: float = 30.0
     """Seconds a client has to send a whole request body; a slower one gets 408 and is disconnected."""
+    media: MediaLimits = field(default_factory=MediaLimits)
+    """Bounds on a request's images; http(s) image URLs are fetched only with ``fetch_urls``
+    (``--allow-image-urls``)."""
 
 
 @dataclass

@@ -256,8 +256,15 @@ def test_logprobs_on_request(chat: ChatExLlama):
 
 
 def test_images_are_refused_clearly(chat: ChatExLlama):
-    with pytest.raises(InvalidSettingsError, match="text only"):
-        chat.invoke([HumanMessage(content=[{"type": "image_url", "image_url": {"url": "data:,"}}])])
+    """A text-only model says so (images in: tests/integration/test_images.py)."""
+    png = (
+        "data:image/png;base64,"
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR4nGNgAAAAAgABSK+kcQAAAABJRU5ErkJggg=="
+    )
+    with pytest.raises(InvalidSettingsError, match="takes no images.*send text only"):
+        chat.invoke([HumanMessage(content=[{"type": "image_url", "image_url": {"url": png}}])])
+    with pytest.raises(InvalidSettingsError, match="not taken here"):  # an image in a system turn: never
+        chat.invoke([SystemMessage(content=[{"type": "image_url", "image_url": {"url": png}}]), HumanMessage("hi")])
 
 
 async def test_async_stream_keeps_loop_free(chat: ChatExLlama):

@@ -96,11 +96,30 @@ def test_serve_drains_a_stream_in_flight_on_sigterm(demo_dir):
 
 def test_serve_closes_connections_whose_headers_never_come(demo_dir):
     """Slow-header clients (one that sends nothing, one that trickles its head) lose their connection after
-    ``--header-timeout``; a normal request on the same server is answered."""
+    ``--header-timeout``; a normal request on the same server is answered. ``--allow-image-urls`` reaches the
+    server: an http image URL is fetched (then refused by this text-only model), where by default it is not."""
+    import http.server
+    import threading
+
+    fetched: list[str] = []
+
+    class Host(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            fetched.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            self.wfile.write(b"\x89PNG")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Host)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "exllama_integrations", "serve", "--model-dir", str(demo_dir), "--backend"]
-        + ["transformers", "--port", str(port), "--header-timeout", "1.5"],
+        + ["transformers", "--port", str(port), "--header-timeout", "1.5", "--allow-image-urls"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -135,6 +154,13 @@ def test_serve_closes_connections_whose_headers_never_come(demo_dir):
         assert closed_after(b"") < 5
         assert closed_after(b"GET /health HTTP/1.1\r\nhost: x\r\n") < 5  # not the 16 s the trickle would take
         assert httpx.get(url + "/health", timeout=10).status_code == 200
+        image = f"http://127.0.0.1:{host.server_address[1]}/cat.png"
+        part = {"type": "image_url", "image_url": {"url": image}}
+        body = {"messages": [{"role": "user", "content": [part]}], "max_tokens": 2}
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 400 and "takes no images" in r.json()["error"]["message"]
+        assert fetched == ["/cat.png"]
     finally:
         proc.terminate()
         proc.wait(30)
+        host.shutdown()

@@ -45,6 +45,8 @@ def test_public_class_has_an_example(module: str, name: str) -> None:
         "exllama_integrations.contract.api",
         "exllama_integrations.contract.wire",
         "exllama_integrations.model.template",
+        "exllama_integrations.model.media",
+        "exllama_integrations.chat.content",
     ],
 )
 def test_docstring_examples_run(module: str) -> None:

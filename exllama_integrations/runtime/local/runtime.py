@@ -21,6 +21,7 @@ from ...contract.settings import GenerationSettings
 from ...errors import InvalidSettingsError, MediaError, RuntimeClosedError
 from ...model.directory import ModelDirectory
 from ...model.grammar import TokenConstraint
+from ...model.media import MediaLimits, open_images
 from ...model.tokenizer import NativeTokenizer
 from ..base import RuntimeBase, check_request
 from .prompt import fit_to_context, prompt_ids
@@ -85,6 +86,8 @@ class ExLlamaRuntime(RuntimeBase):
         self.options: BackendOptions = options
         self.settings = settings or GenerationSettings()
         self._refused = dict(backend_cls.unsupported_settings)
+        self.media_limits = MediaLimits()
+        """Bounds on a request's images (bytes, pixels, count), checked before any is decoded."""
         t0 = time.perf_counter()
         self._backend: Backend | None = backend_cls(model, self.tokenizer, options)
         self.backend_name = backend_cls.name
@@ -193,6 +196,7 @@ class ExLlamaRuntime(RuntimeBase):
             max_batch_size=backend.max_batch_size,
             unsupported_settings=self._refused,
             reasoning=find_reasoning(template),
+            accepts_images=backend.vision is None,
             details={"model_dir": str(self.model.path), "load_seconds": round(self.load_seconds, 3), **backend.info()},
         )
 
@@ -247,13 +251,17 @@ class ExLlamaRuntime(RuntimeBase):
         """Check and tokenize one request (raising typed errors before anything runs)."""
         backend = self._require_backend()
         check_request(request, self._info)
-        if request.media and not self._info.accepts_images:
-            raise MediaError(f"{self.model.name!r} takes no images (it has no vision component); send text only.")
         s = request.settings
         prompt, add_special = request.prompt, request.add_special_tokens
         if request.messages:
             prompt, add_special = self.chat_prompt(request.messages), False
-        ids, max_new = fit_to_context(prompt_ids(self.tokenizer, prompt, add_special), s, backend.context_length)
+        embeddings = None
+        if request.media:
+            ids, embeddings = self._with_media(backend, prompt, add_special, request.media)
+            s_fit = s.model_copy(update={"truncate_prompt": False})  # cutting an image's tokens would break it
+        else:
+            ids, s_fit = prompt_ids(self.tokenizer, prompt, add_special), s
+        ids, max_new = fit_to_context(ids, s_fit, backend.context_length)
         matcher = self._grammars(request.grammar).matcher() if request.grammar is not None else None
         control = None
         if request.reasoning is not None:
@@ -269,9 +277,24 @@ class ExLlamaRuntime(RuntimeBase):
         )
         run = Run(self.tokenizer, s, ids, stop_ids, matcher, self.backend_name, control)
         backend_request = BackendRequest(
-            ids, s, max_new, stop_ids, run.emit_to(put, request.incremental), constraint=matcher, steering=control
+            ids,
+            s,
+            max_new,
+            stop_ids,
+            run.emit_to(put, request.incremental),
+            constraint=matcher,
+            steering=control,
+            embeddings=embeddings,
         )
         return run, backend_request
+
+    def _with_media(self, backend: Backend, prompt: Any, add_special: bool, media: tuple[Any, ...]) -> Any:
+        """A prompt with images: ids with each image's tokens in its place, and the backend's embeddings."""
+        if backend.vision is not None:
+            raise MediaError(f"{self.model.name!r} takes no images: {backend.vision}; send text only.")
+        if not isinstance(prompt, str):
+            raise MediaError("a request with images needs its prompt as text or messages (the images' places).")
+        return backend.encode_media(prompt, open_images(media, self.media_limits), add_special)
 
     def expect(self, n: int) -> None:
         """``n`` requests of one batch are about to arrive one by one (see :meth:`RuntimeBase.expect`)."""
@@ -328,6 +351,7 @@ class ExLlamaRuntime(RuntimeBase):
         inline = (
             request.grammar is None
             and not request.messages
+            and not request.media
             and (not isinstance(prompt, str) or len(prompt) <= INLINE_PROMPT_CHARS)
         )
         if inline:

@@ -7,6 +7,7 @@ Prompt tokens reused from the prefix cache are ``usage.prompt_tokens_details.cac
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,7 +91,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     state = state_of(request.app)
     state.check_model(body.model)
     info = state.info
-    chat = body.to_chat(state.defaults, info.unsupported_settings, state.limits.max_tokens, state.chat_template)
+    args = (state.defaults, info.unsupported_settings, state.limits.max_tokens, state.chat_template, state.limits.media)
+    if body.has_images():  # images are decoded (or fetched, where allowed) off the event loop
+        chat = await asyncio.to_thread(body.to_chat, *args)
+    else:
+        chat = body.to_chat(*args)
     prepared = await aprepare_chat(state.runtime, chat)
     rid = new_id("chatcmpl")
     if body.stream:

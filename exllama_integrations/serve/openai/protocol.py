@@ -17,10 +17,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...chat.content import content_of
 from ...chat.prepare import ChatRequest
-from ...contract.api import GenerationRequest, Grammar
+from ...contract.api import GenerationRequest, Grammar, Media
 from ...contract.settings import GenerationSettings, resolve_settings
-from ...errors import InvalidSettingsError
+from ...errors import InvalidSettingsError, MediaError
+from ...model.media import MediaLimits, media_from_url
 
 
 class _Wire(BaseModel):
@@ -202,13 +204,23 @@ class ToolCallWire(_Wire):
     function: FunctionCall
 
 
+class ImageURL(BaseModel):
+    """An ``image_url`` part's reference: a ``data:image/...;base64,`` URL (http(s) only where the server allows)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    url: str
+    detail: str | None = None
+
+
 class ContentPart(BaseModel):
-    """A message content part; only ``text`` parts are accepted (others are refused when read)."""
+    """A message content part: ``text``, or ``image_url`` in a user turn for a model that takes images."""
 
     model_config = ConfigDict(extra="allow")
 
     type: str
     text: str | None = None
+    image_url: ImageURL | str | None = None
 
 
 class MessageWire(_Wire):
@@ -225,28 +237,39 @@ class MessageWire(_Wire):
     reasoning: str | None = None
     """vLLM's newer name for ``reasoning_content``."""
 
-    def text(self) -> str:
-        """The message's text (non-text parts refused)."""
+    def has_images(self) -> bool:
+        """Whether the message has image parts (reading them may fetch, so it runs off the event loop)."""
+        return isinstance(self.content, list) and any(p.type != "text" for p in self.content)
+
+    def template_content(self, media: list[Media] | None, limits: MediaLimits) -> str | list[dict[str, Any]]:
+        """The message's content: its text, or text and image parts, the images appended to ``media``.
+
+        With ``media=None`` (a turn that is not the user's) images are refused.
+        """
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        parts = []
+        pieces: list[str | Media] = []
         for part in self.content:
-            if part.type != "text":
-                from ...errors import MediaError
-
+            if part.type == "text":
+                pieces.append(part.text or "")
+            elif part.type == "image_url" and media is not None and part.image_url is not None:
+                ref = part.image_url
+                pieces.append(media_from_url(ref.url if isinstance(ref, ImageURL) else ref, limits))
+            else:
                 raise MediaError(
-                    f"message content of type {part.type!r} is not supported: this model takes text only.",
+                    f"message content of type {part.type!r} is not taken here: send text parts "
+                    "(and image_url parts in user turns).",
                     param="messages",
                 )
-            parts.append(part.text or "")
-        return "".join(parts)
+        return content_of(pieces, media if media is not None else [])
 
-    def to_template(self) -> dict[str, Any]:
-        """The message as a template dict (Hugging Face conventions)."""
+    def to_template(self, media: list[Media] | None = None, limits: MediaLimits | None = None) -> dict[str, Any]:
+        """The message as a template dict (Hugging Face conventions); a user turn's images go to ``media``."""
         role = "system" if self.role == "developer" else "tool" if self.role == "function" else self.role
-        d: dict[str, Any] = {"role": role, "content": self.text()}
+        content = self.template_content(media if role == "user" else None, limits or MediaLimits())
+        d: dict[str, Any] = {"role": role, "content": content}
         if self.name:
             d["name"] = self.name
         if self.tool_calls:
@@ -307,11 +330,14 @@ class ChatCompletionRequest(_Common):
         refused: Mapping[str, str],
         max_tokens_cap: int | None = None,
         chat_template: str | None = None,
+        media_limits: MediaLimits | None = None,
     ) -> ChatRequest:
-        """The chat call as the plain-data chat request every front door uses."""
+        """The chat call as the plain-data chat request every front door uses (images read within ``media_limits``)."""
         tools = [t.model_dump(exclude_none=True) for t in self.tools or []]
+        media: list[Media] = []
+        messages = [m.to_template(media, media_limits) for m in self.messages]
         return ChatRequest(
-            messages=[m.to_template() for m in self.messages],
+            messages=messages,
             settings=self.to_settings(defaults, refused, max_tokens_cap),
             tools=tools,
             tool_choice=self.tool_choice if tools else None,
@@ -319,7 +345,12 @@ class ChatCompletionRequest(_Common):
             template_kwargs=self.chat_template_kwargs or {},
             chat_template=chat_template,
             split_special_tokens=self.split_special_tokens,
+            media=media,
         )
+
+    def has_images(self) -> bool:
+        """Whether any message has image parts."""
+        return any(m.has_images() for m in self.messages)
 
 
 # --------------------------------------------------------------------------- responses

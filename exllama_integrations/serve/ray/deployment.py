@@ -81,7 +81,12 @@ class ExLlamaDeployment:
         from ..app import ServeLimits, create_app
 
         c = self.config
-        limits = ServeLimits(**{k: v for k, v in (c.get("limits") or {}).items() if v is not None})
+        given = {k: v for k, v in (c.get("limits") or {}).items() if v is not None}
+        if given.pop("allow_image_urls", False):
+            from ...model.media import MediaLimits
+
+            given["media"] = MediaLimits(fetch_urls=True)
+        limits = ServeLimits(**given)
         return create_app(
             self.runtime,
             served_model_name=c.get("served_model_name"),
