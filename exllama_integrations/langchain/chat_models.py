@@ -86,7 +86,11 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         """Exact prompt tokens: the messages rendered by the chat template (with the generation prompt)."""
         tool_specs = [convert_to_openai_tool(t) for t in tools] if tools else ()
         request = self._chat_request(convert_to_messages(messages), None, {"tools": tool_specs})
-        prompt = prepare_chat(self._runtime, request).request.prompt
+        prepared = prepare_chat(self._runtime, request).request
+        exact = getattr(self._runtime, "prompt_token_ids", None)  # in process: images counted as the model reads them
+        if exact is not None:
+            return len(exact(prepared))
+        prompt = prepared.prompt
         return len(prompt) if isinstance(prompt, tuple) else len(self._runtime.encode(prompt))
 
     def _chat_request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ChatRequest:

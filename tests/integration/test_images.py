@@ -215,6 +215,21 @@ def test_chat_openai_and_remote_runtime_carry_images(server, oracle):
     assert r.text == oracle(RED)[0]
 
 
+def test_token_counts_include_the_images_before_anything_runs(rt, server, oracle):
+    import httpx
+    from langchain_core.messages import HumanMessage
+
+    from exllama_integrations.langchain import ChatExLlama
+
+    b64 = base64.b64encode(RED).decode()
+    msg = HumanMessage(content=[{"type": "image", "base64": b64, "mime_type": "image/png"}, QUESTION])
+    assert ChatExLlama(runtime=rt).get_num_tokens_from_messages([msg]) == oracle(RED)[1]
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64}}
+    body = {"messages": [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}]}
+    counted = httpx.post(server + "/tokenize", json=body).json()
+    assert counted["count"] == oracle(RED)[1] and counted["max_model_len"] == rt.context_length
+
+
 # --------------------------------------------------------------------------- bad images
 
 

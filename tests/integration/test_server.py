@@ -460,3 +460,25 @@ def test_a_remote_stream_over_the_context_is_the_typed_error(url):
     with pytest.raises(ContextLengthError, match="context"):
         asyncio.run(rt.agenerate("word " * 9000, max_new_tokens=4))
     rt.close()
+
+
+def test_tokenize_and_detokenize_in_vllm_shapes(url, demo_runtime):
+    """``/tokenize`` gives the ids a request will be read as (what usage then says); ``/detokenize`` inverts it."""
+    r = httpx.post(url + "/tokenize", json={"prompt": Q, "return_token_strs": True}).json()
+    assert r["tokens"] == demo_runtime.encode(Q, add_special_tokens=True) and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] == demo_runtime.context_length and "".join(r["token_strs"]).endswith("France?")
+    msgs = [{"role": "user", "content": Q}]
+    chat = httpx.post(url + "/tokenize", json={"model": MODEL, "messages": msgs}).json()
+    done = httpx.post(url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 2}).json()
+    assert chat["count"] == done["usage"]["prompt_tokens"] == _native_prompt_tokens(demo_runtime, msgs)
+    back = httpx.post(url + "/detokenize", json={"tokens": chat["tokens"]}).json()["prompt"]
+    assert Q in back
+    for path, body in (
+        ("/tokenize", {}),  # neither a prompt nor messages
+        ("/tokenize", {"prompt": Q, "messages": msgs}),
+        ("/detokenize", {"tokens": [10**9]}),  # outside the vocabulary
+        ("/detokenize", {"tokens": [-1]}),
+        ("/tokenize", {"prompt": Q, "model": "other"}),
+    ):
+        bad = httpx.post(url + path, json=body)
+        assert bad.status_code in (400, 404) and bad.json()["error"]["message"], (path, body)

@@ -252,15 +252,8 @@ class ExLlamaRuntime(RuntimeBase):
         backend = self._require_backend()
         check_request(request, self._info)
         s = request.settings
-        prompt, add_special = request.prompt, request.add_special_tokens
-        if request.messages:
-            prompt, add_special = self.chat_prompt(request.messages), False
-        embeddings = None
-        if request.media:
-            ids, embeddings = self._with_media(backend, prompt, add_special, request.media)
-            s_fit = s.model_copy(update={"truncate_prompt": False})  # cutting an image's tokens would break it
-        else:
-            ids, s_fit = prompt_ids(self.tokenizer, prompt, add_special), s
+        ids, embeddings = self._prompt(backend, request)
+        s_fit = s.model_copy(update={"truncate_prompt": False}) if request.media else s  # an image is never cut
         ids, max_new = fit_to_context(ids, s_fit, backend.context_length)
         matcher = self._grammars(request.grammar).matcher() if request.grammar is not None else None
         control = None
@@ -288,13 +281,29 @@ class ExLlamaRuntime(RuntimeBase):
         )
         return run, backend_request
 
-    def _with_media(self, backend: Backend, prompt: Any, add_special: bool, media: tuple[Any, ...]) -> Any:
-        """A prompt with images: ids with each image's tokens in its place, and the backend's embeddings."""
+    def _prompt(self, backend: Backend, request: GenerationRequest) -> tuple[list[int], Any]:
+        """The ids the model reads (each image as its tokens, in its place) and the backend's embeddings."""
+        prompt, add_special = request.prompt, request.add_special_tokens
+        if request.messages:
+            prompt, add_special = self.chat_prompt(request.messages), False
+        if not request.media:
+            return prompt_ids(self.tokenizer, prompt, add_special), None
         if backend.vision is not None:
             raise MediaError(f"{self.model.name!r} takes no images: {backend.vision}; send text only.")
         if not isinstance(prompt, str):
             raise MediaError("a request with images needs its prompt as text or messages (the images' places).")
-        return backend.encode_media(prompt, open_images(media, self.media_limits), add_special)
+        return backend.encode_media(prompt, open_images(request.media, self.media_limits), add_special)  # type: ignore[no-any-return]
+
+    def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
+        """The token ids the model reads for ``request``, each image counted as the tokens it is read as.
+
+        Nothing is generated; what ``usage.prompt_tokens`` will say before the request runs (the server's
+        ``/tokenize``, LangChain's ``get_num_tokens_from_messages``).
+
+        Raises:
+            MediaError: images the model does not take, or cannot read.
+        """
+        return list(self._prompt(self._require_backend(), request)[0])
 
     def expect(self, n: int) -> None:
         """``n`` requests of one batch are about to arrive one by one (see :meth:`RuntimeBase.expect`)."""

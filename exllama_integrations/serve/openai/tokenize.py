@@ -1,0 +1,122 @@
+"""``POST /tokenize`` and ``POST /detokenize`` in vLLM's shapes.
+
+A prompt or chat messages to the token ids the served model reads (images counted as the tokens the model reads
+them as), and ids back to text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+
+from ...chat.prepare import ChatRequest, prepare_chat
+from ...contract.api import GenerationRequest
+from ...errors import InvalidSettingsError
+from ..state import state_of
+from .protocol import MessageWire, ToolWire, _Wire
+
+router = APIRouter(tags=["tokens"])
+
+
+class TokenizeRequest(_Wire):
+    """vLLM's ``/tokenize``: a ``prompt``, or ``messages`` rendered by the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[MessageWire] | None = None
+    add_special_tokens: bool | None = None
+    """Default: True for a prompt, False for messages (the template writes its own)."""
+    add_generation_prompt: bool = True
+    tools: list[ToolWire] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    """The ids, their count and the context length (and each id's text, when asked)."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Wire):
+    """vLLM's ``/detokenize``."""
+
+    model: str | None = None
+    tokens: list[int] = Field(max_length=1_000_000)
+
+
+class DetokenizeResponse(BaseModel):
+    """The text of the ids."""
+
+    prompt: str
+
+
+def _ids(state: Any, body: TokenizeRequest) -> list[int]:
+    runtime = state.runtime
+    if (body.prompt is None) == (body.messages is None):
+        raise InvalidSettingsError("/tokenize takes a prompt or messages (one of them).", param="prompt")
+    if body.prompt is not None:
+        request = GenerationRequest(body.prompt, add_special_tokens=body.add_special_tokens is not False)
+    else:
+        assert body.messages is not None
+        media: list[Any] = []
+        messages = [m.to_template(media, state.limits.media) for m in body.messages]
+        if not body.add_generation_prompt:
+            raise InvalidSettingsError(
+                "/tokenize renders messages as a chat request is rendered, with the generation prompt; "
+                "leave add_generation_prompt true.",
+                param="add_generation_prompt",
+            )
+        chat = ChatRequest(
+            messages=messages,
+            tools=[t.model_dump(exclude_none=True) for t in body.tools or []],
+            template_kwargs=dict(body.chat_template_kwargs or {}),
+            chat_template=state.chat_template,
+            media=media,
+        )
+        request = prepare_chat(runtime, chat).request
+        if body.add_special_tokens:
+            request = GenerationRequest(request.prompt, add_special_tokens=True, media=request.media)
+    exact = getattr(runtime, "prompt_token_ids", None)
+    if exact is not None:
+        return list(exact(request))
+    prompt = request.prompt
+    return list(prompt) if isinstance(prompt, tuple) else runtime.encode(prompt, request.add_special_tokens)
+
+
+@router.post("/tokenize", response_model=TokenizeResponse)
+async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+    """Token ids of a prompt or of chat messages as the served model reads them (vLLM's shape)."""
+    state = state_of(request.app)
+    state.check_model(body.model)
+    ids = await asyncio.to_thread(_ids, state, body)  # a template or an image may take a while: not on the loop
+    tok = getattr(state.runtime, "tokenizer", None)
+    piece = (
+        (lambda i: tok.decode([i], skip_special_tokens=False))
+        if tok is not None
+        else (lambda i: state.runtime.decode([i]))
+    )
+    strs = [piece(i) for i in ids] if body.return_token_strs else None
+    return TokenizeResponse(count=len(ids), max_model_len=state.info.context_length, tokens=ids, token_strs=strs)
+
+
+@router.post("/detokenize", response_model=DetokenizeResponse)
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+    """The text of token ids (vLLM's shape); an id outside the vocabulary is a 400."""
+    state = state_of(request.app)
+    state.check_model(body.model)
+    vocab = state.info.vocab_size
+    bad = [i for i in body.tokens if not 0 <= i < vocab]
+    if bad:
+        raise InvalidSettingsError(f"token ids must be in [0, {vocab}); got {bad[:5]}.", param="tokens")
+    text = await asyncio.to_thread(state.runtime.decode, body.tokens)
+    return DetokenizeResponse(prompt=text)
+
+
+__all__ = ["router"]
