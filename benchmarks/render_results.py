@@ -68,6 +68,14 @@ SPECULATIVE = {
     "interleaved with plain decoding of the same target (layers 2-31 with zero output projections)",
 }
 
+VISION = {
+    "gpu_vision.json": "a Gemma 3 built by transformers (text 1024 x 8 layers, a SigLIP-shaped tower 768 x 12 at "
+    "448 px, 256 image tokens, bf16), 64 new tokens, a fresh 640 x 480 JPEG every repetition; ours is "
+    "`ExLlamaRuntime` with `GenerationRequest(media=...)` (stream for one, `batch` for 16), raw is exllamav3's "
+    "own vision component and Job as its examples/multimodal.py drives them (without our Gemma 3 image-attention "
+    "fix); follow_up is a second turn about the same picture vs about a new one",
+}
+
 
 def _cell(v: dict) -> str:
     return f"{v['median']:.3f} [{v['min']:.3f}..{v['max']:.3f}]"
@@ -121,6 +129,8 @@ def _load_sections() -> list[str]:
     lines += _runs(RUNS)
     lines += ["## Speculative decoding, H200 (2026-12-01, Llama-2-7B shape fp16, one stream, 128 new tokens)", ""]
     lines += _runs(SPECULATIVE)
+    lines += ["## Images, H200 (2026-12-02, `python benchmarks/gpu_vision.py --reps 5`)", ""]
+    lines += _runs(VISION)
     cpu = RESULTS / "serve_cpu.json"
     if cpu.exists():
         d = json.loads(cpu.read_text())

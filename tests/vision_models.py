@@ -72,12 +72,12 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
             "num_key_value_heads": 4,
             "max_position_embeddings": 8192,
         },
-        "gemma_vision": {
-            "hidden_size": 384,
-            "intermediate_size": 1536,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 6,
-            "image_size": 224,
+        "gemma_vision": {  # SigLIP-shaped: 32 x 32 patches pooled to 16 x 16 = 256 image tokens, as Gemma 3's
+            "hidden_size": 768,
+            "intermediate_size": 3072,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "image_size": 448,
             "patch_size": 14,
         },
         "qwen_vision": {"depth": 4, "hidden_size": 384, "intermediate_size": 1536, "num_heads": 6},
@@ -101,8 +101,8 @@ def _gemma3(out: Path, size: str, vocab: int) -> tuple[Any, Any]:
         "sliding_window": 64 if size == "tiny" else 512,
         "query_pre_attn_scalar": 16 if size == "tiny" else 128,
     }
-    vision = s["gemma_vision"]
-    per_side = 4
+    vision = {**s["gemma_vision"], "vision_use_head": False}  # as Gemma 3's own checkpoints
+    per_side = 4 if size == "tiny" else 16
     config = transformers.Gemma3Config(
         text_config=text,
         vision_config=vision,
@@ -117,9 +117,11 @@ def _gemma3(out: Path, size: str, vocab: int) -> tuple[Any, Any]:
     )
     px = vision["image_size"]
     image_processor = getattr(transformers, "Gemma3ImageProcessorPil", None) or transformers.Gemma3ImageProcessor
+    images = image_processor(size={"height": px, "width": px})
+    images.save_pretrained(str(out))  # preprocessor_config.json, which exllamav3 reads
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
     processor = transformers.Gemma3Processor(
-        image_processor=image_processor(size={"height": px, "width": px}),
+        image_processor=images,
         tokenizer=tok,
         chat_template=GEMMA3_VL,
         image_seq_length=per_side * per_side,
@@ -195,7 +197,32 @@ def make_vision(name: str, out: Path, size: str = "tiny", seed: int = 0, device:
     if processor is not None:
         processor.save_pretrained(str(out))
     del model
+    if name == "gemma3":
+        _hub_layout(out)
     return out
+
+
+def _hub_key(key: str) -> str:
+    """Gemma 3's tensor name as its checkpoints on the Hub spell it (what users have, and exllamav3 reads)."""
+    for new, old in (
+        ("model.language_model.", "language_model.model."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+        ("lm_head.", "language_model.lm_head."),
+    ):
+        if key.startswith(new):
+            key = old + key[len(new) :]
+    if key.startswith("vision_tower.") and not key.startswith("vision_tower.vision_model."):
+        key = "vision_tower.vision_model." + key[len("vision_tower.") :]
+    return key
+
+
+def _hub_layout(out: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    tensors = load_file(str(path))
+    save_file({_hub_key(k): v for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
 
 
 def image_bytes(

@@ -226,11 +226,14 @@ class Backend(ABC):
     vision: str | None = "it has no vision component"
     """Why this loaded model takes no images, or None when it takes them (its vision component is loaded)."""
 
-    def encode_media(self, text: str, images: list[Any], add_special_tokens: bool) -> tuple[list[int], Any]:
+    def encode_media(
+        self, text: str, images: list[Any], add_special_tokens: bool, keys: Sequence[str] = ()
+    ) -> tuple[list[int], Any]:
         """A prompt with images: its ids, each image's placeholder expanded, and what the backend needs for them.
 
         The ids count each image as the tokens the model reads it as; the second value travels in
-        :attr:`BackendRequest.embeddings` to this backend's prefill.
+        :attr:`BackendRequest.embeddings` to this backend's prefill. ``keys`` name the images' bytes (a
+        backend may cache what it computed for a picture under them).
 
         Raises:
             MediaError: the model takes no images, or the prompt does not place them.

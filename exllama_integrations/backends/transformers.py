@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -168,10 +169,12 @@ class TransformersBackend(LogitsBackend):
             out["vision"] = self.vision or "loaded"
         return out
 
-    def encode_media(self, text: str, images: list[Any], add_special_tokens: bool) -> tuple[list[int], Any]:
+    def encode_media(
+        self, text: str, images: list[Any], add_special_tokens: bool, keys: Sequence[str] = ()
+    ) -> tuple[list[int], Any]:
         """The model's processor places the images: each placeholder expanded to the image's tokens."""
         if self.processor is None:
-            return super().encode_media(text, images, add_special_tokens)
+            return super().encode_media(text, images, add_special_tokens, keys)
         try:
             enc = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=add_special_tokens)
         except (ValueError, IndexError) as e:

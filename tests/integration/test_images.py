@@ -469,3 +469,49 @@ class TestStandardImageInputs(ChatModelIntegrationTests):
 for _name in dir(ChatModelIntegrationTests):  # only the image tests of the suite run on this model
     if _name.startswith("test_") and "image" not in _name:
         setattr(TestStandardImageInputs, _name, None)
+
+
+def test_vision_off_takes_text_only(vl_dir):
+    """``vision=False``: the model serves text and refuses images, saying why."""
+    runtime = ExLlamaRuntime(vl_dir, "transformers", vision=False)
+    try:
+        assert not runtime.model_info().accepts_images
+        with pytest.raises(MediaError, match="vision=False"):
+            runtime.generate(
+                GenerationRequest(messages=user_turn({"type": "image"}), media=(Media(RED),), settings=greedy())
+            )
+        assert (
+            runtime.generate(GenerationRequest(messages=({"role": "user", "content": "hi"},), settings=greedy())).text
+            is not None
+        )
+    finally:
+        runtime.close()
+
+
+def test_exllamav3_places_images_as_the_model_processor_does(rt, vl_dir):
+    """exllamav3's placement (its image tokens between the runtime's text ids) gives the processor's prompt ids at
+    every text position and as many image positions. The embedding is a stand-in with exllamav3's token layout
+    (start, the image's own ids, end); the real one runs on the GPU against transformers (tests/gpu)."""
+    import transformers
+    from PIL import Image
+
+    from exllama_integrations.backends.exllamav3.vision import PLACEHOLDERS, place
+
+    processor = transformers.AutoProcessor.from_pretrained(str(vl_dir))
+    start, end = rt.encode("<start_of_image>"), rt.encode("<end_of_image>")
+
+    class Embedding:  # exllamav3's MMEmbedding: start, 16 ids of its own past the vocabulary, end
+        def __init__(self, first: int) -> None:
+            self.ids = [*start, *range(first, first + 16), *end]
+
+        def token_list_at(self, position: int) -> list[int]:
+            return self.ids
+
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Compare"}, {"type": "image"}]}]
+    text = rt.chat_prompt(msgs)
+    ours = place(text, [Embedding(10_000), Embedding(20_000)], PLACEHOLDERS["gemma3"], rt.tokenizer, False)
+    images = [Image.open(io.BytesIO(d)).convert("RGB") for d in (RED, GREEN)]
+    theirs = processor(text=[text], images=images, add_special_tokens=False)["input_ids"][0]
+    image_token = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
+    assert len(ours) == len(theirs)
+    assert all((a >= 10_000) if b == image_token else a == b for a, b in zip(ours, theirs))

@@ -23,6 +23,7 @@ from .driver import Driver
 from .extras import inspect_draft, load_draft, load_loras
 from .options import ExLlamaV3Options, auto_cache_tokens, cache_kwargs, generator_kwargs, show_progress, whole_pages
 from .translate import job_for, matcher_filter
+from .vision import Vision, vision_support
 
 if TYPE_CHECKING:
     from ...model.tokenizer import NativeTokenizer
@@ -96,6 +97,8 @@ class ExLlamaV3Backend(Backend):
         if draft is not None:
             self.check_model(draft)
         self._model = self._cache = self._generator = self._draft = None
+        self._vision: Vision | None = None
+        self._tokenizer = tokenizer
         self._loras: list[Any] = []
         self._unfused = 0
         self._patched: dict[str, int] = {}
@@ -124,6 +127,10 @@ class ExLlamaV3Backend(Backend):
             self._model.load(**load_kw)
             self._loras, self._unfused = load_loras(self._model, adapters, options.lora_scalings)
             self._xtok = Tokenizer.from_config(config)
+            self.vision = vision_support(config, model.model_type) if options.vision else "vision=False"
+            if self.vision is None:
+                vision_kw = {k: v for k, v in load_kw.items() if k in ("progressbar", "device")}
+                self._vision = Vision(config, model.model_type, vision_kw)
             gen_kw = generator_kwargs(options, chunk)
             if draft is not None:
                 self._draft = load_draft(draft, cache_tokens, cache_kw, load_kw)
@@ -152,7 +159,7 @@ class ExLlamaV3Backend(Backend):
         self.driver = Driver(
             self._generator,
             self.inbox,
-            lambda req: job_for(req, self._xtok),
+            lambda req: job_for(req, self._xtok, req.embeddings),
             self._filter_for,
             interval=options.stream_interval,
             step_context=torch.inference_mode,
@@ -178,7 +185,23 @@ class ExLlamaV3Backend(Backend):
             "speculative": self._speculative,
             **({"cache_sizing": self._sizing} if self._sizing else {}),
             **({"upstream_fixes": self._patched} if self._patched else {}),
+            **self._vision_info(),
         }
+
+    def _vision_info(self) -> dict[str, Any]:
+        v = self._vision
+        if v is None:
+            return {} if self.vision == "it has no vision component exllamav3 can load" else {"vision": self.vision}
+        return {"vision": "loaded", "image_cache": {"hits": v.hits, "misses": v.misses}}
+
+    def encode_media(
+        self, text: str, images: list[Any], add_special_tokens: bool, keys: Sequence[str] = ()
+    ) -> tuple[list[int], Any]:
+        """Each placeholder becomes its image's embedding tokens (the tower runs here, on the caller's thread)."""
+        if self._vision is None:
+            return super().encode_media(text, images, add_special_tokens, keys)
+        keys = list(keys) or [str(id(im)) for im in images]
+        return self._vision.encode(text, images, keys, add_special_tokens, self._tokenizer, self._xtok)
 
     def _filter_for(self, request: BackendRequest) -> Any:
         assert request.constraint is not None
@@ -193,6 +216,7 @@ class ExLlamaV3Backend(Backend):
             "tokenizer": self._xtok,
             "inbox": self.inbox,
             "driver": self.driver,
+            "vision": self._vision,
         }
 
     # ------------------------------------------------------------------ requests
@@ -217,11 +241,13 @@ class ExLlamaV3Backend(Backend):
         if overlay is not None:
             overlay.cleanup()
         generator, model, draft, loras = self._generator, self._model, self._draft, self._loras
+        vision, self._vision = getattr(self, "_vision", None), None
         self._generator = self._cache = self._model = self._draft = None
         self._loras = []
         release(
             (generator, "close"),
             *((lora, "unload") for lora in loras),
             (draft[0] if draft else None, "unload"),
+            (vision, "close"),
             (model, "unload"),
         )

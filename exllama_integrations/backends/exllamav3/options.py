@@ -76,6 +76,8 @@ class ExLlamaV3Options(BackendOptions):
     """Paged-cache tokens shared by all jobs (whole 256-token pages). ``"auto"``: ``cache_memory`` of the GPU
     memory left after the weights (like vLLM's ``gpu_memory_utilization``), at most what ``max_batch_size``
     jobs of the full context can use."""
+    vision: bool = True
+    """For a vision-language model: load its vision component and take images. False saves its memory."""
     cache_memory: float = Field(default=0.9, gt=0.0, le=0.98)
     """With ``cache_size="auto"``: the fraction of free GPU memory the weights and cache may take."""
     cpu_cache_size: int = Field(default=0, ge=0)

@@ -21,7 +21,7 @@ from ...contract.settings import GenerationSettings
 from ...errors import InvalidSettingsError, MediaError, RuntimeClosedError
 from ...model.directory import ModelDirectory
 from ...model.grammar import TokenConstraint
-from ...model.media import MediaLimits, open_images
+from ...model.media import MediaLimits, image_key, open_images
 from ...model.tokenizer import NativeTokenizer
 from ..base import RuntimeBase, check_request
 from .prompt import fit_to_context, prompt_ids
@@ -292,7 +292,8 @@ class ExLlamaRuntime(RuntimeBase):
             raise MediaError(f"{self.model.name!r} takes no images: {backend.vision}; send text only.")
         if not isinstance(prompt, str):
             raise MediaError("a request with images needs its prompt as text or messages (the images' places).")
-        return backend.encode_media(prompt, open_images(request.media, self.media_limits), add_special)  # type: ignore[no-any-return]
+        images = open_images(request.media, self.media_limits)
+        return backend.encode_media(prompt, images, add_special, [image_key(m) for m in request.media])  # type: ignore[no-any-return]
 
     def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
         """The token ids the model reads for ``request``, each image counted as the tokens it is read as.
