@@ -112,6 +112,18 @@ def _reasoning(nb) -> None:
     assert "('multiply', {'a': 6, 'b': 7}, '42')" in shown(nb, "FunctionAgent(")
 
 
+def _images(nb) -> None:
+    assert "accepts images: True | vision: loaded" in shown(nb, "ExLlamaRuntime.shared(model_dir")
+    lc = shown(nb, "chat = ChatExLlama(")
+    assert re.search(r"reply: '.+'", lc)  # a random-weight stand-in: any non-empty reply
+    before, after = number(lc, r"counted before: (\d+)"), number(lc, r"input_tokens after: (\d+)")
+    assert before == after > 16 and "image_inputs: True" in lc  # the image's 16 tokens counted
+    li = shown(nb, "ImageBlock(path=path)")
+    assert re.search(r"reply: '.+'", li) and number(li, r"prompt tokens: (\d+)") == before
+    refused = shown(nb, "def claiming(")
+    assert refused.count("MediaError in") == 3 and "truncated" in refused and "not an image" in refused
+
+
 CLAIMS: dict[str, Callable] = {
     "01_quickstart": _quickstart,
     "02_chat_and_structured_output": _chat,
@@ -119,6 +131,7 @@ CLAIMS: dict[str, Callable] = {
     "04_from_huggingfacepipeline": _from_pipeline,
     "05_serving": _serving,
     "06_reasoning_and_agents": _reasoning,
+    "07_images": _images,
 }
 
 
