@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - exercised by the missing-extra test
 
 from ..contract import wire
 from ..contract.api import Runtime
-from . import native
+from . import metrics, native
 from .guard import Guard, error_body, error_response
 from .openai import chat, completions, models, tokenize
 from .openai.protocol import ALL_FIELDS
@@ -142,6 +142,6 @@ def create_app(
         status = "ok" if not s.runtime.closed else "closed"
         return {"status": status, "model": s.name, "in_flight": s.pending, "instance": s.instance}
 
-    for router in (models.router, completions.router, chat.router, tokenize.router, native.router):
+    for router in (models.router, completions.router, chat.router, tokenize.router, native.router, metrics.router):
         app.include_router(router)
     return app

@@ -53,7 +53,7 @@ def _events(state: ServeState, request: GenerationRequest, scope_state: Any) -> 
             async for chunk in chunks:
                 yield b"data: " + wire.dumps(chunk) + b"\n\n"
                 if chunk.usage is not None:
-                    record(scope_state, chunk.usage, chunk.timings)
+                    record(state, scope_state, chunk.usage, chunk.timings, chunk.finish_reason)
         except ExLlamaIntegrationsError as e:
             yield b"data: " + wire.dumps_error(e) + b"\n\n"
         finally:

@@ -52,6 +52,14 @@ class ServeState:
     pending: int = 0
     instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     """A random name of this server instance (which replica answered), never the pid or a host name."""
+    metrics: Any = None
+    """The server's Prometheus metrics (:class:`~.metrics.Metrics`), made with the state."""
+
+    def __post_init__(self) -> None:
+        if self.metrics is None:
+            from .metrics import Metrics
+
+            self.metrics = Metrics(self.name, lambda: self.pending)
 
     @property
     def info(self) -> ModelInfo:
@@ -81,6 +89,7 @@ class ServeState:
             ServerBusyError: (503) the server has ``max_pending`` requests in flight.
         """
         if self.pending >= self.limits.max_pending:
+            self.metrics.refuse("busy")
             raise ServerBusyError(f"the server has {self.pending} requests in flight (its limit); retry shortly.")
         self.pending += 1
 
@@ -108,10 +117,11 @@ class ServeState:
                 await close()
 
 
-def record(scope_state: Any, usage: Any, timings: Any) -> None:
-    """What the request's log line reports (its tokens and time to first token)."""
+def record(state: ServeState, scope_state: Any, usage: Any, timings: Any, finish: str | None) -> None:
+    """A finished request: what its log line reports (tokens, time to first token) and the server's metrics."""
     ttft = (timings and timings.time_to_first_token) or 0.0
     scope_state.usage = (usage.prompt_tokens, usage.completion_tokens, ttft)
+    state.metrics.observe(usage, timings, finish)
 
 
 def state_of(app: Any) -> ServeState:

@@ -16,6 +16,18 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
+def _wait_until_up(url: str, seconds: float = 120) -> None:
+    """Return once ``url``'s /health answers 200 (a server in another process is loading its model)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise AssertionError("the server did not come up")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -46,15 +58,7 @@ def test_serve_drains_a_stream_in_flight_on_sigterm(demo_dir):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 120:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise AssertionError("the server did not come up")
+        _wait_until_up(url)
         lines: list[str] = []
         started = threading.Event()
 
@@ -125,15 +129,7 @@ def test_serve_closes_connections_whose_headers_never_come(demo_dir):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 120:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise AssertionError("the server did not come up")
+        _wait_until_up(url)
 
         def closed_after(trickle: bytes) -> float:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as s:

@@ -482,3 +482,53 @@ def test_tokenize_and_detokenize_in_vllm_shapes(url, demo_runtime):
     ):
         bad = httpx.post(url + path, json=body)
         assert bad.status_code in (400, 404) and bad.json()["error"]["message"], (path, body)
+
+
+def test_metrics_count_what_was_served_in_prometheus_format(demo_runtime):
+    """``/metrics`` parsed by prometheus-client's own parser: requests by finish reason, tokens equal to the
+    usages the clients got, a time-to-first-token sample per request, nothing in flight at rest, a busy refusal."""
+    from openai import OpenAI
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from exllama_integrations.runtime.remote import RemoteRuntime
+    from exllama_integrations.serve.app import ServeLimits
+
+    server = ThreadServer(demo_runtime)
+    full = ThreadServer(demo_runtime, limits=ServeLimits(max_pending=0))
+    try:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        msgs = [{"role": "user", "content": Q}]
+        usages = [client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0).usage]
+        stream = client.chat.completions.create(
+            model=MODEL, messages=msgs, max_tokens=3, stream=True, stream_options={"include_usage": True}
+        )
+        usages += [c.usage for c in stream if c.usage]
+        usages.append(client.completions.create(model=MODEL, prompt="One, two,", max_tokens=4, temperature=0).usage)
+        native = RemoteRuntime(server.url).generate("The sky is", max_tokens=5, temperature=0).usage
+        assert httpx.post(full.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 503
+
+        def scrape(url: str) -> dict[str, float]:
+            r = httpx.get(url + "/metrics")
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+            families = text_string_to_metric_families(r.text)
+            return {
+                s.name + str(sorted((k, v) for k, v in s.labels.items() if k != "model_name")): s.value
+                for f in families
+                for s in f.samples
+            }
+
+        m = scrape(server.url)
+        finished = sum(v for k, v in m.items() if k.startswith("exllama:request_success_total"))
+        assert finished == 4
+        assert m["exllama:prompt_tokens_total[]"] == sum(u.prompt_tokens for u in usages) + native.prompt_tokens
+        assert (
+            m["exllama:generation_tokens_total[]"]
+            == sum(u.completion_tokens for u in usages) + native.completion_tokens
+        )
+        assert m["exllama:time_to_first_token_seconds_count[]"] == 4
+        assert m["exllama:e2e_request_latency_seconds_count[]"] == 4
+        assert m["exllama:num_requests_running[]"] == 0
+        assert scrape(full.url)["exllama:request_rejected_total[('reason', 'busy')]"] == 1
+    finally:
+        server.stop()
+        full.stop()

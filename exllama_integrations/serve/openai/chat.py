@@ -71,7 +71,7 @@ def _events(state: ServeState, items: Any, rid: str, include_usage: bool, scope_
             yield chunk(delta(content, item.reasoning), logprobs=chat_logprobs(item.logprobs))
             return
         check_finish(item.native_finish_reason)
-        record(scope_state, item.usage, item.timings)
+        record(state, scope_state, item.usage, item.timings, item.native_finish_reason)
         if item.tail or item.reasoning_tail:
             yield chunk(delta(item.tail or None, item.reasoning_tail))
         calls = tool_calls_out(item, with_index=True)
@@ -112,7 +112,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 
     done = await whole(state, request, outcome)
     check_finish(done.native_finish_reason)
-    record(request.state, done.usage, done.timings)
+    record(state, request.state, done.usage, done.timings, done.native_finish_reason)
     choice = ChatChoice(
         message=message_of(done), logprobs=chat_logprobs(done.logprobs), finish_reason=done.finish_reason
     )

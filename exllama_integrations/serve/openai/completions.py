@@ -57,7 +57,7 @@ def _events(state: ServeState, chunks: Any, rid: str, include_usage: bool, scope
         offset += len(c.text)
         yield sse(CompletionResponse(id=rid, model=state.name, choices=[choice]))
         if c.finish_reason is not None and c.usage is not None:
-            record(scope_state, c.usage, c.timings)
+            record(state, scope_state, c.usage, c.timings, c.finish_reason)
             if include_usage:
                 usage = UsageWire(**usage_dict(c.usage))
                 yield sse(CompletionResponse(id=rid, model=state.name, choices=[], usage=usage))
@@ -79,7 +79,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         return await start_stream(state, events, "text/event-stream")
     result: GenerationResult = await whole(state, request, lambda: acollect(state.runtime.aopen(req), info.backend))
     check_finish(result.finish_reason)
-    record(request.state, result.usage, result.timings)
+    record(state, request.state, result.usage, result.timings, result.finish_reason)
     lps = (result.logprobs or ()) if req.settings.logprobs is not None else None
     choice = CompletionChoice(
         text=result.text, logprobs=completion_logprobs(lps), finish_reason=finish_name(result.finish_reason)
