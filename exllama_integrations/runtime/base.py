@@ -27,6 +27,7 @@ from ..contract.api import (
     result_of,
 )
 from ..contract.settings import GenerationSettings, check_supported, resolve_settings
+from ..errors import MediaError
 
 if TYPE_CHECKING:
     from ..model.tokenizer import NativeTokenizer
@@ -147,6 +148,22 @@ class RuntimeBase(ABC):
         ``add_special_tokens=False``: the template carries its own BOS.
         """
         return self.tokenizer.apply_chat_template(messages, **options)
+
+    def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
+        """The token ids the model reads for ``request`` (what ``usage.prompt_tokens`` will say), before it runs.
+
+        Text is counted here by the native tokenizer; a runtime whose model takes images counts each as the
+        tokens the model reads it as (in process; over HTTP, its server does).
+
+        Raises:
+            MediaError: images the model does not take, or cannot read.
+        """
+        if request.media:
+            raise MediaError(f"{type(self).__name__} cannot count images itself.")
+        prompt, add_special = request.prompt, request.add_special_tokens
+        if request.messages:
+            prompt, add_special = self.chat_prompt(request.messages), False
+        return self.encode(prompt, add_special_tokens=add_special) if isinstance(prompt, str) else list(prompt)
 
     @abstractmethod
     def open(self, request: GenerationRequest) -> TextStream:

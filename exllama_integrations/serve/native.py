@@ -2,6 +2,8 @@
 
 * ``GET /v1/exllama/info``: the served model's :class:`~exllama_integrations.contract.api.ModelInfo` and name;
 * ``GET /v1/exllama/tokenizer``: its tokenizer files (clients count tokens and render prompts exactly);
+* ``POST /v1/exllama/tokenize``: a request in the wire form -> ``{"token_ids": [...]}``, the ids its model reads
+  (images counted as it reads them);
 * ``POST /v1/exllama/generate``: a :class:`~exllama_integrations.contract.api.GenerationRequest` in, its
   :class:`~exllama_integrations.contract.api.StreamChunk` values out as server-sent events (``data: {...}``),
   a typed error as ``data: {"error": {"code", "message", "fields"}}`` (or, before any output, as the
@@ -60,6 +62,17 @@ def _events(state: ServeState, request: GenerationRequest, scope_state: Any) -> 
             await chunks.aclose()  # type: ignore[attr-defined]
 
     return events()
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> JSONResponse:
+    """The token ids the model reads for a request given in the wire form (images counted as the model reads them)."""
+    state = state_of(request.app)
+    req = wire.loads_request(await request.body())
+    count = getattr(state.runtime, "prompt_token_ids", None)
+    if count is None:
+        raise BackendUnavailableError("this server's runtime cannot count a request's tokens.")
+    return JSONResponse({"token_ids": await asyncio.to_thread(count, req)})
 
 
 @router.post("/generate")

@@ -228,6 +228,15 @@ def test_token_counts_include_the_images_before_anything_runs(rt, server, oracle
     body = {"messages": [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}]}
     counted = httpx.post(server + "/tokenize", json=body).json()
     assert counted["count"] == oracle(RED)[1] and counted["max_model_len"] == rt.context_length
+    # over the native wire form: the client counts text itself and asks its server only about images
+    assert ChatExLlama(base_url=server).get_num_tokens_from_messages([msg]) == oracle(RED)[1]
+    from exllama_integrations import RemoteRuntime
+
+    remote = RemoteRuntime(server)
+    with_image = GenerationRequest(messages=user_turn({"type": "image"}), media=(Media(RED, "image/png"),))
+    assert remote.prompt_token_ids(with_image) == rt.prompt_token_ids(with_image)
+    text_only = GenerationRequest(messages=({"role": "user", "content": QUESTION},))
+    assert remote.prompt_token_ids(text_only) == rt.prompt_token_ids(text_only)
 
 
 # --------------------------------------------------------------------------- bad images
@@ -317,6 +326,12 @@ def test_a_text_only_model_refuses_images_typed(demo_runtime):
     with pytest.raises(MediaError, match="takes no images"):
         demo_runtime.generate(GenerationRequest("Hi", media=(Media(RED),), settings=greedy()))
     assert not demo_runtime.model_info().accepts_images
+    from servers import demo_server
+
+    from exllama_integrations import RemoteRuntime
+
+    with pytest.raises(MediaError, match="takes no images"):  # raised by the server, the same class here
+        RemoteRuntime(demo_server()).prompt_token_ids(GenerationRequest("Hi", media=(Media(RED),)))
 
 
 # --------------------------------------------------------------------------- URLs

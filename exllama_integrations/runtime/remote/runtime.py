@@ -157,6 +157,37 @@ class RemoteRuntime(RuntimeBase):
         """The tokenizer files it took from its server (so a server can front this runtime in turn)."""
         return dict(self._bundle)
 
+    def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
+        """The token ids the model reads for ``request``: text counted here, images by the server (which reads them)."""
+        if not request.media:
+            return super().prompt_token_ids(request)
+        deadline = time.monotonic() + self.timeout
+        try:
+            with self._client.stream(
+                "POST",
+                "/v1/exllama/tokenize",
+                content=self._body(request),
+                headers={"content-type": "application/json"},
+                timeout=self._timeout,
+            ) as r:
+                body = bytearray()
+                for data in r.iter_bytes():
+                    body.extend(data)
+                    if len(body) > MAX_BODY_BYTES or time.monotonic() > deadline:
+                        raise ProtocolError(f"{self.base_url} answered /v1/exllama/tokenize too much or too slowly.")
+                status = r.status_code
+        except httpx.HTTPError as e:
+            raise ServerError(f"cannot reach {self.base_url}: {type(e).__name__}: {e}") from None
+        if status != 200:
+            raise _error(status, bytes(body), self.base_url)
+        try:
+            ids = json.loads(body)["token_ids"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise ProtocolError(f"{self.base_url} answered /v1/exllama/tokenize without token_ids.") from None
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise ProtocolError(f"{self.base_url} answered /v1/exllama/tokenize with token_ids that are not ints.")
+        return ids
+
     # ----------------------------------------------------------------- generation (on the server)
 
     def _body(self, request: GenerationRequest) -> bytes:
