@@ -94,12 +94,12 @@ class RemoteRuntime(RuntimeBase):
         self._closed = False
         try:
             setup = min(self.timeout, 60.0)
-            answer = self._get_json("/v1/exllama/info", setup)
+            answer = self._json("/v1/exllama/info", setup)
             if not isinstance(answer, dict) or "info" not in answer:
                 raise ProtocolError(f"{self.base_url} is not an exllama-integrations server (no model info).")
             self._info: ModelInfo = wire.loads_info(answer["info"])
             self.served_model_name = str(answer.get("served_model_name") or self._info.name)
-            self._bundle = self._get_json("/v1/exllama/tokenizer", setup)
+            self._bundle = self._json("/v1/exllama/tokenizer", setup)
             folder = Path(cache_dir) if cache_dir else _default_cache() / "remote-tokenizers"
             try:
                 self.tokenizer = NativeTokenizer(_tokenizer_files(self._bundle, folder, self.base_url))
@@ -121,10 +121,17 @@ class RemoteRuntime(RuntimeBase):
                 _shared[key] = weakref.ref(rt)
             return rt
 
-    def _get_json(self, path: str, seconds: float) -> Any:
+    def _json(self, path: str, seconds: float, content: bytes | None = None) -> Any:
+        """The JSON a native endpoint answers to a GET (or a POST of ``content``), read within a deadline.
+
+        At most ``MAX_BODY_BYTES`` are read; an error answer is raised as its typed error.
+        """
         deadline = time.monotonic() + seconds
+        method, headers = ("GET", None) if content is None else ("POST", {"content-type": "application/json"})
         try:
-            with self._client.stream("GET", path, timeout=httpx.Timeout(seconds)) as r:
+            with self._client.stream(
+                method, path, content=content, headers=headers, timeout=httpx.Timeout(seconds)
+            ) as r:
                 body = bytearray()
                 for data in r.iter_bytes():
                     body.extend(data)
@@ -161,31 +168,10 @@ class RemoteRuntime(RuntimeBase):
         """The token ids the model reads for ``request``: text counted here, images by the server (which reads them)."""
         if not request.media:
             return super().prompt_token_ids(request)
-        deadline = time.monotonic() + self.timeout
-        try:
-            with self._client.stream(
-                "POST",
-                "/v1/exllama/tokenize",
-                content=self._body(request),
-                headers={"content-type": "application/json"},
-                timeout=self._timeout,
-            ) as r:
-                body = bytearray()
-                for data in r.iter_bytes():
-                    body.extend(data)
-                    if len(body) > MAX_BODY_BYTES or time.monotonic() > deadline:
-                        raise ProtocolError(f"{self.base_url} answered /v1/exllama/tokenize too much or too slowly.")
-                status = r.status_code
-        except httpx.HTTPError as e:
-            raise ServerError(f"cannot reach {self.base_url}: {type(e).__name__}: {e}") from None
-        if status != 200:
-            raise _error(status, bytes(body), self.base_url)
-        try:
-            ids = json.loads(body)["token_ids"]
-        except (ValueError, KeyError, TypeError, RecursionError):
-            raise ProtocolError(f"{self.base_url} answered /v1/exllama/tokenize without token_ids.") from None
+        answer = self._json("/v1/exllama/tokenize", self.timeout, self._body(request))
+        ids = answer.get("token_ids") if isinstance(answer, dict) else None
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            raise ProtocolError(f"{self.base_url} answered /v1/exllama/tokenize with token_ids that are not ints.")
+            raise ProtocolError(f"{self.base_url} answered /v1/exllama/tokenize without a list of token ids.")
         return ids
 
     # ----------------------------------------------------------------- generation (on the server)
