@@ -227,7 +227,7 @@ class Backend(ABC):
     """Why this loaded model takes no images, or None when it takes them (its vision component is loaded)."""
 
     def encode_media(
-        self, text: str, images: list[Any], add_special_tokens: bool, keys: Sequence[str] = ()
+        self, text: str, images: list[Any], add_special_tokens: bool, keys: Sequence[str]
     ) -> tuple[list[int], Any]:
         """A prompt with images: its ids, each image's placeholder expanded, and what the backend needs for them.
 

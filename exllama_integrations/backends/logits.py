@@ -184,10 +184,7 @@ class _Decode:
             if self.session is None:
                 self.sampler = Sampler(req)
                 self.session = self.backend.open_session()
-                if req.embeddings is None:
-                    logits = self.session.prefill(req.prompt_ids)
-                else:
-                    logits = self.session.prefill(req.prompt_ids, req.embeddings)
+                logits = self.session.prefill(req.prompt_ids, req.embeddings)
             else:
                 logits = self.session.step(self.token)
             assert self.sampler is not None

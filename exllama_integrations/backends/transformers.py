@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from pydantic import Field
 
 from ..errors import InvalidModelError, InvalidSettingsError, MediaError
 from ..model.directory import ModelDirectory
-from .base import Backend, BackendOptions, require, unsupported
+from .base import BackendOptions, require, unsupported
 from .logits import LogitsBackend, LogitsSession
 
 if TYPE_CHECKING:
@@ -115,7 +116,8 @@ class TransformersBackend(LogitsBackend):
         dtype_kw = {"dtype": self.dtype} if major >= 5 else {"torch_dtype": self.dtype}
         auto: Any = AutoModelForCausalLM
         self.processor: Any = None
-        if "vision_config" in model.config:
+        self._vision_language = "vision_config" in model.config
+        if self._vision_language:
             from transformers import AutoModelForImageTextToText
 
             auto = AutoModelForImageTextToText
@@ -165,12 +167,12 @@ class TransformersBackend(LogitsBackend):
         out: dict[str, Any] = {"device": str(self.device), "dtype": str(self.dtype).replace("torch.", "")}
         if self.device.type == "cpu":
             out["threads"] = torch_threads()
-        if self.processor is not None or self.vision != Backend.vision:  # a vision-language model
+        if self._vision_language:
             out["vision"] = self.vision or "loaded"
         return out
 
     def encode_media(
-        self, text: str, images: list[Any], add_special_tokens: bool, keys: Sequence[str] = ()
+        self, text: str, images: list[Any], add_special_tokens: bool, keys: Sequence[str]
     ) -> tuple[list[int], Any]:
         """The model's processor places the images: each placeholder expanded to the image's tokens."""
         if self.processor is None:
@@ -207,8 +209,6 @@ def _processor(model: ModelDirectory) -> tuple[Any, str | None]:
     try:
         processor = AutoProcessor.from_pretrained(str(model.path), local_files_only=True, trust_remote_code=False)
     except ImportError as e:
-        import re
-
         lib = re.search(r"requires the (\w+) library", str(e))
         if lib:
             name = lib.group(1)

@@ -190,8 +190,7 @@ def open_images(media: tuple[Media, ...] | list[Media], limits: MediaLimits | No
         raise MediaError(f"a request may carry at most {limits.max_images} images; it has {len(media)}.")
     out = []
     for n, m in enumerate(media, 1):
-        media_from_bytes(m.data, m.mime, limits)
-        _check_mime(m.mime, f"image {n}")
+        media_from_bytes(m.data, m.mime, limits)  # its size and declared type, before Pillow reads it
         try:
             with PILImage.open(io.BytesIO(m.data), formats=list(FORMATS)) as img:
                 w, h = img.size

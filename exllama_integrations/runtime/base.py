@@ -160,10 +160,18 @@ class RuntimeBase(ABC):
         """
         if request.media:
             raise MediaError(f"{type(self).__name__} cannot count images itself.")
-        prompt, add_special = request.prompt, request.add_special_tokens
-        if request.messages:
-            prompt, add_special = self.chat_prompt(request.messages), False
+        prompt, add_special = self.rendered_prompt(request)
         return self.encode(prompt, add_special_tokens=add_special) if isinstance(prompt, str) else list(prompt)
+
+    def rendered_prompt(self, request: GenerationRequest) -> tuple[str | tuple[int, ...], bool]:
+        """What the model is given for ``request``, and whether special tokens are added to it.
+
+        Messages are rendered by the chat template (no special tokens added: the template carries its own BOS);
+        a prompt is given as it is.
+        """
+        if request.messages:
+            return self.chat_prompt(request.messages), False
+        return request.prompt, request.add_special_tokens
 
     @abstractmethod
     def open(self, request: GenerationRequest) -> TextStream:

@@ -23,7 +23,7 @@ from .driver import Driver
 from .extras import inspect_draft, load_draft, load_loras
 from .options import ExLlamaV3Options, auto_cache_tokens, cache_kwargs, generator_kwargs, show_progress, whole_pages
 from .translate import job_for, matcher_filter
-from .vision import Vision, vision_support
+from .vision import NO_VISION_COMPONENT, Vision, vision_support
 
 if TYPE_CHECKING:
     from ...model.tokenizer import NativeTokenizer
@@ -191,17 +191,16 @@ class ExLlamaV3Backend(Backend):
     def _vision_info(self) -> dict[str, Any]:
         v = self._vision
         if v is None:
-            return {} if self.vision == "it has no vision component exllamav3 can load" else {"vision": self.vision}
+            return {} if self.vision == NO_VISION_COMPONENT else {"vision": self.vision}
         return {"vision": "loaded", "image_cache": {"hits": v.hits, "misses": v.misses}}
 
     def encode_media(
-        self, text: str, images: list[Any], add_special_tokens: bool, keys: Sequence[str] = ()
+        self, text: str, images: list[Any], add_special_tokens: bool, keys: Sequence[str]
     ) -> tuple[list[int], Any]:
         """Each placeholder becomes its image's embedding tokens (the tower runs here, on the caller's thread)."""
         if self._vision is None:
             return super().encode_media(text, images, add_special_tokens, keys)
-        keys = list(keys) or [str(id(im)) for im in images]
-        return self._vision.encode(text, images, keys, add_special_tokens, self._tokenizer, self._xtok)
+        return self._vision.encode(text, images, list(keys), add_special_tokens, self._tokenizer, self._xtok)
 
     def _filter_for(self, request: BackendRequest) -> Any:
         assert request.constraint is not None

@@ -35,6 +35,8 @@ PLACEHOLDERS: dict[str, tuple[str, str, str]] = {
 """model_type -> (the placeholder its chat template writes for an image, text before and after the image's
 tokens that its processor adds). exllamav3's embedding carries the image's own start and end tokens."""
 
+NO_VISION_COMPONENT = "it has no vision component exllamav3 can load"
+
 CACHED_IMAGES = 64
 """Image embeddings kept (an LRU), so a follow-up turn about the same picture skips the vision tower."""
 
@@ -42,13 +44,10 @@ CACHED_IMAGES = 64
 def vision_support(config: Any, model_type: str) -> str | None:
     """Why exllamav3 cannot take images for this model, or None when it can."""
     if "vision" not in getattr(config, "model_classes", {}):
-        return "it has no vision component exllamav3 can load"
+        return NO_VISION_COMPONENT
     if model_type not in PLACEHOLDERS:
         return f"where {model_type!r}'s chat template places images is not known to this package yet"
     return None
-
-
-PLACEHOLDERS_BY_MARK = {v[0]: v for v in PLACEHOLDERS.values()}
 
 
 def place(
@@ -82,7 +81,7 @@ class Vision:
 
         self.model = Model.from_config(config, component="vision")
         self.model.load(**load_kw)
-        self.placeholder, self.before, self.after = PLACEHOLDERS[model_type]
+        self.layout = PLACEHOLDERS[model_type]
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
@@ -110,14 +109,14 @@ class Vision:
         self, text: str, images: list[Any], keys: list[str], add_special: bool, tokenizer: NativeTokenizer, xtok: Any
     ) -> tuple[list[int], list[Any]]:
         """Prompt ids with each placeholder replaced by its image's tokens, and the embeddings, in order."""
-        count = text.count(self.placeholder)
+        count = text.count(self.layout[0])
         if count != len(images):
             raise MediaError(
-                f"the prompt places {count} image(s) ({self.placeholder!r}) but the request has "
+                f"the prompt places {count} image(s) ({self.layout[0]!r}) but the request has "
                 f"{len(images)}; send images inside user messages, so the chat template places them."
             )
         embeddings = [self.embedding(k, im, xtok) for k, im in zip(keys, images)]
-        return place(text, embeddings, PLACEHOLDERS_BY_MARK[self.placeholder], tokenizer, add_special), embeddings
+        return place(text, embeddings, self.layout, tokenizer, add_special), embeddings
 
     def close(self) -> None:
         with self._lock:
@@ -125,4 +124,4 @@ class Vision:
         self.model.unload()
 
 
-__all__ = ["CACHED_IMAGES", "PLACEHOLDERS", "Vision", "place", "vision_support"]
+__all__ = ["CACHED_IMAGES", "NO_VISION_COMPONENT", "PLACEHOLDERS", "Vision", "place", "vision_support"]

@@ -283,9 +283,7 @@ class ExLlamaRuntime(RuntimeBase):
 
     def _prompt(self, backend: Backend, request: GenerationRequest) -> tuple[list[int], Any]:
         """The ids the model reads (each image as its tokens, in its place) and the backend's embeddings."""
-        prompt, add_special = request.prompt, request.add_special_tokens
-        if request.messages:
-            prompt, add_special = self.chat_prompt(request.messages), False
+        prompt, add_special = self.rendered_prompt(request)
         if not request.media:
             return prompt_ids(self.tokenizer, prompt, add_special), None
         if backend.vision is not None:
@@ -293,7 +291,7 @@ class ExLlamaRuntime(RuntimeBase):
         if not isinstance(prompt, str):
             raise MediaError("a request with images needs its prompt as text or messages (the images' places).")
         images = open_images(request.media, self.media_limits)
-        return backend.encode_media(prompt, images, add_special, [image_key(m) for m in request.media])  # type: ignore[no-any-return]
+        return backend.encode_media(prompt, images, add_special, [image_key(m) for m in request.media])
 
     def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
         """The token ids the model reads for ``request``, each image counted as the tokens it is read as.
