@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
@@ -124,6 +124,11 @@ class ExLlamaConfig(SettingFields):
     backend_options: dict[str, Any] = Field(default_factory=dict)
     """Backend load options (exllamav3: ``cache_size``, ``cache_bits``, ``gpu_split``; exllama: ``lora_dir``;
     CPU reference: ``num_threads``); unknown ones are refused by name."""
+    engine: Literal["thread", "process"] = "thread"
+    """With ``model_dir=``: where the model's driver runs: a thread of this process, or (``"process"``) an engine
+    process of its own, so nothing in this process (your app, callbacks, a web server) shares its Python."""
+    engines: int = 1
+    """With ``model_dir=``: engine processes, each with its own copy of the model (implies ``engine="process"``)."""
     stop: list[str] | None = None
     """Stop strings, merged with the ``stop`` of each call; never part of the output."""
     logprobs: bool | None = None
@@ -230,6 +235,8 @@ class ExLlamaConfig(SettingFields):
             max_seq_len=self.max_seq_len,
             dtype=self.dtype,
             device=self.device,
+            engine=self.engine,
+            engines=self.engines,
             **self.backend_options,
         )
 

@@ -155,7 +155,13 @@ def _serve(args: argparse.Namespace) -> int:
     from .serve.app import ServeLimits, create_app
     from .serve.guard import header_deadline_protocol
 
-    rt = ExLlamaRuntime(model_dir, args.backend, **{k: v for k, v in options.items() if v is not None})
+    rt = ExLlamaRuntime(
+        model_dir,
+        args.backend,
+        engine=args.engine,
+        engines=args.engines,
+        **{k: v for k, v in options.items() if v is not None},
+    )
     limits = ServeLimits(
         max_body_bytes=args.max_body_bytes,
         max_tokens=args.max_tokens,
@@ -261,6 +267,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="a backend load option, e.g. cache_size=65536 (repeatable; values parsed as JSON)",
+    )
+    sv.add_argument(
+        "--engine",
+        choices=("process", "thread"),
+        default="process",
+        help="where the model's driver runs: an engine process of its own (HTTP and JSON never share its Python), "
+        "or a thread of the server",
+    )
+    sv.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="engine processes, each with its own copy of the model and cache (pays where the host is the "
+        "bottleneck: small or quantized models on a big GPU; costs the model's memory again per engine)",
     )
     sv.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas (extra 'ray')")
     sv.add_argument("--replicas", type=int, default=1, help="with --ray: number of replicas")

@@ -153,6 +153,16 @@ class GenerationError(ExLlamaIntegrationsError, RuntimeError):
     code = "generation_error"
 
 
+class EngineUnavailableError(GenerationError):
+    """The engine process that runs the model died, or is starting again: retry in a moment (HTTP 503).
+
+    The generations it held end with this error; ``/health`` says which, and why.
+    """
+
+    code = "engine_unavailable"
+    status = 503
+
+
 class ServerError(ExLlamaIntegrationsError, RuntimeError):
     """A server could not be reached, or answered with an error that is not the request's fault."""
 
@@ -196,6 +206,7 @@ ERRORS: dict[str, type[ExLlamaIntegrationsError]] = {
         ChatTemplateError,
         MediaError,
         GenerationError,
+        EngineUnavailableError,
         ServerError,
         ServerBusyError,
         ProtocolError,

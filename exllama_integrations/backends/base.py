@@ -38,6 +38,7 @@ from ..errors import InvalidSettingsError, MediaError, MissingDependencyError, U
 from ..model.directory import ModelDirectory
 
 if TYPE_CHECKING:
+    from ..contract.api import Grammar, Reasoning
     from ..model.grammar import ConstraintMatcher
     from ..model.tokenizer import NativeTokenizer
 
@@ -65,6 +66,34 @@ class TokenStep:
     error: BaseException | None = None
     cached: int | None = None
     """On the last step: prompt tokens the backend reused from its prefix cache (None: it does not say)."""
+    accepting: bool | None = None
+    """On the last step of a constrained request whose matcher lives elsewhere (an engine process): whether
+    the grammar accepted the output (None: the runtime asks the request's matcher)."""
+
+
+class CancelSignal(threading.Event):
+    """A request's cancel flag: a :class:`threading.Event` that also calls back whoever must pass it on.
+
+    A backend in another process registers :meth:`on_set` to send the cancellation over its channel at once,
+    instead of polling every open request's flag.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the flag is set (at once if it already is)."""
+        self._callbacks.append(callback)
+        if self.is_set():
+            callback()
+
+    def set(self) -> None:
+        first = not self.is_set()
+        super().set()
+        if first:
+            for cb in self._callbacks:
+                cb()
 
 
 class Steering(Protocol):
@@ -75,6 +104,8 @@ class Steering(Protocol):
     """
 
     end_ids: tuple[int, ...]
+    reasoning: Reasoning
+    """The delimiters and the budget (what a backend in another process builds its own control from)."""
 
     @property
     def constrained(self) -> bool: ...
@@ -97,7 +128,7 @@ class BackendRequest:
     emit: Callable[[TokenStep], None]
     """Called from the backend's thread with each step; the runtime feeds the grammar inside it, so the
     next mask is ready when it returns."""
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: CancelSignal = field(default_factory=CancelSignal)
     constraint: ConstraintMatcher | None = None
     """This generation's grammar matcher, owned by the backend: it masks with it and feeds it what it sampled
     (logits-level backends in their sampler, exllamav3 as the job's filter); the runtime only reads it."""
@@ -105,6 +136,8 @@ class BackendRequest:
     """A reasoning request's control (thinking budget, grammar after thinking); None for other requests."""
     embeddings: Any = None
     """Media for the backend (image embeddings' source), when the request has any."""
+    grammar: Grammar | None = None
+    """The grammar ``constraint`` was compiled from (a backend in another process compiles it again there)."""
 
 
 class BackendOptions(BaseModel):
@@ -222,6 +255,10 @@ class Backend(ABC):
     def info(self) -> dict[str, Any]:
         """Facts about the loaded model for metadata and logs."""
         return {}
+
+    def health(self) -> str | None:
+        """Why this backend cannot take requests now (an engine process restarting), or None when it can."""
+        return None
 
     vision: str | None = "it has no vision component"
     """Why this loaded model takes no images, or None when it takes them (its vision component is loaded)."""

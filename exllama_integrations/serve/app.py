@@ -136,11 +136,22 @@ def create_app(
     )
 
     @app.get("/health", tags=["server"])
-    async def health(request: Request) -> dict[str, Any]:
-        """Whether the runtime serves (``ok``) or was closed, requests in flight, and which server instance answers."""
+    async def health(request: Request) -> Response:
+        """Whether the runtime serves (``ok``, 200), was closed, or cannot take requests now.
+
+        ``unavailable`` (503) comes with the ``reason`` (its engine process died and is starting again); also
+        requests in flight, and which server instance answers.
+        """
         s = state_of(request.app)
-        status = "ok" if not s.runtime.closed else "closed"
-        return {"status": status, "model": s.name, "in_flight": s.pending, "instance": s.instance}
+        body: dict[str, Any] = {"status": "ok", "model": s.name, "in_flight": s.pending, "instance": s.instance}
+        check = getattr(s.runtime, "health", None)
+        problem = check() if callable(check) else None
+        if s.runtime.closed:
+            body["status"] = "closed"
+        elif problem is not None:
+            body.update(status="unavailable", reason=problem)
+            return JSONResponse(body, 503)
+        return JSONResponse(body)
 
     for router in (models.router, completions.router, chat.router, tokenize.router, native.router, metrics.router):
         app.include_router(router)

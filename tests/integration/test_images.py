@@ -530,3 +530,18 @@ def test_exllamav3_places_images_as_the_model_processor_does(rt, vl_dir):
     image_token = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
     assert len(ours) == len(theirs)
     assert all((a >= 10_000) if b == image_token else a == b for a, b in zip(ours, theirs))
+
+
+def test_images_cross_to_an_engine_process_and_read_the_same(vl_dir, oracle):
+    with ExLlamaRuntime(vl_dir, "transformers", engine="process") as remote_engine:
+        assert remote_engine.model_info().accepts_images
+        for data, mime in ((RED, "image/png"), (GREEN, "image/jpeg")):
+            request = GenerationRequest(
+                messages=user_turn({"type": "image"}), media=(Media(data, mime),), settings=greedy()
+            )
+            result = remote_engine.generate(request)
+            text, prompt_len = oracle(data)
+            assert (result.text, result.usage.prompt_tokens) == (text, prompt_len)
+            assert len(remote_engine.prompt_token_ids(request)) == prompt_len
+        with pytest.raises(MediaError):
+            remote_engine.generate(GenerationRequest("no place for it", media=(Media(RED, "image/png"),)))

@@ -16,6 +16,7 @@ def test_public_api_is_pinned():
             "ContextLengthError",
             "ExLlamaIntegrationsError",
             "ExLlamaRuntime",
+            "EngineUnavailableError",
             "GenerationError",
             "GenerationRequest",
             "GenerationResult",
@@ -48,7 +49,7 @@ def test_import_is_light():
     code = (
         "import sys, exllama_integrations, exllama_integrations.runtime;"
         "heavy = [m for m in ('torch', 'transformers', 'langchain_core', 'llama_index', 'exllamav3', 'exllama',"
-        " 'exllamav2', 'llguidance', 'fastapi', 'uvicorn', 'httpx', 'ray') if m in sys.modules]; print(heavy)"
+        " 'exllamav2', 'llguidance', 'fastapi', 'uvicorn', 'httpx', 'ray', 'zmq') if m in sys.modules]; print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -55,6 +55,7 @@ class Run:
         self._stops = StopStringMatcher(settings.stop)
         self._split = ReasoningSplitter(control.reasoning) if control is not None else None
         self._cached = 0
+        self._accepting: bool | None = None
         self._t0 = time.perf_counter()
         self._t_first: float | None = None
         self._t_last = self._t0
@@ -128,6 +129,8 @@ class Run:
             visible.append(tid)
         if step.cached is not None:
             self._cached = step.cached
+        if step.accepting is not None:
+            self._accepting = step.accepting
         lps = self._logprobs(step.logprobs[: len(visible)]) if step.logprobs else None
         text = self._stops.push(self._detok.add(visible)) if visible else ""
         stop_string = self._stops.stopped
@@ -186,7 +189,9 @@ class Run:
         now = time.perf_counter()
         t_first = self._t_first
         tps = (self._n - 1) / (self._t_last - t_first) if t_first is not None and self._t_last > t_first else None
-        complete = self.matcher.is_accepting() if self.matcher is not None else None
+        complete = self._accepting
+        if complete is None and self.matcher is not None:
+            complete = self.matcher.is_accepting()
         thought = self.control.reasoning_tokens if self.control is not None else 0
         final = StreamChunk(
             tail,
@@ -214,7 +219,8 @@ def _joined(steps: list[tuple[TokenStep, float]]) -> tuple[TokenStep, float]:
     raw = [lp for s, _ in steps for lp in (s.logprobs or ())] if any(s.logprobs for s, _ in steps) else None
     last = steps[-1][0]
     ids = tuple(t for s, _ in steps for t in s.token_ids)
-    return TokenStep(ids, tuple(raw) if raw else None, last.finish, last.error, last.cached), steps[-1][1]
+    joined = TokenStep(ids, tuple(raw) if raw else None, last.finish, last.error, last.cached, last.accepting)
+    return joined, steps[-1][1]
 
 
 class LocalStream:

@@ -41,6 +41,15 @@ INLINE_PROMPT_CHARS = 8192
 than a hand-off to a thread costs once a decoding thread keeps the GIL busy)."""
 
 
+def _engine_choice(engine: str, engines: int) -> tuple[str, int]:
+    """``engine`` and ``engines`` checked (``engines`` > 1 means engine processes)."""
+    if engine not in ("thread", "process"):
+        raise InvalidSettingsError(f"engine must be 'thread' or 'process', got {engine!r}.")
+    if not isinstance(engines, int) or isinstance(engines, bool) or not 1 <= engines <= 64:
+        raise InvalidSettingsError(f"engines must be an integer from 1 to 64, got {engines!r}.")
+    return ("process" if engines > 1 else engine), engines
+
+
 class ExLlamaRuntime(RuntimeBase):
     """One model directory loaded once: backend, tokenizer and generation, shared by wrappers.
 
@@ -66,12 +75,20 @@ class ExLlamaRuntime(RuntimeBase):
         dtype: str | None = None,
         device: str | None = None,
         settings: GenerationSettings | None = None,
+        engine: str = "thread",
+        engines: int = 1,
         **backend_options: Any,
     ) -> None:
         """Load ``model_dir`` (a directory, or a Hugging Face Hub id) with ``backend``.
 
         ``backend``: ``auto``, ``exllamav3``, ``exllama``, ``exllamav2`` or ``transformers``; the other
         keyword arguments are the backend's load options (unknown ones are refused by name).
+
+        ``engine``: ``"thread"`` runs the backend's driver in this process; ``"process"`` runs it in an engine
+        process of its own (ZeroMQ between them), so nothing else in this process (an HTTP server, framework
+        callbacks, your app) shares the driver's Python; templates, tokenizing and detokenizing stay here.
+        ``engines``: how many engine processes, each with its own copy of the model and cache, requests
+        spread over them by prefix and load (implies ``engine="process"``).
 
         Raises:
             ModelLoadError: (ModelNotFoundError, InvalidModelError, UnsupportedModelError) the directory
@@ -88,8 +105,17 @@ class ExLlamaRuntime(RuntimeBase):
         self._refused = dict(backend_cls.unsupported_settings)
         self.media_limits = MediaLimits()
         """Bounds on a request's images (bytes, pixels, count), checked before any is decoded."""
+        engine, engines = _engine_choice(engine, engines)
+        self.engine = engine
+        """Where the backend's driver runs: ``thread`` (this process) or ``process`` (engine processes)."""
         t0 = time.perf_counter()
-        self._backend: Backend | None = backend_cls(model, self.tokenizer, options)
+        self._backend: Backend | None
+        if engine == "process":
+            from ..engine import EngineBackend
+
+            self._backend = EngineBackend(backend_cls, model, options, engines=engines)
+        else:
+            self._backend = backend_cls(model, self.tokenizer, options)
         self.backend_name = backend_cls.name
         self.load_seconds = time.perf_counter() - t0
         self._closed = False
@@ -115,6 +141,8 @@ class ExLlamaRuntime(RuntimeBase):
         dtype: str | None = None,
         device: str | None = None,
         settings: GenerationSettings | None = None,
+        engine: str = "thread",
+        engines: int = 1,
         **backend_options: Any,
     ) -> ExLlamaRuntime:
         """The loaded runtime for this directory, backend and options, loading it on first use.
@@ -124,10 +152,19 @@ class ExLlamaRuntime(RuntimeBase):
         LlamaIndex LLM on one directory load the weights once.
         """
         model, backend_cls, options = plan_load(model_dir, backend, max_seq_len, dtype, device, backend_options)
-        key = (str(model.path), backend_cls.name, options.key(), (settings or GenerationSettings()).model_dump_json())
+        engine, engines = _engine_choice(engine, engines)
+        settings_key = (settings or GenerationSettings()).model_dump_json()
+        key = (str(model.path), backend_cls.name, options.key(), settings_key, engine, engines)
 
         def load() -> ExLlamaRuntime:
-            rt = cls(model.path, backend_cls.name, settings=settings, **options.model_dump(exclude_none=True))
+            rt = cls(
+                model.path,
+                backend_cls.name,
+                settings=settings,
+                engine=engine,
+                engines=engines,
+                **options.model_dump(exclude_none=True),
+            )
             rt._key = key
             return rt
 
@@ -229,6 +266,13 @@ class ExLlamaRuntime(RuntimeBase):
         """
         return {"backend": self.backend_name, **self._require_backend().library_objects()}
 
+    def health(self) -> str | None:
+        """Why the runtime cannot take requests now (closed; its engine process died and is starting again), or None."""
+        backend = self._backend
+        if self._closed or backend is None:
+            return "the runtime was closed"
+        return backend.health()
+
     def _require_backend(self) -> Backend:
         backend = self._backend
         if self._closed or backend is None:
@@ -278,6 +322,7 @@ class ExLlamaRuntime(RuntimeBase):
             constraint=matcher,
             steering=control,
             embeddings=embeddings,
+            grammar=request.grammar,
         )
         return run, backend_request
 

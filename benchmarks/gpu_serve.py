@@ -1,0 +1,238 @@
+"""Serving at in-process speed: the OpenAI endpoint under 64 streaming clients, its model's driver in a thread of
+the server, in an engine process of its own, and in two engine processes, beside 64 callers in process.
+
+Every row is taken in one run, interleaved, ``--reps`` rounds (each round starting one row later), with prompts
+no engine has seen (a new set every call), ``--new`` tokens each (``ignore_eos``); medians [min..max]:
+
+* in process: ``--clients`` threads of ``ExLlamaLLM.generate()`` (the baseline), and of ``ExLlamaLLM.stream()``
+* served, ``--engine thread`` / ``--engine process`` / ``--engines 2``: ``--clients`` streaming
+  ``/v1/completions`` requests from ``--procs`` client processes (asyncio + httpx each), started together;
+  the load generator's CPU is reported (cores busy over the row's wall time) so it is seen not to be the limit
+* one stream: ``ExLlamaLLM.stream()`` in process vs one streaming request to the engine-process server
+
+Aggregate tok/s = completion tokens (the servers' own usage) / wall time from the first request to the last end.
+
+    python benchmarks/gpu_serve.py --out DIR                       # H200: Llama-2-7B shape, fp16, exllamav3
+    python benchmarks/gpu_serve.py --model DIR --backend transformers --clients 8 --procs 2 --new 16 --reps 2
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import Results, parser, public_stream  # noqa: E402
+from _loadgen import run_streams, warm  # noqa: E402
+
+RESULTS = Results("gpu_serve.json")
+record, note, ratios = RESULTS.record, RESULTS.note, RESULTS.ratios
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(model: Path, backend: str, options: list[str], extra: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "exllama_integrations", "serve", str(model), "--backend", backend, "--port", str(port)]
+    for o in options:
+        cmd += ["--option", o]
+    log = open(f"/tmp/gpu_serve_{port}.log", "w")  # noqa: SIM115 - the server's whole life
+    proc = subprocess.Popen([*cmd, *extra, "--max-pending", "1024"], stdout=log, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_up(url: str, proc: subprocess.Popen, seconds: float = 600) -> None:
+    import httpx
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server at {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server at {url} did not come up")
+
+
+def prompt_text(rt: Any, n: int, seed: int) -> str:
+    """About ``n`` tokens that begin with a number no other prompt has (so no engine holds any of it)."""
+    words = "the quick brown fox jumps over the lazy dog while other animals watch it".split()
+    text, i = f"{seed}", 0
+    while len(rt.encode(text + " " + words[i % len(words)])) < n:
+        text += " " + words[i % len(words)]
+        i += 1
+    return text
+
+
+def main() -> None:
+    ap = parser(__doc__)
+    ap.add_argument("--model", type=Path, default=Path("/tmp/models/llama7b-fp16"))
+    ap.add_argument("--backend", default="exllamav3")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--option", action="append", default=None, help="backend option KEY=VALUE (servers and in process)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    options = args.option if args.option is not None else (["cache_size=24576"] if args.backend == "exllamav3" else [])
+    if args.backend == "exllamav3" and not (args.model / ".complete").exists():
+        from fixture_models import LLAMA2_7B, make_llama
+
+        t0 = time.perf_counter()
+        make_llama(args.model, LLAMA2_7B, seed=7)
+        (args.model / ".complete").write_text("1")
+        note(args.out, "fixture_seconds", round(time.perf_counter() - t0, 1))
+
+    servers = {
+        "thread": start_server(args.model, args.backend, options, ["--engine", "thread"]),
+        "process": start_server(args.model, args.backend, options, ["--engine", "process"]),
+        "2 engines": start_server(
+            args.model,
+            args.backend,
+            [o for o in options if not o.startswith("cache_size")]
+            + (["cache_size=12288"] if args.backend == "exllamav3" else []),
+            ["--engines", "2"],
+        ),
+    }
+    pool = ProcessPoolExecutor(args.procs, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        from exllama_integrations import ExLlamaRuntime
+        from exllama_integrations.langchain import ExLlamaLLM
+
+        values = {k: json.loads(v) if v[:1].isdigit() else v for k, v in (o.split("=", 1) for o in options)}
+        rt = ExLlamaRuntime(args.model, args.backend, **values)
+        llm = ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=args.new)
+        for proc, url in servers.values():
+            wait_up(url, proc)
+        assert all(f.result() for f in [pool.submit(warm) for _ in range(args.procs)])
+        seed = [10_000]
+
+        def fresh(n: int) -> list[str]:
+            seed[0] += n
+            return [prompt_text(rt, args.prompt_tokens, seed[0] + i) for i in range(n)]
+
+        def in_process(stream: bool) -> Any:
+            def run() -> dict[str, float]:
+                prompts = fresh(args.clients)
+                tokens = [0] * len(prompts)
+                firsts = [0.0] * len(prompts)
+
+                def call(i: int) -> None:
+                    if stream:
+                        r = public_stream(llm, prompts[i], ignore_eos=True)
+                        tokens[i], firsts[i] = int(r["tokens"]), r["ttft"]
+                    else:
+                        g = llm.generate([prompts[i]], ignore_eos=True).generations[0][0]
+                        tokens[i] = int(g.generation_info["usage"]["completion_tokens"])
+                        firsts[i] = float(g.generation_info["time_to_first_token"])
+
+                threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+                t0 = time.perf_counter()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                wall = time.perf_counter() - t0
+                return {"tok_s": sum(tokens) / wall, "ttft_s": statistics.median(firsts)}
+
+            return run
+
+        def served(url: str) -> Any:
+            def run() -> dict[str, float]:
+                prompts = fresh(args.clients)
+                per = [prompts[i :: args.procs] for i in range(args.procs)]
+                start_at = time.time() + 0.3
+                parts = [f.result() for f in [pool.submit(run_streams, url, p, args.new, start_at) for p in per]]
+                wall = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+                ttfts = [t for p in parts for t in p["ttfts"]]
+                return {
+                    "tok_s": sum(p["tokens"] for p in parts) / wall,
+                    "ttft_s": statistics.median(ttfts),
+                    "loadgen_cores": sum(p["cpu"] for p in parts) / wall,
+                }
+
+            return run
+
+        def one_served(url: str) -> Any:
+            def run() -> dict[str, float]:
+                p = run_streams(url, fresh(1), args.new, time.time())
+                return {"tok_s": (p["tokens"] - 1) / (p["end"] - p["start"] - p["ttfts"][0]), "ttft_s": p["ttfts"][0]}
+
+            return run
+
+        def one_local() -> dict[str, float]:
+            r = public_stream(llm, fresh(1)[0], ignore_eos=True)
+            return {"tok_s": r["decode_tok_s"], "ttft_s": r["ttft"]}
+
+        n = args.clients
+        rows = {
+            f"in process: {n} threads of ExLlamaLLM.generate()": in_process(False),
+            f"in process: {n} threads of ExLlamaLLM.stream()": in_process(True),
+            f"served, --engine thread: {n} streaming clients": served(servers["thread"][1]),
+            f"served, --engine process: {n} streaming clients": served(servers["process"][1]),
+            f"served, --engines 2: {n} streaming clients": served(servers["2 engines"][1]),
+        }
+        interleave(args.out, "load", rows, args.reps)
+        base = f"in process: {n} threads of ExLlamaLLM.generate()"
+        ratios(args.out, "load", [(k, base) for k in list(rows)[1:]])
+        ratios(
+            args.out,
+            "load",
+            [
+                (f"served, --engines 2: {n} streaming clients", f"served, --engine process: {n} streaming clients"),
+                (f"served, --engine process: {n} streaming clients", f"served, --engine thread: {n} streaming clients"),
+            ],
+        )
+        singles = {
+            "in process: ExLlamaLLM.stream()": one_local,
+            "served, --engine process: one streaming client": one_served(servers["process"][1]),
+            "served, --engine thread: one streaming client": one_served(servers["thread"][1]),
+        }
+        interleave(args.out, "single", singles, args.reps)
+        ratios(args.out, "single", [(k, "in process: ExLlamaLLM.stream()") for k in list(singles)[1:]])
+        note(args.out, "host_cores", multiprocessing.cpu_count())
+        rt.close()
+    finally:
+        pool.shutdown(cancel_futures=True)
+        for proc, _ in servers.values():
+            proc.terminate()
+        for proc, _ in servers.values():
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def interleave(out: Path, section: str, paths: dict[str, Any], reps: int) -> None:
+    """Every row once to warm up, then ``reps`` rounds, each starting one row later."""
+    for f in paths.values():
+        f()
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in paths}
+    names = list(paths)
+    for rep in range(reps):
+        for k in names[rep % len(names) :] + names[: rep % len(names)]:
+            runs[k].append(paths[k]())
+    for k, rs in runs.items():
+        record(out, section, k, rs)
+
+
+if __name__ == "__main__":
+    main()

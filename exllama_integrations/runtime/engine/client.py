@@ -1,0 +1,386 @@
+"""One engine process seen from the runtime: started, spoken to over ZeroMQ, watched, and started again if it dies.
+
+Channel: two ZeroMQ sockets over ``ipc://`` files in a private directory (mode 0700, removed with the engine):
+PUSH for requests, PULL for steps. ZeroMQ because it is made for this (vLLM's API server and engine core
+speak over it): framed messages, a queue per direction, no partial reads to handle, and sends that never
+block a caller (``NOBLOCK``: an engine that cannot take a message fails that request at once, typed).
+
+The engine dying (killed, out of memory, a crash in a kernel) is seen by a thread waiting on the process:
+every request it had ends with :class:`~exllama_integrations.errors.EngineUnavailableError` at once, the
+runtime's :meth:`health` says why, and a new engine is started (at most ``MAX_RESTARTS`` in
+``RESTART_WINDOW`` seconds); requests that come meanwhile are refused with the same error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...backends.base import fail_all, require
+from ...errors import (
+    EngineUnavailableError,
+    ExLlamaIntegrationsError,
+    ModelLoadError,
+    ProtocolError,
+    error_from_wire,
+)
+from .wire import pack, request_to_wire, step_from_wire, unpack
+
+if TYPE_CHECKING:
+    from ...backends.base import BackendOptions, BackendRequest
+    from ...model.directory import ModelDirectory
+
+logger = logging.getLogger(__name__)
+
+MAX_RESTARTS = 5
+RESTART_WINDOW = 600.0
+CLOSE_WAIT = 30.0
+"""Seconds a closing engine has to end its requests and free the model before it is killed."""
+MEDIA_WAIT = 120.0
+"""Seconds an image encoding may take in the engine before the request fails."""
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class _Call:
+    """A reply the engine owes (an image encoding)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.reply: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+
+
+class EngineProcess:
+    """One engine slot: its process (started again after a death), its channel and the requests it holds.
+
+    Raises (on start):
+        ModelLoadError and the rest of the load errors, as the engine raised them; EngineUnavailableError when
+        the engine died while loading.
+    """
+
+    def __init__(
+        self,
+        model: ModelDirectory,
+        backend: str,
+        options: BackendOptions,
+        *,
+        index: int = 0,
+        restart: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.model, self.backend, self.options, self.index = model, backend, options, index
+        self.restart = restart
+        self.env = env or {}
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._open: dict[int, BackendRequest] = {}
+        self._calls: dict[int, _Call] = {}
+        self._next = 0
+        self._closing = False
+        self._restarts: list[float] = []
+        self.problem: str | None = None
+        """Why this engine takes no requests now (None: it does)."""
+        self.ready: dict[str, Any] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._start()
+
+    # ----------------------------------------------------------------- life
+
+    def _start(self) -> None:
+        zmq = require("zmq", "engine", 'engine="process"')
+
+        folder = tempfile.mkdtemp(prefix="exllama-engine-")
+        os.chmod(folder, 0o700)
+        context = zmq.Context()
+        requests = context.socket(zmq.PUSH)
+        requests.setsockopt(zmq.LINGER, 0)
+        requests.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a connected engine; else a send fails at once
+        steps = context.socket(zmq.PULL)
+        steps.setsockopt(zmq.LINGER, 0)
+        requests.bind(f"ipc://{folder}/requests")
+        steps.bind(f"ipc://{folder}/steps")
+        env = dict(os.environ, **self.env)
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "exllama_integrations.runtime.engine.process"],
+            stdin=subprocess.PIPE,
+            env=env,
+        )
+        config = {
+            "model_dir": str(self.model.path),
+            "backend": self.backend,
+            "options": self.options.model_dump(exclude_none=True),
+            "requests": f"ipc://{folder}/requests",
+            "steps": f"ipc://{folder}/steps",
+            "log_level": logging.getLogger("exllama_integrations").getEffectiveLevel() or logging.WARNING,
+        }
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(config).encode() + b"\n")
+        proc.stdin.flush()
+        self._proc, self._folder, self._context = proc, folder, context
+        self._requests, self._steps = requests, steps
+        try:
+            self.ready = self._handshake(proc, steps)
+        except BaseException:
+            self._teardown(kill=True)
+            raise
+        self.problem = None
+        self._reader = threading.Thread(target=self._read, args=(proc, steps), name="engine-reader", daemon=True)
+        self._reader.start()
+        threading.Thread(target=self._watch, args=(proc,), name="engine-watch", daemon=True).start()
+        logger.info("engine %d (pid %d) ready: %s on %s", self.index, proc.pid, self.model.name, self.backend)
+
+    def _handshake(self, proc: subprocess.Popen[bytes], steps: Any) -> dict[str, Any]:
+        while True:
+            if steps.poll(100):
+                message = unpack(steps.recv_multipart()[0])
+                if message["op"] == "ready":
+                    return message
+                if message["op"] == "failed":
+                    raise error_from_wire(message.get("error"))
+                raise ProtocolError(f"the engine said {message['op']!r} before it was ready.")
+            code = proc.poll()
+            if code is not None:
+                raise ModelLoadError(
+                    f"the engine process for {self.model.name!r} {_exit_text(code)} while loading "
+                    "(its log is above); nothing stays loaded."
+                )
+
+    def _teardown(self, kill: bool) -> None:
+        proc = self._proc
+        if proc is not None:
+            if kill and proc.poll() is None:
+                proc.kill()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdin is not None:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+        for sock in (self._requests, self._steps):
+            sock.close(linger=0)
+        self._context.term()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        if self._closing:
+            return
+        why = f"the engine process (pid {proc.pid}) {_exit_text(code)}"
+        logger.error("%s; its requests end with EngineUnavailableError", why)
+        with self._lock:
+            self.problem = why + ("; it is starting again" if self.restart else "")
+        self._reader.join(2.0)  # what it sent before it died is delivered first
+        self._fail_open(why + " while generating; retry the request")
+        self._teardown(kill=True)
+        if not self.restart:
+            return
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW] + [now]
+        if len(self._restarts) > MAX_RESTARTS:
+            with self._lock:
+                self.problem = f"{why}, and it died {MAX_RESTARTS} times in {RESTART_WINDOW:.0f} s; not started again"
+            return
+        try:
+            self._start()
+        except BaseException as e:  # noqa: BLE001 - reported by health and by every request
+            logger.error("the engine could not start again: %s", e)
+            with self._lock:
+                self.problem = f"{why}, and starting it again failed: {type(e).__name__}: {e}"
+
+    def _fail_open(self, why: str) -> None:
+        with self._lock:
+            requests = list(self._open.values())
+            self._open.clear()
+            calls = list(self._calls.values())
+            self._calls.clear()
+        fail_all(requests, EngineUnavailableError(why + "."))
+        for call in calls:
+            call.error = EngineUnavailableError(why + ".")
+            call.done.set()
+
+    def close(self) -> None:
+        """Ask the engine to end its requests and free the model; kill it if it does not within ``CLOSE_WAIT``."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None and self.problem is None:
+            try:
+                self._send({"op": "close"})
+                proc.wait(CLOSE_WAIT)
+            except (subprocess.TimeoutExpired, ExLlamaIntegrationsError):
+                logger.warning("the engine (pid %d) did not close in %.0f s; killing it", proc.pid, CLOSE_WAIT)
+        if hasattr(self, "_reader"):
+            self._reader.join(2.0)
+        self._fail_open("the runtime was closed")
+        if proc is not None:
+            self._teardown(kill=True)
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id (None while it is not running)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    @property
+    def load(self) -> int:
+        """Requests this engine holds."""
+        return len(self._open)
+
+    # ----------------------------------------------------------------- channel
+
+    def _send(self, message: dict[str, Any], frames: Sequence[bytes] = ()) -> None:
+        import zmq
+
+        with self._send_lock:
+            try:
+                self._requests.send_multipart([pack(message), *frames], flags=zmq.NOBLOCK, copy=False)
+            except (zmq.ZMQError, AttributeError) as e:
+                raise EngineUnavailableError(
+                    f"the engine process cannot take requests ({self.problem or e}); retry in a moment."
+                ) from None
+
+    def _read(self, proc: subprocess.Popen[bytes], steps: Any) -> None:
+        """Deliver steps to their requests and replies to their callers, until the engine is gone."""
+        while True:
+            if not steps.poll(50):
+                if proc.poll() is not None or self._closing and self.load == 0:
+                    return
+                continue
+            try:
+                frames = steps.recv_multipart()
+                message = unpack(frames[0])
+            except ExLlamaIntegrationsError:
+                logger.warning("a frame from the engine could not be read", exc_info=True)
+                continue
+            op = message["op"]
+            if op == "steps":
+                self._deliver(message["steps"])
+            elif op == "media":
+                with self._lock:
+                    call = self._calls.pop(int(message["call"]), None)
+                if call is not None:
+                    call.reply = message
+                    call.done.set()
+            elif op == "closed":
+                return
+
+    def _deliver(self, rows: list[Any]) -> None:
+        for row in rows:
+            rid, step = step_from_wire(row)
+            with self._lock:
+                request = self._open.get(rid)
+                if request is not None and step.finish is not None:
+                    del self._open[rid]
+            if request is None:
+                continue  # cancelled and already ended here, or an engine before a restart
+            if request.steering is not None and step.token_ids:
+                request.steering.observe(step.token_ids)  # its reasoning count, for usage
+            request.emit(step)
+
+    # ----------------------------------------------------------------- requests
+
+    def submit(self, requests: Sequence[BackendRequest], media: Sequence[str | None]) -> None:
+        """Hand requests to the engine (each with its image handle, or None); returns at once."""
+        with self._lock:
+            problem = self.problem if not self._closing else "the runtime was closed"
+            if problem is None:
+                rids = []
+                for request in requests:
+                    self._next += 1
+                    self._open[self._next] = request
+                    rids.append(self._next)
+        if problem is not None:
+            fail_all(requests, EngineUnavailableError(f"{problem}; retry in a moment."))
+            return
+        rows = [request_to_wire(rid, r, m) for rid, r, m in zip(rids, requests, media)]
+        try:
+            self._send({"op": "submit", "requests": rows})
+        except EngineUnavailableError as e:
+            with self._lock:
+                for rid in rids:
+                    self._open.pop(rid, None)
+            fail_all(requests, e)
+            return
+        for rid, request in zip(rids, requests):
+            request.cancel.on_set(self._canceller(rid))
+
+    def _canceller(self, rid: int) -> Callable[[], None]:
+        def cancel() -> None:
+            if rid in self._open:
+                try:
+                    self._send({"op": "cancel", "rids": [rid]})
+                except EngineUnavailableError:
+                    pass  # a dead engine's requests are failed by its watcher
+
+        return cancel
+
+    def expect(self, n: int) -> None:
+        """``n`` requests of one batch are on their way to this engine."""
+        try:
+            self._send({"op": "expect", "n": n})
+        except EngineUnavailableError:
+            pass
+
+    def encode_media(
+        self, text: str, images: list[Any], add_special_tokens: bool, keys: Sequence[str]
+    ) -> tuple[list[int], str]:
+        """A prompt with images, encoded in the engine: its ids and the handle its request names."""
+        with self._lock:
+            if self.problem is not None:
+                raise EngineUnavailableError(f"{self.problem}; retry in a moment.")
+            self._next += 1
+            call_id = self._next
+            call = self._calls[call_id] = _Call()
+        shapes, frames = [], []
+        for image in images:
+            shapes.append([image.mode, image.width, image.height])
+            frames.append(image.tobytes())
+        message = {
+            "op": "media",
+            "call": call_id,
+            "text": text,
+            "images": shapes,
+            "add_special_tokens": add_special_tokens,
+            "keys": list(keys),
+        }
+        try:
+            self._send(message, frames)
+            if not call.done.wait(MEDIA_WAIT):
+                raise EngineUnavailableError(f"the engine did not encode the images in {MEDIA_WAIT:.0f} s.")
+        finally:
+            with self._lock:
+                self._calls.pop(call_id, None)
+        if call.error is not None:
+            raise call.error
+        reply = call.reply or {}
+        if reply.get("error") is not None:
+            raise error_from_wire(reply["error"])
+        return [int(t) for t in reply["ids"]], str(reply["handle"])

@@ -1,0 +1,303 @@
+"""The engine process: one backend and its driver in a process of their own, and nothing else in its Python.
+
+Started by :class:`~.client.EngineProcess` as ``python -m exllama_integrations.runtime.engine.process``; its
+first line of stdin is its configuration (model directory, backend, options, the two ZeroMQ addresses), and
+stdin stays open for its life: when the parent goes away (killed, crashed), stdin ends and the engine exits
+at once, so no engine outlives its server holding a GPU. Ctrl-C in a terminal reaches the whole process group;
+the engine ignores it and is stopped by its parent, after the parent drained its streams.
+
+Threads: the main thread reads requests (PULL) and hands them to the backend; the backend's driver decodes;
+one sender thread writes steps (PUSH), every step that came since its last send in one frame. The driver's
+only work for the channel is appending a step to a list.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from functools import lru_cache, partial
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ExLlamaIntegrationsError, MediaError
+from .wire import (
+    error_wire,
+    grammar_from_wire,
+    pack,
+    reasoning_from_wire,
+    settings_from_wire,
+    step_to_wire,
+    unpack,
+)
+
+if TYPE_CHECKING:
+    from ...backends.base import Backend, BackendRequest, TokenStep
+    from ...model.tokenizer import NativeTokenizer
+
+logger = logging.getLogger("exllama_integrations.engine")
+
+COALESCE = 0.0005
+"""Seconds the sender waits after the first step of a burst, so the rest of the driver's step goes in the same frame
+(the driver emits a step per request, one after another; a decode step takes milliseconds or more)."""
+
+MEDIA_HELD = 64
+"""Encoded images an engine keeps for requests not yet submitted (older ones are dropped)."""
+
+
+class Outbox:
+    """Messages and steps for the runtime, sent by one thread in order, consecutive steps in one frame."""
+
+    def __init__(self, socket: Any, backend: str) -> None:
+        self._socket, self._backend = socket, backend
+        self._cv = threading.Condition()
+        self._items: deque[Any] = deque()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="engine-sender", daemon=True)
+        self._thread.start()
+
+    def step(self, rid: int, step: TokenStep) -> None:
+        """A step for request ``rid`` (called on the driver: appends, wakes the sender if it sleeps, returns)."""
+        with self._cv:
+            if not self._items:
+                self._cv.notify()
+            self._items.append((rid, step))
+
+    def message(self, message: dict[str, Any], frames: tuple[bytes, ...] = ()) -> None:
+        """A message, after every step already handed in."""
+        with self._cv:
+            self._items.append((message, frames))
+            self._cv.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is waiting, then stop."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._items and not self._closing:
+                    self._cv.wait()
+                if not self._items:
+                    return
+            time.sleep(COALESCE)  # the rest of the driver's step arrives meanwhile: one frame, one wake-up of ours
+            with self._cv:
+                items = list(self._items)
+                self._items.clear()
+            rows: list[Any] = []
+            for item in items:
+                if isinstance(item[0], int):
+                    rows.append(step_to_wire(item[0], item[1], self._backend))
+                    continue
+                if rows:
+                    self._socket.send(pack({"op": "steps", "steps": rows}))
+                    rows = []
+                message, frames = item
+                self._socket.send_multipart([pack(message), *frames])
+            if rows:
+                self._socket.send(pack({"op": "steps", "steps": rows}))
+
+
+class Engine:
+    """A loaded backend behind a channel: requests in, steps out."""
+
+    def __init__(self, backend: Backend, tokenizer: NativeTokenizer, backend_name: str, out: Outbox) -> None:
+        from ...model.grammar import TokenConstraint
+
+        self.backend, self.tokenizer, self.name, self.out = backend, tokenizer, backend_name, out
+        self._open: dict[int, BackendRequest] = {}
+        self._lock = threading.Lock()
+        self._grammars = lru_cache(maxsize=64)(partial(TokenConstraint.compile, tokenizer))
+        self._piece = lru_cache(maxsize=1 << 16)(self._token_text)
+        self._media: OrderedDict[str, Any] = OrderedDict()
+
+    def _token_text(self, tid: int) -> str:
+        return self.tokenizer.decode([tid], skip_special_tokens=False)
+
+    def _emit(self, rid: int, request: BackendRequest, step: TokenStep) -> None:
+        if step.finish is not None:
+            with self._lock:
+                self._open.pop(rid, None)
+            if request.constraint is not None:
+                import dataclasses
+
+                step = dataclasses.replace(step, accepting=request.constraint.is_accepting())
+        self.out.step(rid, step)
+
+    def submit(self, rows: list[dict[str, Any]]) -> None:
+        """Build the backend's requests from their wire form and start them together."""
+        from ...backends.base import BackendRequest, TokenStep
+        from ..local.reasoning import ReasoningControl
+
+        requests = []
+        for row in rows:
+            rid = int(row["rid"])
+            try:
+                grammar = grammar_from_wire(row.get("grammar"))
+                reasoning = reasoning_from_wire(row.get("reasoning"))
+                control = None
+                if reasoning is not None:
+                    control = ReasoningControl(reasoning, self._piece, row["reasoning_end_ids"])
+                embeddings = None
+                if row.get("media") is not None:
+                    embeddings = self._media.pop(row["media"], None)
+                    if embeddings is None:
+                        raise MediaError("the engine dropped the request's images before it ran; send it again.")
+                request = BackendRequest(
+                    [int(t) for t in row["prompt_ids"]],
+                    settings_from_wire(row["settings"]),
+                    int(row["max_new_tokens"]),
+                    frozenset(int(t) for t in row["stop_token_ids"]),
+                    emit=lambda s: None,
+                    constraint=self._grammars(grammar).matcher() if grammar is not None else None,
+                    steering=control,
+                    embeddings=embeddings,
+                    grammar=grammar,
+                )
+            except Exception as e:  # noqa: BLE001 - one bad request fails alone, typed
+                self.out.step(rid, TokenStep(finish="error", error=e))
+                continue
+            request.emit = partial(self._emit, rid, request)
+            if row.get("cancelled"):
+                request.cancel.set()
+            with self._lock:
+                self._open[rid] = request
+            requests.append(request)
+        if requests:
+            self.backend.submit(requests)
+
+    def cancel(self, rids: list[int]) -> None:
+        """Cancel requests by id (ones that already ended are ignored)."""
+        with self._lock:
+            found = [self._open.get(int(r)) for r in rids]
+        for request in found:
+            if request is not None:
+                request.cancel.set()
+
+    def encode_media(self, message: dict[str, Any], frames: list[bytes]) -> None:
+        """Encode a prompt's images; answer with its ids and a handle the request will name."""
+        call = message["call"]
+        try:
+            from PIL import Image
+
+            shapes = message["images"]
+            if len(shapes) != len(frames):
+                raise MediaError(f"{len(shapes)} images announced, {len(frames)} sent.")
+            images = [Image.frombytes(mode, (int(w), int(h)), data) for (mode, w, h), data in zip(shapes, frames)]
+            ids, embeddings = self.backend.encode_media(
+                message["text"], images, bool(message["add_special_tokens"]), list(message["keys"])
+            )
+        except Exception as e:  # noqa: BLE001 - answered typed; the engine goes on
+            self.out.message({"op": "media", "call": call, "error": error_wire(e, self.name)})
+            return
+        handle = f"m{call}"
+        self._media[handle] = embeddings
+        while len(self._media) > MEDIA_HELD:
+            self._media.popitem(last=False)
+        self.out.message({"op": "media", "call": call, "ids": [int(t) for t in ids], "handle": handle})
+
+    def close(self) -> None:
+        """Close the backend (every open request gets its final step), then say so."""
+        self.backend.close()
+        self.out.message({"op": "closed"})
+
+
+def _watch_parent() -> None:
+    """Exit when stdin ends: the parent is gone, and nobody would read what this engine produces."""
+    try:
+        while sys.stdin.buffer.read(65536):
+            pass
+    except (OSError, ValueError):
+        pass
+    os._exit(0)
+
+
+def serve(config: dict[str, Any]) -> int:
+    """Load the backend, say ready (or why not), then serve requests until told to close."""
+    import zmq
+
+    from ...backends import backend_class, options_for
+    from ...model.directory import ModelDirectory
+    from ...model.tokenizer import NativeTokenizer
+
+    context = zmq.Context()
+    inbound = context.socket(zmq.PULL)
+    inbound.setsockopt(zmq.LINGER, 0)
+    inbound.connect(config["requests"])
+    outbound = context.socket(zmq.PUSH)
+    outbound.setsockopt(zmq.LINGER, 2000)
+    outbound.connect(config["steps"])
+    out = Outbox(outbound, str(config["backend"]))
+    try:
+        model = ModelDirectory.inspect(config["model_dir"])
+        backend_cls = backend_class(config["backend"])
+        options = options_for(backend_cls, config["options"])
+        tokenizer = NativeTokenizer(model)
+        backend = backend_cls(model, tokenizer, options)
+    except BaseException as e:  # noqa: BLE001 - the parent raises it, typed
+        logger.debug("the engine failed to load", exc_info=True)
+        if not isinstance(e, ExLlamaIntegrationsError):
+            from ...errors import ModelLoadError
+
+            e = ModelLoadError(f"the engine process failed to load {config['model_dir']!r}: {type(e).__name__}: {e}")
+        out.message({"op": "failed", "error": error_wire(e, str(config["backend"]))})
+        out.close()
+        return 1
+    engine = Engine(backend, tokenizer, backend_cls.name, out)
+    out.message(
+        {
+            "op": "ready",
+            "pid": os.getpid(),
+            "context_length": backend.context_length,
+            "max_batch_size": backend.max_batch_size,
+            "vision": backend.vision,
+            "info": json.loads(json.dumps(backend.info(), default=str)),
+        }
+    )
+    while True:
+        frames = inbound.recv_multipart()
+        try:
+            message = unpack(frames[0])
+        except ExLlamaIntegrationsError:
+            logger.warning("the engine dropped a frame it cannot read", exc_info=True)
+            continue
+        op = message["op"]
+        if op == "submit":
+            engine.submit(message["requests"])
+        elif op == "cancel":
+            engine.cancel(message["rids"])
+        elif op == "expect":
+            backend.expect(int(message["n"]))
+        elif op == "media":
+            engine.encode_media(message, frames[1:])
+        elif op == "close":
+            engine.close()
+            out.close()
+            return 0
+
+
+def main() -> None:
+    """Entry point: read the configuration line, then serve; exits the process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    line = sys.stdin.buffer.readline()
+    config = json.loads(line)
+    logging.basicConfig(
+        level=config.get("log_level", logging.WARNING),
+        format=f"%(levelname)s engine[{os.getpid()}] %(message)s",
+    )
+    threading.Thread(target=_watch_parent, name="engine-parent", daemon=True).start()
+    code = serve(config)
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(code)  # the parent-watching thread sits in a read of stdin: no interpreter shutdown under it
+
+
+if __name__ == "__main__":
+    main()
