@@ -13,6 +13,7 @@ no engine has seen (a new set every call), ``--new`` tokens each (``ignore_eos``
 Aggregate tok/s = completion tokens (the servers' own usage) / wall time from the first request to the last end.
 
     python benchmarks/gpu_serve.py --out DIR                       # H200: Llama-2-7B shape, fp16, exllamav3
+    python benchmarks/gpu_serve.py --out DIR --exl3                # a 1B-class shape, 4-bit EXL3
     python benchmarks/gpu_serve.py --model DIR --backend transformers --clients 8 --procs 2 --new 16 --reps 2
 """
 
@@ -89,11 +90,26 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--exl3", action="store_true", help="a 1B-class Llama shape converted to 4-bit EXL3 (not --model)")
+    ap.add_argument(
+        "--rows",
+        default="generate,stream,thread,process,engines2,single",
+        help="rows to take: generate, stream, engine_in_process, thread, process, process_half, engines2, single",
+    )
     ap.add_argument("--option", action="append", default=None, help="backend option KEY=VALUE (servers and in process)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     options = args.option if args.option is not None else (["cache_size=24576"] if args.backend == "exllamav3" else [])
-    if args.backend == "exllamav3" and not (args.model / ".complete").exists():
+    if args.exl3:  # a 1B-class Llama shape, quantized to 4-bit EXL3 by exllamav3's own converter
+        from fixture_models import Shape, convert_exl3, make_llama
+
+        src, args.model = Path("/tmp/models/llama1b-fp16"), Path("/tmp/models/llama1b-exl3")
+        if not (args.model / ".complete").exists():
+            shape = Shape(hidden=2048, layers=16, heads=16, kv_heads=8, inter=5632, vocab=32000, context=4096)
+            make_llama(src, shape, seed=8)
+            note(args.out, "exl3_convert_seconds", round(convert_exl3(src, args.model, bits=4), 1))
+            (args.model / ".complete").write_text("1")
+    elif args.backend == "exllamav3" and not (args.model / ".complete").exists():
         from fixture_models import LLAMA2_7B, make_llama
 
         t0 = time.perf_counter()
@@ -101,17 +117,17 @@ def main() -> None:
         (args.model / ".complete").write_text("1")
         note(args.out, "fixture_seconds", round(time.perf_counter() - t0, 1))
 
-    servers = {
-        "thread": start_server(args.model, args.backend, options, ["--engine", "thread"]),
-        "process": start_server(args.model, args.backend, options, ["--engine", "process"]),
-        "2 engines": start_server(
-            args.model,
-            args.backend,
-            [o for o in options if not o.startswith("cache_size")]
-            + (["cache_size=12288"] if args.backend == "exllamav3" else []),
-            ["--engines", "2"],
-        ),
-    }
+    rows_wanted = set(args.rows.split(","))
+    half = [o for o in options if not o.startswith("cache_size")] + (
+        ["cache_size=12288"] if args.backend == "exllamav3" else []
+    )
+    servers = {}
+    if rows_wanted & {"thread", "single"}:
+        servers["thread"] = start_server(args.model, args.backend, options, ["--engine", "thread"])
+    if rows_wanted & {"process", "process_half", "single"}:
+        servers["process"] = start_server(args.model, args.backend, options, ["--engine", "process"])
+    if "engines2" in rows_wanted:
+        servers["2 engines"] = start_server(args.model, args.backend, half, ["--engines", "2"])
     pool = ProcessPoolExecutor(args.procs, mp_context=multiprocessing.get_context("spawn"))
     try:
         from exllama_integrations import ExLlamaRuntime
@@ -120,6 +136,10 @@ def main() -> None:
         values = {k: json.loads(v) if v[:1].isdigit() else v for k, v in (o.split("=", 1) for o in options)}
         rt = ExLlamaRuntime(args.model, args.backend, **values)
         llm = ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=args.new)
+        llm_engine = None
+        if "engine_in_process" in rows_wanted:
+            rt_engine = ExLlamaRuntime(args.model, args.backend, engine="process", **values)
+            llm_engine = ExLlamaLLM(runtime=rt_engine, temperature=0, max_new_tokens=args.new)
         for proc, url in servers.values():
             wait_up(url, proc)
         assert all(f.result() for f in [pool.submit(warm) for _ in range(args.procs)])
@@ -129,7 +149,7 @@ def main() -> None:
             seed[0] += n
             return [prompt_text(rt, args.prompt_tokens, seed[0] + i) for i in range(n)]
 
-        def in_process(stream: bool) -> Any:
+        def in_process(stream: bool, target: Any = llm) -> Any:
             def run() -> dict[str, float]:
                 prompts = fresh(args.clients)
                 tokens = [0] * len(prompts)
@@ -137,10 +157,10 @@ def main() -> None:
 
                 def call(i: int) -> None:
                     if stream:
-                        r = public_stream(llm, prompts[i], ignore_eos=True)
+                        r = public_stream(target, prompts[i], ignore_eos=True)
                         tokens[i], firsts[i] = int(r["tokens"]), r["ttft"]
                     else:
-                        g = llm.generate([prompts[i]], ignore_eos=True).generations[0][0]
+                        g = target.generate([prompts[i]], ignore_eos=True).generations[0][0]
                         tokens[i] = int(g.generation_info["usage"]["completion_tokens"])
                         firsts[i] = float(g.generation_info["time_to_first_token"])
 
@@ -155,9 +175,9 @@ def main() -> None:
 
             return run
 
-        def served(url: str) -> Any:
+        def served(url: str, clients: int = args.clients) -> Any:
             def run() -> dict[str, float]:
-                prompts = fresh(args.clients)
+                prompts = fresh(clients)
                 per = [prompts[i :: args.procs] for i in range(args.procs)]
                 start_at = time.time() + 0.3
                 parts = [f.result() for f in [pool.submit(run_streams, url, p, args.new, start_at) for p in per]]
@@ -183,33 +203,40 @@ def main() -> None:
             return {"tok_s": r["decode_tok_s"], "ttft_s": r["ttft"]}
 
         n = args.clients
-        rows = {
-            f"in process: {n} threads of ExLlamaLLM.generate()": in_process(False),
-            f"in process: {n} threads of ExLlamaLLM.stream()": in_process(True),
-            f"served, --engine thread: {n} streaming clients": served(servers["thread"][1]),
-            f"served, --engine process: {n} streaming clients": served(servers["process"][1]),
-            f"served, --engines 2: {n} streaming clients": served(servers["2 engines"][1]),
-        }
-        interleave(args.out, "load", rows, args.reps)
         base = f"in process: {n} threads of ExLlamaLLM.generate()"
-        ratios(args.out, "load", [(k, base) for k in list(rows)[1:]])
-        ratios(
-            args.out,
-            "load",
-            [
-                (f"served, --engines 2: {n} streaming clients", f"served, --engine process: {n} streaming clients"),
-                (f"served, --engine process: {n} streaming clients", f"served, --engine thread: {n} streaming clients"),
-            ],
-        )
-        singles = {
-            "in process: ExLlamaLLM.stream()": one_local,
-            "served, --engine process: one streaming client": one_served(servers["process"][1]),
-            "served, --engine thread: one streaming client": one_served(servers["thread"][1]),
+        process = f"served, --engine process: {n} streaming clients"
+        every = {
+            "generate": (base, lambda: in_process(False)),
+            "stream": (f"in process: {n} threads of ExLlamaLLM.stream()", lambda: in_process(True)),
+            "engine_in_process": (
+                f"in process, engine='process': {n} threads of ExLlamaLLM.generate()",
+                lambda: in_process(False, llm_engine),
+            ),
+            "thread": (f"served, --engine thread: {n} streaming clients", lambda: served(servers["thread"][1])),
+            "process": (process, lambda: served(servers["process"][1])),
+            "process_half": (
+                f"served, --engine process: {n // 2} streaming clients",
+                lambda: served(servers["process"][1], n // 2),
+            ),
+            "engines2": (f"served, --engines 2: {n} streaming clients", lambda: served(servers["2 engines"][1])),
         }
-        interleave(args.out, "single", singles, args.reps)
-        ratios(args.out, "single", [(k, "in process: ExLlamaLLM.stream()") for k in list(singles)[1:]])
+        rows = {name: make() for key, (name, make) in every.items() if key in rows_wanted}
+        interleave(args.out, "load", rows, args.reps)
+        ratios(args.out, "load", [(k, base) for k in rows if k != base and base in rows])
+        if process in rows:
+            ratios(args.out, "load", [(k, process) for k in rows if k.startswith("served") and k != process])
+        if "single" in rows_wanted:
+            singles = {
+                "in process: ExLlamaLLM.stream()": one_local,
+                "served, --engine process: one streaming client": one_served(servers["process"][1]),
+                "served, --engine thread: one streaming client": one_served(servers["thread"][1]),
+            }
+            interleave(args.out, "single", singles, args.reps)
+            ratios(args.out, "single", [(k, "in process: ExLlamaLLM.stream()") for k in list(singles)[1:]])
         note(args.out, "host_cores", multiprocessing.cpu_count())
         rt.close()
+        if llm_engine is not None:
+            rt_engine.close()
     finally:
         pool.shutdown(cancel_futures=True)
         for proc, _ in servers.values():

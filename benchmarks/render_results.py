@@ -76,6 +76,14 @@ VISION = {
     "fix); follow_up is a second turn about the same picture vs about a new one",
 }
 
+SERVING = {
+    "gpu_serve_run1.json": "run 1: Llama-2-7B shape fp16, 64 clients (`python benchmarks/gpu_serve.py --reps 5`)",
+    "gpu_serve_diagnose.json": "run 2, where the time goes: the engine process called in process, one engine at 32 "
+    "clients (`--rows generate,engine_in_process,process,process_half,engines2`)",
+    "gpu_serve_exl3.json": "run 3: a 1B-class Llama shape (2048 x 16 layers, GQA 16/8) quantized to 4-bit EXL3 by "
+    "exllamav3's converter (`--exl3`)",
+}
+
 
 def _cell(v: dict) -> str:
     return f"{v['median']:.3f} [{v['min']:.3f}..{v['max']:.3f}]"
@@ -131,6 +139,15 @@ def _load_sections() -> list[str]:
     lines += _runs(SPECULATIVE)
     lines += ["## Images, H200 (2026-12-02, `python benchmarks/gpu_vision.py --reps 5`)", ""]
     lines += _runs(VISION)
+    lines += [
+        "## Serving: the engine in a thread, in a process, in two processes, H200 (2026-12-02)",
+        "",
+        "`benchmarks/gpu_serve.py`: 64 streaming `/v1/completions` clients from 4 client processes (their CPU is",
+        "`loadgen_cores`), fresh ~128-token prompts, 128 new tokens, `ignore_eos`, beside 64 threads in process;",
+        "ratios are per repetition against the first row named.",
+        "",
+    ]
+    lines += _runs(SERVING)
     cpu = RESULTS / "serve_cpu.json"
     if cpu.exists():
         d = json.loads(cpu.read_text())

@@ -299,6 +299,23 @@ def test_without_pyzmq_the_engine_process_names_its_extra(demo_dir):
     assert "exllama-integrations[engine]" in out
 
 
+def test_the_framework_classes_take_engine_process(demo_dir, demo_runtime):
+    from llama_index.core.llms import ChatMessage
+
+    from exllama_integrations.langchain import ChatExLlama
+    from exllama_integrations.llama_index import ExLlamaLLM as LlamaIndexLLM
+
+    kw = {"model_dir": str(demo_dir), "backend": "transformers", "temperature": 0, "max_new_tokens": 8}
+    chat = ChatExLlama(**kw, engine="process")
+    assert chat.exllama_runtime.engine == "process" and chat.exllama_runtime is not demo_runtime
+    question = "What is the capital of France?"
+    reference = ChatExLlama(**kw).invoke(question).content
+    assert chat.invoke(question).content == reference and reference.strip()
+    li = LlamaIndexLLM(**kw, engine="process")
+    assert li.exllama_runtime is chat.exllama_runtime  # one shared engine for both frameworks
+    assert li.chat([ChatMessage(role="user", content=question)]).message.content == reference
+
+
 def test_the_router_prefers_the_prefix_unless_that_engine_is_much_busier():
     router = PrefixRouter(2, block=4, slack=2)
     convo = list(range(40))

@@ -13,6 +13,7 @@ only work for the channel is appending a step to a list.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -251,6 +252,8 @@ def serve(config: dict[str, Any]) -> int:
         out.close()
         return 1
     engine = Engine(backend, tokenizer, backend_cls.name, out)
+    gc.collect()
+    gc.freeze()  # the model, torch and the libraries stay out of every later collection (a pause holds the GIL)
     out.message(
         {
             "op": "ready",
