@@ -87,6 +87,10 @@ class SettingFields(BaseModel):
     """Locally typical sampling mass; 1.0 disables (not on exllamav3)."""
     repetition_penalty: float | None = None
     """Repetition penalty; 1.0 disables."""
+    presence_penalty: float | None = None
+    """OpenAI's presence penalty (-2 to 2) over the output so far; 0 disables."""
+    frequency_penalty: float | None = None
+    """OpenAI's frequency penalty (-2 to 2) over the output so far; 0 disables."""
     no_repeat_ngram_size: int | None = None
     """Never repeat an n-gram of this many tokens (breaks greedy loops of small models; not on exllamav3)."""
     seed: int | None = None

@@ -47,8 +47,40 @@ class _NoRepeatInOutput:
         return self.proc(input_ids[:, self.prompt_len :], scores)
 
 
+class _LogitBias:
+    """OpenAI's ``logit_bias``: fixed amounts added to some tokens' logits (ids past the vocabulary are ignored)."""
+
+    def __init__(self, bias: dict[int, float]) -> None:
+        self.ids, self.values = list(bias), list(bias.values())
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        keep = [i for i, t in enumerate(self.ids) if t < scores.shape[-1]]
+        ids = torch.tensor([self.ids[i] for i in keep], dtype=torch.long)
+        scores[:, ids] += torch.tensor([self.values[i] for i in keep], dtype=scores.dtype)
+        return scores
+
+
+class _PresenceFrequency:
+    """OpenAI's presence and frequency penalties, over the generated tokens only (the prompt is not counted)."""
+
+    def __init__(self, presence: float, frequency: float, prompt_len: int) -> None:
+        self.presence, self.frequency, self.prompt_len = presence, frequency, prompt_len
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        out = input_ids[:, self.prompt_len :]
+        if out.shape[-1] == 0:
+            return scores
+        counts = torch.zeros_like(scores)
+        counts.scatter_add_(1, out, torch.ones_like(out, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
 def logits_processors(settings: GenerationSettings, prompt_len: int = 0) -> Any:
-    """Transformers' LogitsProcessorList for these settings (penalty first, then the warpers)."""
+    """Transformers' LogitsProcessorList for these settings (bias and penalties first, then the warpers)."""
     from transformers import (
         LogitsProcessorList,
         MinPLogitsWarper,
@@ -61,8 +93,12 @@ def logits_processors(settings: GenerationSettings, prompt_len: int = 0) -> Any:
     )
 
     procs = LogitsProcessorList()
+    if settings.logit_bias:
+        procs.append(_LogitBias(settings.logit_bias))
     if settings.repetition_penalty != 1.0:
         procs.append(RepetitionPenaltyLogitsProcessor(settings.repetition_penalty))
+    if settings.presence_penalty or settings.frequency_penalty:
+        procs.append(_PresenceFrequency(settings.presence_penalty, settings.frequency_penalty, prompt_len))
     if settings.no_repeat_ngram_size:
         procs.append(_NoRepeatInOutput(NoRepeatNGramLogitsProcessor(settings.no_repeat_ngram_size), prompt_len))
     if settings.greedy:

@@ -25,6 +25,8 @@ SAMPLING_FIELDS = (
     "min_p",
     "typical",
     "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
     "no_repeat_ngram_size",
     "seed",
     "max_reasoning_tokens",
@@ -84,6 +86,15 @@ class GenerationSettings(BaseModel):
         default=1.0, gt=0.0, le=10.0, validation_alias=_aliases("repetition_penalty", "repeat_penalty")
     )
     """Penalty on tokens already in the prompt or output (CTRL-style, divides); 1.0 disables."""
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    """Subtracted from the logit of every token the output already holds, once (OpenAI's and vLLM's meaning: the
+    prompt is not counted); 0 disables."""
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    """Subtracted from a token's logit once for every time the output already holds it (the prompt is not
+    counted); 0 disables."""
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    """Added to these tokens' logits before sampling (OpenAI's: -100 bans a token, 100 all but forces it); at most
+    1024 tokens, each bias from -100 to 100."""
     no_repeat_ngram_size: int = Field(default=0, ge=0, le=64)
     """Never repeat an n-gram of this many tokens (breaks greedy loops in small models); 0 disables."""
     seed: int | None = Field(default=None, ge=0, lt=2**63)
@@ -130,6 +141,28 @@ class GenerationSettings(BaseModel):
             if item == "":
                 raise ValueError("stop strings must not be empty")
         return list(dict.fromkeys(v))
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bias(cls, v: Any) -> Any:
+        if v is None:
+            return {}
+        if not isinstance(v, Mapping):
+            raise ValueError(f"logit_bias must map token ids to biases, got {type(v).__name__}")
+        if len(v) > 1024:
+            raise ValueError(f"logit_bias may name at most 1024 tokens, got {len(v)}")
+        out: dict[int, float] = {}
+        for k, b in v.items():
+            try:
+                tid = int(k)  # OpenAI sends the ids as JSON object keys: strings
+            except (TypeError, ValueError):
+                raise ValueError(f"logit_bias keys must be token ids, got {k!r}") from None
+            if tid < 0:
+                raise ValueError(f"logit_bias keys must be token ids (>= 0), got {tid}")
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
+                raise ValueError(f"logit_bias values must be numbers from -100 to 100, got {b!r} for token {tid}")
+            out[tid] = float(b)
+        return out
 
     @field_validator("stop_token_ids", mode="before")
     @classmethod

@@ -27,7 +27,7 @@ from ..contract.api import (
     result_of,
 )
 from ..contract.settings import GenerationSettings, check_supported, resolve_settings
-from ..errors import MediaError
+from ..errors import InvalidSettingsError, MediaError
 
 if TYPE_CHECKING:
     from ..model.tokenizer import NativeTokenizer
@@ -70,6 +70,12 @@ def check_request(request: GenerationRequest, info: ModelInfo) -> None:
         InvalidSettingsError: a refused setting is set.
     """
     check_supported(request.settings, info.unsupported_settings)
+    bias = request.settings.logit_bias
+    if bias and info.vocab_size and max(bias) >= info.vocab_size:
+        raise InvalidSettingsError(
+            f"logit_bias names token {max(bias)}, past this model's vocabulary ({info.vocab_size} tokens).",
+            param="logit_bias",
+        )
 
 
 def collect(stream: TextStream, backend: str = "") -> GenerationResult:

@@ -17,17 +17,65 @@ if TYPE_CHECKING:
     from ...model.grammar import ConstraintMatcher
 
 
-def sampler_for(settings: Any) -> Any:
-    """An exllamav3 sampler equivalent to our settings (ComboSampler: penalty, temperature, min_p, top_k, top_p)."""
+def sampler_for(settings: Any, prompt_len: int = 0) -> Any:
+    """An exllamav3 sampler equivalent to our settings.
+
+    exllamav3's ComboSampler (logit bias, repetition penalty, temperature, min_p, top_k, top_p: its own steps, in
+    the order our logits processors apply them); with presence or frequency penalties, the same steps around
+    :func:`output_penalties` (exllamav3's own penalty step counts the prompt too; OpenAI's counts only the output).
+    """
     from exllamav3 import ComboSampler
 
-    return ComboSampler(
-        rep_p=settings.repetition_penalty,
-        temperature=0.0 if settings.greedy else settings.temperature,
-        min_p=settings.min_p,
-        top_k=settings.top_k,
-        top_p=settings.top_p,
-    )
+    if not (settings.presence_penalty or settings.frequency_penalty):
+        return ComboSampler(
+            rep_p=settings.repetition_penalty,
+            temperature=0.0 if settings.greedy else settings.temperature,
+            min_p=settings.min_p,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            logit_bias=dict(settings.logit_bias) or None,
+        )
+    from exllamav3.generator.sampler import custom as c
+
+    steps = [
+        c.SS_LogitBias(dict(settings.logit_bias)),
+        c.SS_RepP(settings.repetition_penalty),
+        output_penalties(settings.presence_penalty, settings.frequency_penalty, prompt_len),
+    ]
+    if settings.greedy:
+        steps.append(c.SS_Argmax())
+    else:
+        steps += [
+            c.SS_Temperature(settings.temperature),
+            c.SS_MinP(settings.min_p),
+            c.SS_TopK(settings.top_k),
+            c.SS_TopP(settings.top_p),
+            c.SS_Sample(),
+        ]
+    return c.CustomSampler(steps)
+
+
+def output_penalties(presence: float, frequency: float, prompt_len: int) -> Any:
+    """OpenAI's presence and frequency penalties as an exllamav3 sampler step, over the generated tokens only."""
+    import torch
+    from exllamav3.generator.sampler.custom import SS, SS_Base
+
+    class OutputPenalties(SS_Base):  # type: ignore[misc]
+        def run(self, state: Any) -> None:
+            if state.state == SS.INIT:
+                state.logits = state.in_logits.to(torch.float, copy=True)
+            out = state.past_ids[:, prompt_len:]
+            if out.shape[-1]:
+                out = out.to(state.logits.device)
+                counts = torch.zeros_like(state.logits)
+                counts.scatter_add_(1, out, torch.ones_like(out, dtype=counts.dtype))
+                state.logits -= frequency * counts + presence * (counts > 0).to(counts.dtype)
+            state.state = SS.LOGITS
+
+        def reqs_past_ids(self) -> bool:
+            return True
+
+    return OutputPenalties()
 
 
 def matcher_filter(tokenizer: Any, matcher: ConstraintMatcher, trigger_token: int | None = None) -> Any:
@@ -124,7 +172,7 @@ def job_for(request: BackendRequest, tokenizer: Any, embeddings: list[Any] | Non
     job = Job(
         input_ids=torch.tensor([request.prompt_ids], dtype=torch.long),
         max_new_tokens=request.max_new_tokens,
-        sampler=sampler_for(s),
+        sampler=sampler_for(s, len(request.prompt_ids)),
         seed=s.seed,
         stop_conditions=sorted(request.stop_token_ids),
         return_top_tokens=s.logprobs or 0,

@@ -1,7 +1,8 @@
 """The OpenAI wire schema, requests AND responses, as pydantic models (so the OpenAPI schema is true).
 
-OpenAI's own fields are accepted as its clients send them; those we cannot honour (``n`` > 1, penalties
-other than 0, ``logit_bias``) are refused with a 400 naming the field, never ignored. Extensions use
+OpenAI's own fields are accepted as its clients send them (``presence_penalty``, ``frequency_penalty`` and
+``logit_bias`` through every backend's sampler); those we cannot honour (``n`` > 1, ``echo``, ``best_of``)
+are refused with a 400 naming the field, never ignored. Extensions use
 vLLM's names where it has one (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
 ``ignore_eos``, ``add_special_tokens``, ``chat_template_kwargs``, ``thinking_token_budget``) and are listed
 in the README. A field that is neither is refused (a typo must not be silently dropped). A request turns
@@ -62,6 +63,9 @@ SETTING_FIELDS = {
     "top_k": "top_k",
     "min_p": "min_p",
     "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "logit_bias": "logit_bias",
     "typical_p": "typical",
     "no_repeat_ngram_size": "no_repeat_ngram_size",
     "ignore_eos": "ignore_eos",
@@ -120,11 +124,6 @@ class _Common(_Wire):
         """
         if self.n != 1:
             raise _refuse("n", f"only n=1 is served (got {self.n}); send {self.n} requests, they are batched together.")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise _refuse(name, "not supported; use repetition_penalty (our extension) instead.")
-        if self.logit_bias:
-            raise _refuse("logit_bias", "not supported; use a grammar (response_format or tools) to constrain output.")
         values: dict[str, Any] = {setting: getattr(self, field) for field, setting in SETTING_FIELDS.items()}
         values.update(
             max_new_tokens=self._max_tokens(),
