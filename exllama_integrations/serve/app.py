@@ -140,10 +140,14 @@ def create_app(
         """Whether the runtime serves (``ok``, 200), was closed, or cannot take requests now.
 
         ``unavailable`` (503) comes with the ``reason`` (its engine process died and is starting again); also
-        requests in flight, and which server instance answers.
+        requests in flight, which server instance answers and, behind Ray's ingress, the requests each model
+        replica answered (``replicas``).
         """
         s = state_of(request.app)
         body: dict[str, Any] = {"status": "ok", "model": s.name, "in_flight": s.pending, "instance": s.instance}
+        placement = getattr(s.runtime, "placement", None)
+        if callable(placement):  # Ray's ingress: requests answered by each model replica
+            body["replicas"] = placement()
         check = getattr(s.runtime, "health", None)
         problem = check() if callable(check) else None
         if s.runtime.closed:

@@ -1,7 +1,8 @@
-"""Ray Serve: a real local Ray with 2 CPU replicas of the demo model behind Ray's HTTP proxy.
+"""Ray Serve as two tiers: a real local Ray, an ingress and 2 CPU model replicas of the demo model.
 
-Everything stays on 127.0.0.1 (checked with ``ss``); 16 concurrent clients stream through the proxy
-and get the in-process answer; both replicas serve; a client that drops is cancelled on its replica.
+Everything stays on 127.0.0.1 (checked with ``ss``); 16 concurrent clients stream through the proxy and the
+ingress and get the in-process answer; both replicas serve; a conversation's follow-up turns all go to the
+replica that holds its prefix; a client that drops is cancelled on its replica.
 """
 
 from __future__ import annotations
@@ -49,7 +50,18 @@ for t in threads: t.start()
 for t in threads: t.join(300)
 out["clients"] = results
 out["want"] = want
-out["pids"] = sorted({{httpx.get(url + "/health", timeout=30).json()["instance"] for _ in range(40)}})
+out["placement"] = httpx.get(url + "/health", timeout=30).json()["replicas"]
+# a conversation longer than one 256-token block, then its follow-up turns: all to the replica that holds it
+convo = "A long conversation about llamas and their wool. " * 40
+def ask(text):
+    return httpx.post(url + "/v1/completions", json={{"prompt": text, "max_tokens": 2, "temperature": 0}},
+                      timeout=120).json()["choices"][0]["text"]
+before = dict(httpx.get(url + "/health", timeout=30).json()["replicas"])
+ask(convo)
+turns = [ask(convo + f" Turn {{i}}: and then?") for i in range(6)]
+after = httpx.get(url + "/health", timeout=30).json()["replicas"]
+out["follow_up_placement"] = {{k: after.get(k, 0) - before.get(k, 0) for k in after}}
+handle = serve.get_deployment_handle("ExLlamaModel", app_name="exllama")
 body = {{"model": "SmolLM2-135M-Instruct", "prompt": "Tell me a long story.", "max_tokens": 400,
          "ignore_eos": True, "stream": True}}
 with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
@@ -57,6 +69,11 @@ with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
     for _ in range(4): next(lines)
 time.sleep(2)
 out["in_flight_after_drop"] = max(httpx.get(url + "/health", timeout=30).json()["in_flight"] for _ in range(20))
+seen = {{}}
+for _ in range(40):  # ask the replicas what they still run (a dropped client's generation must have ended)
+    a = handle.active.remote().result()
+    seen[a["replica"]] = max(seen.get(a["replica"], 0), a["active"])
+out["active_after_drop"] = seen
 ss = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout.splitlines()
 parent = {{}}
 for d in os.listdir("/proc"):
@@ -85,11 +102,16 @@ print(json.dumps(out))
 
 def test_two_replicas_stream_sixteen_clients_on_loopback(demo_dir):
     out = run_isolated(SCRIPT.format(model_dir=str(demo_dir)), timeout=600)
-    print(f"Ray Serve with 2 CPU replicas up in {out['up_s']:.1f}s; replicas seen: {out['pids']}")
+    print(
+        f"Ray Serve, an ingress and 2 CPU model replicas, up in {out['up_s']:.1f}s; requests per replica: "
+        f"{out['placement']}; a conversation's 7 turns: {out['follow_up_placement']}"
+    )
     assert len(out["clients"]) == 16
     for c in out["clients"]:
         assert c["text"] == out["want"]
         assert c["chunks"] >= 5 and c["first"] < c["last"]  # streamed through the proxy, not buffered
-    assert len(out["pids"]) == 2, "the two replicas did not both serve"
-    assert out["in_flight_after_drop"] == 0, "a dropped client's request still runs on its replica"
+    assert len(out["placement"]) == 2, "the two replicas did not both serve"
+    assert sorted(out["follow_up_placement"].values()) == [0, 7], "a follow-up turn left the replica with its prefix"
+    assert out["in_flight_after_drop"] == 0, "a dropped client's request still counts on the ingress"
+    assert len(out["active_after_drop"]) == 2 and not any(out["active_after_drop"].values()), out["active_after_drop"]
     assert out["sockets"] and not out["off_loopback"], out["off_loopback"]

@@ -11,8 +11,9 @@ and Ray's replicas (:mod:`~exllama_integrations.serve.ray.router`).
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 BLOCK = 256
 
@@ -28,15 +29,18 @@ def block_hashes(ids: Sequence[int], block: int = BLOCK) -> list[int]:
 
 
 class PrefixRouter:
-    """Engine choice by prefix and load (see the module docstring); not thread-safe: its owner locks."""
+    """Engine (or replica) choice by prefix and load (see the module docstring); not thread-safe: its owner locks.
 
-    def __init__(self, n: int, block: int = BLOCK, slack: int = 4, memory: int = 65536) -> None:
+    Engines are named by index (:meth:`choose`) or by any hashable key, such as a Ray replica's id (:meth:`pick`).
+    """
+
+    def __init__(self, n: int = 0, block: int = BLOCK, slack: int = 4, memory: int = 65536) -> None:
         self.block, self.slack, self.memory = block, slack, memory
-        self._held: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(n)]
+        self._held: dict[Hashable, OrderedDict[int, None]] = {i: OrderedDict() for i in range(n)}
 
-    def matched(self, engine: int, hashes: Sequence[int]) -> int:
+    def matched(self, engine: Hashable, hashes: Sequence[int]) -> int:
         """How many leading blocks of a prompt ``engine`` was given before."""
-        held = self._held[engine]
+        held: Mapping[int, None] = self._held.get(engine, {})
         k = 0
         for h in hashes:
             if h not in held:
@@ -46,27 +50,37 @@ class PrefixRouter:
 
     def choose(self, ids: Sequence[int], loads: Sequence[int], usable: Sequence[bool]) -> int:
         """The engine for a prompt, given each engine's load and whether it can take requests; -1 if none can."""
-        candidates = [i for i, ok in enumerate(usable) if ok]
+        candidates: dict[Hashable, int] = {i: loads[i] for i, ok in enumerate(usable) if ok}
         if not candidates:
             return -1
-        least = min(loads[i] for i in candidates)
-        hashes = block_hashes(ids, self.block)
-        best, best_k = -1, 0
-        if hashes:
-            for i in candidates:
-                k = self.matched(i, hashes)
-                if k > best_k and loads[i] <= least + self.slack:
-                    best, best_k = i, k
-        if best < 0:
-            best = min(candidates, key=lambda i: (loads[i], i))
+        chosen = self.pick(block_hashes(ids, self.block), candidates)
+        assert isinstance(chosen, int)
+        return chosen
+
+    def pick(self, hashes: Sequence[int], loads: Mapping[Hashable, int]) -> Hashable:
+        """Of ``loads``' engines (each with its load; at least one), the one for a prompt of these block names."""
+        least = min(loads.values())
+        best: Hashable = None
+        best_k = 0
+        for key, load in loads.items():
+            k = self.matched(key, hashes) if hashes else 0
+            if k > best_k and load <= least + self.slack:
+                best, best_k = key, k
+        if best is None:
+            best = random.choice([key for key, load in loads.items() if load == least])  # ties spread
         self.given(best, hashes)
         return best
 
-    def given(self, engine: int, hashes: Sequence[int]) -> None:
+    def given(self, engine: Hashable, hashes: Sequence[int]) -> None:
         """Remember that ``engine`` holds these blocks now."""
-        held = self._held[engine]
+        held = self._held.setdefault(engine, OrderedDict())
         for h in hashes:
             held[h] = None
             held.move_to_end(h)
         while len(held) > self.memory:
             held.popitem(last=False)
+
+    def forget(self, keep: Sequence[Hashable]) -> None:
+        """Drop what is remembered of engines not in ``keep`` (replicas that went away)."""
+        for key in [k for k in self._held if k not in keep]:
+            del self._held[key]

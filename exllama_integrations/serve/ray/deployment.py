@@ -1,9 +1,10 @@
-"""Ray Serve: replicas of one model, each a runtime on its own GPU, behind Ray's HTTP proxy, with the same app.
+"""Ray Serve as two tiers: an ingress (the OpenAI app) in front of model replicas, routed by prompt prefix.
 
 ``build_app(args)`` is what ``serve run exllama_integrations.serve.ray:build_app model_dir=...`` and a
 Serve config file call; ``exllama-integrations serve --ray --replicas N`` runs it on a local Ray
-instance. Replicas and autoscaling are configuration (``num_replicas``, ``autoscaling_config``),
-routing is Ray's (power of two choices over queue lengths). Streaming responses stream through
+instance. Replicas and autoscaling are configuration (``num_replicas``, ``autoscaling_config``); routing
+is Ray's request router with our policy (:mod:`.router`: the replica holding the prompt's prefix, else the
+least loaded). Streaming responses stream through
 the proxy; a client that disconnects cancels its request on the replica. Every process Ray starts
 gets NVLink multicast switched off (shared multi-GPU hosts).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ...errors import MissingDependencyError
@@ -64,37 +66,48 @@ def bind_replica_grpc_to_node_address() -> bool:
     return True
 
 
-class ExLlamaDeployment:
-    """One replica: a runtime loaded on the replica's GPU (or CPU), serving the OpenAI-compatible app."""
+class ExLlamaModel:
+    """A model replica: one runtime on the replica's GPU (or CPU), called by the ingress with plain request values."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         """Load the model in this replica."""
         os.environ.update(NO_MULTICAST)
         bind_replica_grpc_to_node_address()
+        from ray import serve
+
         from ...runtime.local import ExLlamaRuntime
 
-        self.config = config
         self.runtime = ExLlamaRuntime(config["model_dir"], config.get("backend", "auto"), **config.get("runtime", {}))
+        self.replica = str(serve.get_replica_context().replica_id.unique_id)
 
-    def __serve_build_asgi_app__(self) -> Any:
-        """The same HTTP app as ``exllama-integrations serve``, over this replica's runtime."""
-        from ..app import ServeLimits, create_app
+    def info(self) -> dict[str, Any]:
+        """The model's facts in the wire form."""
+        from ...contract import wire
 
-        c = self.config
-        given = {k: v for k, v in (c.get("limits") or {}).items() if v is not None}
-        if given.pop("allow_image_urls", False):
-            from ...model.media import MediaLimits
+        return wire.to_data(self.runtime.model_info())  # type: ignore[no-any-return]
 
-            given["media"] = MediaLimits(fetch_urls=True)
-        limits = ServeLimits(**given)
-        return create_app(
-            self.runtime,
-            served_model_name=c.get("served_model_name"),
-            api_key=c.get("api_key"),
-            limits=limits,
-            on_shutdown=self.runtime.close,
-            freeze_gc=True,  # the replica's process is ours
-        )
+    def tokenizer_files(self) -> dict[str, Any]:
+        """The tokenizer's files (the ingress tokenizes with them)."""
+        return self.runtime.tokenizer_files()
+
+    def active(self) -> dict[str, Any]:
+        """This replica and the generations it is running now."""
+        return {"replica": self.replica, "active": self.runtime.active_requests}
+
+    async def generate(self, data: dict[str, Any], blocks: list[int]) -> AsyncIterator[dict[str, Any]]:
+        """A generation: this replica's name, then its chunks in the wire form (a typed error as ``{"error"}``).
+
+        ``blocks`` are the prompt's block names, read by the request router only.
+        """
+        from ...contract import wire
+        from ...errors import ExLlamaIntegrationsError, error_to_wire
+
+        yield {"replica": self.replica}
+        try:
+            async for chunk in self.runtime.aopen(wire.loads_request(data)):
+                yield wire.to_data(chunk)
+        except ExLlamaIntegrationsError as e:
+            yield {"error": error_to_wire(e)}
 
     def check_health(self) -> None:
         """Ray's health check: a closed runtime is an unhealthy replica."""
@@ -102,15 +115,40 @@ class ExLlamaDeployment:
             raise RuntimeError("the runtime was closed")
 
 
+def app_over(runtime: Any, c: dict[str, Any], freeze_gc: bool) -> Any:
+    """The same HTTP app as ``exllama-integrations serve``, over ``runtime``, with the configured limits."""
+    from ..app import ServeLimits, create_app
+
+    given = {k: v for k, v in (c.get("limits") or {}).items() if v is not None}
+    if given.pop("allow_image_urls", False):
+        from ...model.media import MediaLimits
+
+        given["media"] = MediaLimits(fetch_urls=True)
+    return create_app(
+        runtime,
+        served_model_name=c.get("served_model_name"),
+        api_key=c.get("api_key"),
+        limits=ServeLimits(**given),
+        on_shutdown=runtime.close,
+        freeze_gc=freeze_gc,
+    )
+
+
 def build_app(args: dict[str, Any]) -> Any:
-    """A Serve application from plain arguments (what ``serve run`` and config files pass).
+    """A Serve application from plain arguments (what ``serve run`` and config files pass): two tiers.
+
+    An ingress deployment (the OpenAI app; renders and tokenizes) in front of the model deployment, called
+    through its handle with plain request values and routed by prompt prefix (:class:`.router.PrefixAwareRouter`).
 
     ``model_dir`` (required), ``backend``, ``runtime`` (load options, e.g. ``{"cache_size": 65536}``),
-    ``num_replicas`` (an int or ``"auto"``), ``autoscaling_config`` (Ray's), ``num_gpus`` per replica
-    (default 1 where CUDA is visible, else 0), ``num_cpus``, ``max_ongoing_requests`` (default 64),
-    ``served_model_name``, ``api_key``, ``limits`` (``max_tokens``, ``max_pending``, ``max_body_bytes``).
+    ``num_replicas`` (an int or ``"auto"``), ``autoscaling_config`` (Ray's), ``num_gpus`` per model replica
+    (default 1 where CUDA is visible, else 0; a fraction puts several on one GPU), ``num_cpus``,
+    ``max_ongoing_requests`` (default 64), ``ingress_replicas`` (default 1), ``served_model_name``, ``api_key``,
+    ``limits`` (``max_tokens``, ``max_pending``, ``max_body_bytes``).
     """
     serve = _serve()
+    from ray.serve.config import RequestRouterConfig
+
     if not args.get("model_dir"):
         from ...errors import InvalidSettingsError
 
@@ -120,16 +158,15 @@ def build_app(args: dict[str, Any]) -> Any:
         from ...backends.base import cuda_available
 
         num_gpus = 1 if cuda_available() else 0
-    actor: dict[str, Any] = {
-        "num_gpus": float(num_gpus),
-        "num_cpus": float(args.get("num_cpus", 1)),
-        "runtime_env": {"env_vars": dict(NO_MULTICAST)},
-    }
+    env = {"runtime_env": {"env_vars": dict(NO_MULTICAST)}}
     options: dict[str, Any] = {
-        "name": "ExLlamaDeployment",
-        "ray_actor_options": actor,
+        "name": "ExLlamaModel",
+        "ray_actor_options": {"num_gpus": float(num_gpus), "num_cpus": float(args.get("num_cpus", 1)), **env},
         "max_ongoing_requests": int(args.get("max_ongoing_requests", 64)),
         "health_check_period_s": 10,
+        "request_router_config": RequestRouterConfig(
+            request_router_class="exllama_integrations.serve.ray.router:PrefixAwareRouter"  # type: ignore[arg-type]
+        ),
     }
     if args.get("autoscaling_config"):
         options["autoscaling_config"] = dict(args["autoscaling_config"])
@@ -143,8 +180,17 @@ def build_app(args: dict[str, Any]) -> Any:
         "api_key": args.get("api_key"),
         "limits": dict(args.get("limits") or {}),
     }
-    deployment = serve.deployment(serve.ingress()(ExLlamaDeployment), **options)
-    return deployment.bind(config)
+    from .ingress import ExLlamaIngress
+
+    model = serve.deployment(ExLlamaModel, **options).bind(config)
+    ingress = serve.deployment(
+        serve.ingress()(ExLlamaIngress),
+        name="ExLlamaIngress",
+        num_replicas=int(args.get("ingress_replicas", 1)),
+        ray_actor_options={"num_cpus": float(args.get("num_cpus", 1)), "num_gpus": 0, **env},
+        max_ongoing_requests=4096,
+    )
+    return ingress.bind(model, config)
 
 
 def run_ray(
