@@ -309,3 +309,17 @@ class IterateTimer:
             return out
 
         return go
+
+
+def interleave(results: Results, out: Path, section: str, paths: dict[str, Callable[[], Any]], reps: int) -> None:
+    """Every path once to warm up, then ``reps`` rounds of all of them, each round starting one path later (no
+    path always runs first or right after the same one); each path's runs recorded in ``results``."""
+    for f in paths.values():  # warm-up
+        f()
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in paths}
+    names = list(paths)
+    for rep in range(reps):
+        for k in names[rep % len(names) :] + names[: rep % len(names)]:
+            runs[k].append(paths[k]())
+    for k, rs in runs.items():
+        results.record(out, section, k, rs)

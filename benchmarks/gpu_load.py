@@ -45,7 +45,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import GcPauses, IterateTimer, RawExLlamaV3, Results, parser, public_stream  # noqa: E402
+from _common import GcPauses, IterateTimer, RawExLlamaV3, Results, parser, public_stream
+from _common import interleave as _interleave  # noqa: E402
 
 from fixture_models import LLAMA2_7B, make_llama  # noqa: E402
 
@@ -148,18 +149,9 @@ def on_threads(n: int, call: Callable[[int], None]) -> float:
     return time.perf_counter() - t0
 
 
-def interleave(out: Path, section: str, paths: dict[str, Callable[[], dict[str, float]]], reps: int) -> None:
-    """Every path once to warm up, then ``reps`` rounds of all of them, each round starting one path later (no
-    path always runs first or right after the same one)."""
-    for f in paths.values():  # warm-up
-        f()
-    runs: dict[str, list[dict[str, float]]] = {k: [] for k in paths}
-    names = list(paths)
-    for rep in range(reps):
-        for k in names[rep % len(names) :] + names[: rep % len(names)]:
-            runs[k].append(paths[k]())
-    for k, rs in runs.items():
-        record(out, section, k, rs)
+def interleave(out: Path, section: str, paths: dict[str, Any], reps: int) -> None:
+    """:func:`_common.interleave` into this benchmark's results."""
+    _interleave(RESULTS, out, section, paths, reps)
 
 
 def main() -> None:

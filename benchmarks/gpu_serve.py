@@ -34,7 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Results, parser, public_stream  # noqa: E402
+from _common import Results, parser, public_stream
+from _common import interleave as _interleave  # noqa: E402
 from _loadgen import run_streams, warm  # noqa: E402
 
 RESULTS = Results("gpu_serve.json")
@@ -81,6 +82,11 @@ def prompt_text(rt: Any, n: int, seed: int) -> str:
         text += " " + words[i % len(words)]
         i += 1
     return text
+
+
+def interleave(out: Path, section: str, paths: dict[str, Any], reps: int) -> None:
+    """:func:`_common.interleave` into this benchmark's results."""
+    _interleave(RESULTS, out, section, paths, reps)
 
 
 def main() -> None:
@@ -246,19 +252,6 @@ def main() -> None:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-
-
-def interleave(out: Path, section: str, paths: dict[str, Any], reps: int) -> None:
-    """Every row once to warm up, then ``reps`` rounds, each starting one row later."""
-    for f in paths.values():
-        f()
-    runs: dict[str, list[dict[str, float]]] = {k: [] for k in paths}
-    names = list(paths)
-    for rep in range(reps):
-        for k in names[rep % len(names) :] + names[: rep % len(names)]:
-            runs[k].append(paths[k]())
-    for k, rs in runs.items():
-        record(out, section, k, rs)
 
 
 if __name__ == "__main__":

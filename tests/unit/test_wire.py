@@ -195,3 +195,26 @@ def test_the_error_table_is_one_table_in_both_directions():
     unknown = wire.loads_error({"error": {"code": "from_the_future", "message": "new"}}, 500)
     assert isinstance(unknown, errors.ServerError) and "new" in str(unknown)
     assert isinstance(wire.loads_error(b"<html>oops</html>", 502), errors.ProtocolError)
+
+
+def test_engine_frames_round_trip_and_bad_ones_are_typed():
+    from exllama_integrations.backends.base import RawLogprob, TokenStep
+    from exllama_integrations.errors import ContextLengthError, GenerationError, ProtocolError
+    from exllama_integrations.runtime.engine.wire import pack, step_from_wire, step_to_wire, unpack
+
+    step = TokenStep(
+        (5, 6), (RawLogprob(5, -0.5, ((5, -0.5), (7, -1.0))), RawLogprob(6, -0.1)), "length", None, 3, True
+    )
+    rid, back = step_from_wire(unpack(pack({"op": "steps", "steps": [step_to_wire(9, step, "x")]}))["steps"][0])
+    assert (rid, back) == (9, step)
+    failed = TokenStep(finish="error", error=ContextLengthError(900, 200, 1024))
+    error = step_from_wire(step_to_wire(1, failed, "x"))[1].error
+    assert isinstance(error, ContextLengthError) and error.context_length == 1024  # its fields cross too
+    crashed = step_from_wire(step_to_wire(1, TokenStep(finish="error", error=KeyError("k")), "x"))[1]
+    assert isinstance(crashed.error, GenerationError) and "KeyError" in str(crashed.error)
+    for bad in (b"not json", b"[1, 2]", b'{"no": "op"}'):
+        with pytest.raises(ProtocolError):
+            unpack(bad)
+    for row in ([1, 2], "x", [1, ["a"], None, None, None, None, None]):
+        with pytest.raises(ProtocolError):
+            step_from_wire(row)

@@ -34,7 +34,7 @@ from ...errors import (
     ProtocolError,
     error_from_wire,
 )
-from .wire import pack, request_to_wire, step_from_wire, unpack
+from .wire import pack, receive, request_to_wire, step_from_wire, unpack
 
 if TYPE_CHECKING:
     from ...backends.base import BackendOptions, BackendRequest
@@ -274,12 +274,10 @@ class EngineProcess:
                 if proc.poll() is not None or self._closing and self.load == 0:
                     return
                 continue
-            try:
-                frames = steps.recv_multipart()
-                message = unpack(frames[0])
-            except ExLlamaIntegrationsError:
-                logger.warning("a frame from the engine could not be read", exc_info=True)
+            got = receive(steps, "the runtime")
+            if got is None:
                 continue
+            message = got[0]
             op = message["op"]
             if op == "steps":
                 self._deliver(message["steps"])

@@ -31,9 +31,9 @@ from .wire import (
     grammar_from_wire,
     pack,
     reasoning_from_wire,
+    receive,
     settings_from_wire,
     step_to_wire,
-    unpack,
 )
 
 if TYPE_CHECKING:
@@ -265,12 +265,10 @@ def serve(config: dict[str, Any]) -> int:
         }
     )
     while True:
-        frames = inbound.recv_multipart()
-        try:
-            message = unpack(frames[0])
-        except ExLlamaIntegrationsError:
-            logger.warning("the engine dropped a frame it cannot read", exc_info=True)
+        got = receive(inbound, "the engine")
+        if got is None:
             continue
+        message, frames = got
         op = message["op"]
         if op == "submit":
             engine.submit(message["requests"])
@@ -279,7 +277,7 @@ def serve(config: dict[str, Any]) -> int:
         elif op == "expect":
             backend.expect(int(message["n"]))
         elif op == "media":
-            engine.encode_media(message, frames[1:])
+            engine.encode_media(message, frames)
         elif op == "close":
             engine.close()
             out.close()

@@ -13,6 +13,7 @@ Images travel as raw pixels in frames of their own (no base64, no second decode)
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -22,6 +23,7 @@ from ...contract.api import Grammar, Reasoning
 from ...contract.settings import GenerationSettings
 from ...errors import ExLlamaIntegrationsError, GenerationError, ProtocolError, error_from_wire, error_to_wire
 
+logger = logging.getLogger(__name__)
 _GRAMMAR = TypeAdapter(Grammar)
 _REASONING = TypeAdapter(Reasoning)
 
@@ -49,6 +51,16 @@ def unpack(frame: bytes) -> dict[str, Any]:
     if not isinstance(message, dict) or not isinstance(message.get("op"), str):
         raise ProtocolError("an engine frame without an 'op'.")
     return message
+
+
+def receive(socket: Any, who: str) -> tuple[dict[str, Any], list[bytes]] | None:
+    """The next message on a socket (waits for it) and its extra frames; None (logged) for one ``who`` cannot read."""
+    frames = socket.recv_multipart()
+    try:
+        return unpack(frames[0]), frames[1:]
+    except ExLlamaIntegrationsError:
+        logger.warning("%s dropped a frame it cannot read", who, exc_info=True)
+        return None
 
 
 def request_to_wire(rid: int, request: BackendRequest, media: str | None) -> dict[str, Any]:
