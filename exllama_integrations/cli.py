@@ -152,6 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     logging.getLogger("exllama_integrations.serve").setLevel(logging.INFO)  # one line per request, always
     from .model.media import MediaLimits
+    from .runtime.local.registry import serving_options
     from .serve.app import ServeLimits, create_app
     from .serve.guard import header_deadline_protocol
 
@@ -160,7 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.backend,
         engine=args.engine,
         engines=args.engines,
-        **{k: v for k, v in options.items() if v is not None},
+        **serving_options(model_dir, args.backend, options),
     )
     limits = ServeLimits(
         max_body_bytes=args.max_body_bytes,

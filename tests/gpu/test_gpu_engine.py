@@ -114,3 +114,23 @@ def test_two_engines_on_one_gpu_share_the_load(model: Path) -> None:
             s.close()
         print(f"two engines on one GPU: loads {loads} for 8 streams")
         assert loads == [4, 4]
+
+
+def test_warmup_at_load_is_reported_and_changes_no_token(model: Path) -> None:
+    from exllama_integrations import ExLlamaRuntime, GenerationSettings
+
+    greedy = GenerationSettings(max_new_tokens=24, temperature=0)
+    prompts = [f"{PROMPT} {i}" for i in range(4)]
+    t0 = time.perf_counter()
+    with ExLlamaRuntime(model, "exllamav3", cache_size=8192, warmup=False) as cold:
+        load_cold = time.perf_counter() - t0
+        assert "warmup_seconds" not in cold.model_info().details
+        ref = [r.token_ids for r in cold.batch(prompts, settings=greedy)]
+    t0 = time.perf_counter()
+    with ExLlamaRuntime(model, "exllamav3", cache_size=8192, warmup=True) as warm:
+        load_warm = time.perf_counter() - t0
+        details = warm.model_info().details
+        assert details["warmup_seconds"] >= 0 and "warmup_failed" not in details
+        got = [r.token_ids for r in warm.batch(prompts, settings=greedy)]
+    print(f"warmup: {details['warmup_seconds']} s at load (load {load_cold:.1f} s without, {load_warm:.1f} s with)")
+    assert got == ref  # the passes wrote the cache's leading pages before the generator took it: no trace left

@@ -172,3 +172,13 @@ def test_exl3_weights_with_padded_hidden_size_are_refused_before_loading(model: 
     (model / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModelError, match=r"hidden_size 64 \(not a multiple of 128\).*fp16/bf16 weights"):
         ExLlamaV3Backend.check_model(ModelDirectory.inspect(model))
+
+
+def test_a_server_warms_exllamav3_up_and_leaves_other_backends_and_choices_alone(demo_dir, monkeypatch):
+    from exllama_integrations.backends import backend_class
+    from exllama_integrations.runtime.local import registry
+
+    assert registry.serving_options(demo_dir, "transformers", {"num_threads": 1}) == {"num_threads": 1}
+    monkeypatch.setattr(registry, "resolve_backend", lambda name, model: backend_class("exllamav3"))
+    assert registry.serving_options(demo_dir, "auto", {"cache_size": 4096}) == {"cache_size": 4096, "warmup": True}
+    assert registry.serving_options(demo_dir, "auto", {"warmup": False}) == {"warmup": False}

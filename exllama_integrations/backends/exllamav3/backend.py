@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +127,16 @@ class ExLlamaV3Backend(Backend):
                 load_kw["device"] = options.device
             self._model.load(**load_kw)
             self._loras, self._unfused = load_loras(self._model, adapters, options.lora_scalings)
+            self._warmup: dict[str, Any] = {}
+            if options.warmup:  # before the generator attaches to the cache (warmup writes its leading pages)
+                t0 = time.perf_counter()
+                failed = self._model.warmup(
+                    cache=self._cache, max_chunk_size=chunk, max_batch_size=min(8, options.max_batch_size)
+                )
+                self._warmup = {"warmup_seconds": round(time.perf_counter() - t0, 2)}
+                if failed:
+                    self._warmup["warmup_failed"] = list(failed)
+                    logger.warning("exllamav3: warmup passes that failed (skipped): %s", failed)
             self._xtok = Tokenizer.from_config(config)
             self.vision = vision_support(config, model.model_type) if options.vision else "vision=False"
             if self.vision is None:
@@ -186,6 +197,7 @@ class ExLlamaV3Backend(Backend):
             **({"cache_sizing": self._sizing} if self._sizing else {}),
             **({"upstream_fixes": self._patched} if self._patched else {}),
             **self._vision_info(),
+            **self._warmup,
         }
 
     def _vision_info(self) -> dict[str, Any]:

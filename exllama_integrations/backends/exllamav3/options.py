@@ -96,6 +96,10 @@ class ExLlamaV3Options(BackendOptions):
     """Iterations between prefill passes while other jobs decode. 0 (ours): a caller who arrives while others
     decode starts at the next step; exllamav3's own 4 smooths running streams but, measured with 64 callers
     arriving ms apart on the H200, cost 44% of the throughput and 3.5x the time to first token."""
+    warmup: bool = False
+    """Run exllamav3's ``Model.warmup()`` at load (kernel compiles, GEMM autotuning, graph workspaces), so the first
+    request pays none of it; its time is in ``model_info().details["warmup_seconds"]`` (8 s on the H200 for a
+    small fp16 model). On by default where a server loads the model (``serve``, Ray replicas), off in process."""
     progressbar: bool | None = None
     """A progress bar while loading; None: when stderr is a terminal or in a notebook."""
     stream_interval: int = Field(default=1, ge=1, le=64)

@@ -116,3 +116,13 @@ def plan_load(
     backend_cls = resolve_backend(backend, model)
     values = {"max_seq_len": max_seq_len, "dtype": dtype, "device": device, **backend_options}
     return model, backend_cls, options_for(backend_cls, values)
+
+
+def serving_options(model_dir: str | os.PathLike[str], backend: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Load options for a server's model: the given ones, and exllamav3's warmup on unless they say otherwise."""
+    out = {k: v for k, v in options.items() if v is not None}
+    if "warmup" not in out:
+        backend_cls = resolve_backend(backend, ModelDirectory.inspect(resolve_model_dir(model_dir)))
+        if "warmup" in backend_cls.Options.model_fields:
+            out["warmup"] = True
+    return out

@@ -76,8 +76,11 @@ class ExLlamaModel:
         from ray import serve
 
         from ...runtime.local import ExLlamaRuntime
+        from ...runtime.local.registry import serving_options
 
-        self.runtime = ExLlamaRuntime(config["model_dir"], config.get("backend", "auto"), **config.get("runtime", {}))
+        backend = config.get("backend", "auto")
+        options = serving_options(config["model_dir"], backend, config.get("runtime", {}))
+        self.runtime = ExLlamaRuntime(config["model_dir"], backend, **options)
         self.replica = str(serve.get_replica_context().replica_id.unique_id)
 
     def info(self) -> dict[str, Any]:
