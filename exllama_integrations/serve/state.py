@@ -59,7 +59,11 @@ class ServeState:
         if self.metrics is None:
             from .metrics import Metrics
 
-            self.metrics = Metrics(self.name, lambda: self.pending)
+            self.metrics = Metrics(self.name, lambda: self.pending, self._healthy)
+
+    def _healthy(self) -> int:
+        check = getattr(self.runtime, "health", None)
+        return 0 if self.runtime.closed or (callable(check) and check() is not None) else 1
 
     @property
     def info(self) -> ModelInfo:

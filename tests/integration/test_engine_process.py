@@ -198,6 +198,10 @@ def test_the_health_of_a_dead_engine_is_visible_while_it_restarts(demo_dir, monk
         assert started.wait(5)
         health = httpx.get(server.url + "/health")
         assert health.status_code == 503 and "SIGKILL" in health.json()["reason"]
+        from prometheus_client.parser import text_string_to_metric_families
+
+        scraped = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+        assert [s.value for s in scraped["exllama:healthy"].samples] == [0.0]
         reply = httpx.post(
             server.url + "/v1/completions", json={"model": rt.model_name, "prompt": "Hi", "max_tokens": 2}
         )

@@ -533,6 +533,7 @@ def test_metrics_count_what_was_served_in_prometheus_format(demo_runtime):
             }
 
         m = scrape(server.url)
+        assert m["exllama:healthy[]"] == 1.0
         finished = sum(v for k, v in m.items() if k.startswith("exllama:request_success_total"))
         assert finished == 4
         assert m["exllama:prompt_tokens_total[]"] == sum(u.prompt_tokens for u in usages) + native.prompt_tokens
