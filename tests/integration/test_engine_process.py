@@ -211,6 +211,34 @@ def test_the_health_of_a_dead_engine_is_visible_while_it_restarts(demo_dir, monk
         rt.close()
 
 
+def test_closing_while_the_engine_starts_again_leaves_no_engine(demo_dir, monkeypatch):
+    from exllama_integrations.runtime.engine import client
+
+    before = engine_pids()
+    rt = ExLlamaRuntime(demo_dir, "transformers", engine="process")
+    (engine,) = rt.diagnostics()["engines"]
+    real_start = client.EngineProcess._start
+    restarting, restarted = threading.Event(), threading.Event()
+
+    def slow_start(self):  # the new engine starts only after the runtime was closed
+        restarting.set()
+        time.sleep(1)
+        try:
+            real_start(self)
+        finally:
+            restarted.set()
+
+    monkeypatch.setattr(client.EngineProcess, "_start", slow_start)
+    os.kill(rt.diagnostics()["engine_pids"][0], signal.SIGKILL)
+    assert restarting.wait(5)
+    rt.close()
+    assert restarted.wait(60)  # the new engine loaded (or failed to): now it must go away at once
+    t0 = time.perf_counter()
+    while (engine.pid is not None or engine_pids() - before) and time.perf_counter() - t0 < 10:
+        time.sleep(0.2)
+    assert engine.pid is None and engine_pids() <= before
+
+
 def test_load_errors_arrive_typed_and_nothing_stays_running(demo_dir, tmp_path):
     import shutil
 

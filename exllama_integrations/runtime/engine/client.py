@@ -212,6 +212,9 @@ class EngineProcess:
             logger.error("the engine could not start again: %s", e)
             with self._lock:
                 self.problem = f"{why}, and starting it again failed: {type(e).__name__}: {e}"
+            return
+        if self._closing:  # the runtime was closed while the new engine loaded: it must not outlive it
+            self._teardown(kill=True)
 
     def _fail_open(self, why: str) -> None:
         with self._lock:
