@@ -314,6 +314,14 @@ def test_two_engines_share_the_load_and_a_follow_up_goes_where_its_prefix_is(dem
         assert engines[home].load == 2 and engines[1 - home].load == 1
         for s in (first, fresh, follow):
             s.close()
+        t0 = time.perf_counter()
+        while any(e.load for e in engines) and time.perf_counter() - t0 < 10:
+            time.sleep(0.01)
+        rt.expect(4)  # a LangChain batch announces itself, then its members arrive one by one: spread by load
+        members = [rt.stream(f"Member {i}: once", settings=greedy(200, ignore_eos=True)) for i in range(4)]
+        assert [e.load for e in engines] == [2, 2]
+        for m in members:
+            m.close()
         results = rt.batch([f"Question {i}:" for i in range(4)], settings=greedy(3))
         assert all(r.usage.completion_tokens == 3 for r in results)
     finally:
@@ -349,12 +357,13 @@ def test_the_framework_classes_take_engine_process(demo_dir, demo_runtime):
 
 
 def test_the_router_prefers_the_prefix_unless_that_engine_is_much_busier():
-    router = PrefixRouter(2, block=4, slack=2)
+    router = PrefixRouter(2, block=4)  # the default slack: 4 requests, as the README says
     convo = list(range(40))
     assert block_hashes(convo, 4)[:3] == block_hashes(convo[:12], 4)
     assert block_hashes([1, 2, 3], 4) == []
     home = router.choose(convo, [0, 0], [True, True])
     assert router.choose(convo + [99], [0, 1] if home == 0 else [1, 0], [True, True]) == home  # busier by 1: home
+    assert router.choose(convo + [98], [4, 0] if home == 0 else [0, 4], [True, True]) == home  # by 4: still home
     busy = [5, 0] if home == 0 else [0, 5]
     assert router.choose(convo + [7], busy, [True, True]) != home  # busier by more than the slack: elsewhere
     assert router.choose(list(range(100, 140)), [3, 1], [True, True]) == 1  # fresh prompt: least loaded

@@ -10,6 +10,7 @@ reasoning split, usage) stays in this process, so the engines' drivers share the
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,10 @@ from .routing import PrefixRouter
 if TYPE_CHECKING:
     from ...backends.base import BackendRequest
     from ...model.directory import ModelDirectory
+
+
+PLAN_WAIT = 1.0
+"""Seconds an announced batch's spread holds for its members (then a request is routed on its own again)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class EngineBackend(Backend):
         self._lock = threading.Lock()
         self._router = PrefixRouter(engines)
         self._planned: deque[int] = deque()
+        self._planned_until = 0.0
         slots: list[EngineProcess | BaseException | None] = [None] * engines
 
         def start(i: int) -> None:
@@ -114,6 +120,8 @@ class EngineBackend(Backend):
         if isinstance(request.embeddings, EngineMedia):
             return request.embeddings.engine
         with self._lock:
+            if self._planned and time.monotonic() > self._planned_until:
+                self._planned.clear()  # members of an announced batch that never came (failed before submit)
             if self._planned:
                 return self._planned.popleft()
             loads = [e.load for e in self.engines]
@@ -144,6 +152,7 @@ class EngineBackend(Backend):
                 share[i] += 1
                 plan.append(i)
             self._planned = deque(plan)
+            self._planned_until = time.monotonic() + PLAN_WAIT
         for i, k in enumerate(share):
             if k > 1:
                 self.engines[i].expect(k)
