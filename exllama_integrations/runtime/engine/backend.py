@@ -9,10 +9,11 @@ reasoning split, usage) stays in this process, so the engines' drivers share the
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,11 +79,7 @@ class EngineBackend(Backend):
             except BaseException as e:  # noqa: BLE001 - raised below, after the others are closed
                 slots[i] = e
 
-        threads = [threading.Thread(target=start, args=(i,), daemon=True) for i in range(engines)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _in_parallel([functools.partial(start, i) for i in range(engines)])
         errors = [s for s in slots if isinstance(s, BaseException)]
         self.engines = [s for s in slots if isinstance(s, EngineProcess)]
         if errors:
@@ -171,11 +168,16 @@ class EngineBackend(Backend):
         return ids, EngineMedia(i, handle)
 
     def close(self) -> None:
-        threads = [threading.Thread(target=e.close, daemon=True) for e in self.engines]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _in_parallel([e.close for e in self.engines])
 
     def library_objects(self) -> dict[str, Any]:
         return {"engines": self.engines, "engine_pids": self.pids()}
+
+
+def _in_parallel(calls: Sequence[Callable[[], object]]) -> None:
+    """Run ``calls`` on threads of their own at once (engines load and close together), and wait for all."""
+    threads = [threading.Thread(target=call, daemon=True) for call in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

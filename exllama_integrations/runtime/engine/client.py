@@ -107,7 +107,7 @@ class EngineProcess:
     # ----------------------------------------------------------------- life
 
     def _start(self) -> None:
-        zmq = require("zmq", "engine", 'engine="process"')
+        zmq = self._zmq = require("zmq", "engine", 'engine="process"')
 
         folder = tempfile.mkdtemp(prefix="exllama-engine-")
         os.chmod(folder, 0o700)
@@ -260,8 +260,7 @@ class EngineProcess:
     # ----------------------------------------------------------------- channel
 
     def _send(self, message: dict[str, Any], frames: Sequence[bytes] = ()) -> None:
-        import zmq
-
+        zmq = self._zmq
         with self._send_lock:
             try:
                 self._requests.send_multipart([pack(message), *frames], flags=zmq.NOBLOCK, copy=False)

@@ -13,6 +13,7 @@ only work for the channel is appending a step to a list.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -127,8 +128,6 @@ class Engine:
             with self._lock:
                 self._open.pop(rid, None)
             if request.constraint is not None:
-                import dataclasses
-
                 step = dataclasses.replace(step, accepting=request.constraint.is_accepting())
         self.out.step(rid, step)
 
