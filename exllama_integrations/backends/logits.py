@@ -51,14 +51,18 @@ class _LogitBias:
     """OpenAI's ``logit_bias``: fixed amounts added to some tokens' logits (ids past the vocabulary are ignored)."""
 
     def __init__(self, bias: dict[int, float]) -> None:
-        self.ids, self.values = list(bias), list(bias.values())
+        self.bias = bias
+        self._made: tuple[Any, Any] | None = None
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
+        if self._made is None:  # once per request, not per step: the vocabulary does not change
+            import torch
 
-        keep = [i for i, t in enumerate(self.ids) if t < scores.shape[-1]]
-        ids = torch.tensor([self.ids[i] for i in keep], dtype=torch.long)
-        scores[:, ids] += torch.tensor([self.values[i] for i in keep], dtype=scores.dtype)
+            kept = [(t, b) for t, b in self.bias.items() if t < scores.shape[-1]]
+            ids = torch.tensor([t for t, _ in kept], dtype=torch.long)
+            self._made = ids, torch.tensor([b for _, b in kept], dtype=scores.dtype)
+        ids, values = self._made
+        scores[:, ids] += values
         return scores
 
 
