@@ -217,12 +217,17 @@ class Results:
         cells = ", ".join(f"{k} {v['median']:.3f} [{v['min']:.3f}..{v['max']:.3f}]" for k, v in row.items())
         print(f"[{section}] {name}: {cells}", flush=True)
 
-    def ratios(self, out: Path, section: str, pairs: list[tuple[str, str]], key: str = "tok_s") -> None:
-        """Paired ratios, repetition by repetition (rows taken in one interleaved run): ``ours / raw`` of ``key``,
-        summarized; on a noisy machine the ratio within a repetition is steadier than a ratio of medians."""
+    def ratios(
+        self, out: Path, section: str, pairs: list[tuple[str, str]], key: str = "tok_s", more: tuple[str, ...] = ()
+    ) -> None:
+        """Paired ratios, repetition by repetition (rows taken in one interleaved run): ``ours / raw`` of ``key``
+        (and TTFT, and the ``more`` keys both rows have), summarized; on a noisy machine the ratio within a
+        repetition is steadier than a ratio of medians."""
         runs = self.data["runs"][section]
         for ours, raw in pairs:
-            for k in (key, "ttft_s"):
+            for k in (key, "ttft_s", *more):
+                if k not in runs[raw][0]:
+                    continue
                 if k not in runs[ours][0]:
                     continue
                 xs = [a[k] / b[k] for a, b in zip(runs[ours], runs[raw]) if b[k]]
@@ -236,6 +241,19 @@ class Results:
         self.data["notes"][key] = value
         self._write(out)
         print(f"note {key}: {value}", flush=True)
+
+
+def exl3_model(results: Results, out: Path) -> Path:
+    """A 1B-class Llama shape quantized to 4-bit EXL3 by exllamav3's own converter (once per machine, ~90 s)."""
+    from fixture_models import Shape, convert_exl3, make_llama
+
+    src, model = Path("/tmp/models/llama1b-fp16"), Path("/tmp/models/llama1b-exl3")
+    if not (model / ".complete").exists():
+        shape = Shape(hidden=2048, layers=16, heads=16, kv_heads=8, inter=5632, vocab=32000, context=4096)
+        make_llama(src, shape, seed=8)
+        results.note(out, "exl3_convert_seconds", round(convert_exl3(src, model, bits=4), 1))
+        (model / ".complete").write_text("1")
+    return model
 
 
 def summary(xs: list[float]) -> dict[str, float]:

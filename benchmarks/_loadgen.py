@@ -18,6 +18,12 @@ async def _one(client: Any, url: str, body: dict[str, Any]) -> tuple[int, float,
     t0 = time.time()
     first = None
     tokens = 0
+    if not body.get("stream"):  # a whole body: its "time to first token" is its latency
+        reply = await client.post(url, json=body)
+        if reply.status_code != 200:
+            raise RuntimeError(f"{reply.status_code}: {reply.text[:300]!r}")
+        end = time.time()
+        return int(reply.json()["usage"]["completion_tokens"]), t0, end, end - t0
     async with client.stream("POST", url, json=body) as reply:
         if reply.status_code != 200:
             raise RuntimeError(f"{reply.status_code}: {(await reply.aread())[:300]!r}")
@@ -37,8 +43,11 @@ async def _one(client: Any, url: str, body: dict[str, Any]) -> tuple[int, float,
     return tokens, t0, end, (first or end) - t0
 
 
-def run_streams(base_url: str, prompts: list[str], max_tokens: int, start_at: float) -> dict[str, Any]:
-    """Stream ``prompts`` through ``/v1/completions`` together, from ``start_at`` (a ``time.time()``)."""
+def run_streams(
+    base_url: str, prompts: list[str], max_tokens: int, start_at: float, stream: bool = True
+) -> dict[str, Any]:
+    """Stream ``prompts`` through ``/v1/completions`` together, from ``start_at`` (a ``time.time()``);
+    ``stream=False``: ask for whole bodies instead."""
     import httpx
 
     cpu0 = time.process_time()
@@ -49,8 +58,10 @@ def run_streams(base_url: str, prompts: list[str], max_tokens: int, start_at: fl
             delay = start_at - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
-            bodies = [dict(body, prompt=p, stream_options={"include_usage": True}) for p in prompts]
+            body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": stream}
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+            bodies = [dict(body, prompt=p) for p in prompts]
             return await asyncio.gather(*(_one(client, base_url + "/v1/completions", b) for b in bodies))
 
     rows = asyncio.run(main())

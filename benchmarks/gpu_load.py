@@ -15,6 +15,8 @@ prompts that no generator has seen (see ``Fresh``: exllamav3 reuses cached promp
   together (no callers at all), 64 threads handing Jobs to one iterate() loop, and exllamav3's
   AsyncGenerator with 64 AsyncJobs; vs 64 threads of ``ExLlamaLLM.invoke()``, 64 ``agenerate()``
   gathered on one loop, and 64 threads of ``ExLlamaLLM.stream()``
+* streams64: 64 threads of ``ExLlamaLLM.stream()`` (a web app streaming to its users) beside 64 raw threads,
+  with the default ``stream_interval="auto"`` and with every step delivered (``stream_interval=1``)
 * profile: where the time of the 64-caller and ChatExLlama-batch paths goes: exllamav3's own
   ``iterate()`` timed in both loops (as in batch16), for
   ``stream_interval`` 1, 4 and 16, and with a shorter GIL switch interval
@@ -25,7 +27,7 @@ prompts that no generator has seen (see ``Fresh``: exllamav3 reuses cached promp
   vs in process: one stream, and 64 concurrent callers
 * transformers: fp16 ``generate()`` (HuggingFacePipeline's path) and its static cache + torch.compile
 
-    python benchmarks/gpu_load.py --out DIR [--sections single,batch16,...] [--reps 5]
+    python benchmarks/gpu_load.py --out DIR [--sections single,batch16,...] [--reps 5] [--new 128] [--exl3]
 """
 
 from __future__ import annotations
@@ -45,12 +47,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import GcPauses, IterateTimer, RawExLlamaV3, Results, parser, public_stream
+from _common import GcPauses, IterateTimer, RawExLlamaV3, Results, exl3_model, parser, public_stream
 from _common import interleave as _interleave  # noqa: E402
 
 from fixture_models import LLAMA2_7B, make_llama  # noqa: E402
 
-SECTIONS = ("single", "batch16", "callers64", "profile", "cache", "prefix", "serve", "transformers")
+SECTIONS = ("single", "batch16", "callers64", "streams64", "profile", "cache", "prefix", "serve", "transformers")
 RESULTS = Results("gpu_load.json")
 record, note, ratios = RESULTS.record, RESULTS.note, RESULTS.ratios
 
@@ -158,10 +160,14 @@ def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--model", type=Path, default=Path("/tmp/models/llama7b-fp16"))
+    ap.add_argument("--exl3", action="store_true", help="a 1B-class Llama shape converted to 4-bit EXL3 (not --model)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     sections = set(args.sections.split(","))
-    if not (args.model / ".complete").exists():
+    if args.exl3:
+        args.model = exl3_model(RESULTS, args.out)
+        note(args.out, "model", "1B-class Llama shape, 4-bit EXL3")
+    elif not (args.model / ".complete").exists():
         t0 = time.perf_counter()
         make_llama(args.model, LLAMA2_7B, seed=7)
         (args.model / ".complete").write_text("1")
@@ -183,7 +189,7 @@ def main() -> None:
     pauses = GcPauses()
     raw = (
         RawExLlamaV3(args.model, cache_tokens=32768, pauses=pauses)
-        if sections & {"single", "batch16", "callers64", "profile"}
+        if sections & {"single", "batch16", "callers64", "streams64", "profile"}
         else None
     )
     # diagnostics only (batch16, profile): our driver's generator (private) is timed like the raw loop's
@@ -264,7 +270,12 @@ def main() -> None:
         else:
             note(args.out, "batch16 LlamaIndex row", "left out: llama-index-core is not installed on this machine")
         interleave(args.out, "batch16", paths, args.reps)
-        ratios(args.out, "batch16", [(k, "raw exllamav3: 16 Jobs together") for k in list(paths)[1:]])
+        ratios(
+            args.out,
+            "batch16",
+            [(k, "raw exllamav3: 16 Jobs together") for k in list(paths)[1:]],
+            more=("iterate_ms", "first_step_ms", "outside_ms"),
+        )
 
     def callers(target: ExLlamaLLM, prompts: list[str]) -> dict[str, float]:
         out: list[Any] = [None] * len(prompts)
@@ -327,6 +338,26 @@ def main() -> None:
                 (agen, together),
             ],
         )
+
+    if "streams64" in sections:  # a web app streaming to 64 users at once, beside exllamav3's own threads
+        assert raw is not None
+        fresh.fill(64 * 3 * (args.reps + 1))
+
+        def raw_threads() -> dict[str, float]:
+            r = raw.threads([rt.encode(p, add_special_tokens=True) for p in fresh.take(64)], new)
+            return {"tok_s": r["tps"], "ttft_s": r["ttft"]}
+
+        every_step = ExLlamaRuntime(args.model, "exllamav3", cache_size=32768, stream_interval=1)
+        llm_every_step = ExLlamaLLM(runtime=every_step, temperature=0, max_new_tokens=new)
+        raw_row = "raw exllamav3: 64 threads, each hands a Job to one iterate() loop"
+        paths = {
+            raw_row: raw_threads,
+            "64 threads of ExLlamaLLM.stream()": lambda: streamers(llm, fresh.take(64)),
+            "64 threads of ExLlamaLLM.stream(), stream_interval=1": lambda: streamers(llm_every_step, fresh.take(64)),
+        }
+        interleave(args.out, "streams64", paths, args.reps)
+        ratios(args.out, "streams64", [(k, raw_row) for k in list(paths)[1:]])
+        every_step.close()
 
     if "profile" in sections:
         variants = {1: rt}

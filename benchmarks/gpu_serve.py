@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import socket
 import statistics
 import subprocess
@@ -34,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Results, parser, public_stream
+from _common import Results, exl3_model, parser, public_stream
 from _common import interleave as _interleave  # noqa: E402
 from _loadgen import run_streams, warm  # noqa: E402
 
@@ -74,6 +75,97 @@ def wait_up(url: str, proc: subprocess.Popen, seconds: float = 600) -> None:
     raise RuntimeError(f"the server at {url} did not come up")
 
 
+class GpuBusy:
+    """nvidia-smi's GPU utilization (the share of time a kernel ran), sampled every 100 ms in the background."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"]
+        try:
+            self.proc: subprocess.Popen | None = subprocess.Popen(query, stdout=subprocess.PIPE, text=True)
+        except OSError:
+            self.proc = None
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.samples.append((time.time(), float(line.split(",")[0])))
+            except ValueError:
+                pass
+
+    def mean(self, t0: float, t1: float) -> float:
+        xs = [u for t, u in self.samples if t0 <= t <= t1]
+        return statistics.fmean(xs) if xs else float("nan")
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def engine_pids(server_pid: int) -> list[int]:
+    """The engine processes a server started."""
+    import psutil
+
+    return [
+        c.pid
+        for c in psutil.Process(server_pid).children(recursive=True)
+        if "runtime.engine.process" in " ".join(c.cmdline())
+    ]
+
+
+def profile(pids: dict[str, int], seconds: float, out: Path) -> dict[str, Any]:
+    """py-spy (100 Hz, every thread, idle ones too) on each named process for ``seconds``: per thread, the share of
+    samples in which it ran on a CPU, and its 12 commonest innermost frames (``{"error"}`` without py-spy)."""
+    import shutil
+
+    spy = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
+    if not Path(spy).exists():
+        return {"error": "py-spy is not installed"}
+    procs = {}
+    for name, pid in pids.items():
+        cmd = [spy, "record", "-p", str(pid), "-r", "100", "-d", str(int(seconds)), "--threads", "--idle"]
+        cmd += ["--nonblocking", "-f", "raw", "-o", str(out / f"pyspy_{name}.txt")]
+        procs[name] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    report: dict[str, Any] = {}
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=seconds + 60)
+        path = out / f"pyspy_{name}.txt"
+        if not path.exists():
+            report[name] = {"error": err[-300:]}
+            continue
+        threads: dict[str, dict[str, Any]] = {}
+        for line in path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = stack.split(";")
+            t = threads.setdefault(frames[0], {"samples": 0, "leaves": {}})
+            t["samples"] += int(count)
+            leaf = frames[-1].split(" (")[0]
+            t["leaves"][leaf] = t["leaves"].get(leaf, 0) + int(count)
+        for t in threads.values():
+            top = sorted(t["leaves"].items(), key=lambda kv: -kv[1])[:12]
+            t["leaves"] = {k: round(v / t["samples"], 3) for k, v in top}
+        report[name] = threads
+        path.unlink()
+    return report
+
+
 def prompt_text(rt: Any, n: int, seed: int) -> str:
     """About ``n`` tokens that begin with a number no other prompt has (so no engine holds any of it)."""
     words = "the quick brown fox jumps over the lazy dog while other animals watch it".split()
@@ -100,21 +192,17 @@ def main() -> None:
     ap.add_argument(
         "--rows",
         default="generate,stream,thread,process,engines2,single",
-        help="rows to take: generate, stream, engine_in_process, thread, process, process_half, engines2, single",
+        help="rows to take: generate, stream, engine_in_process, thread, process, process_whole, process_half, "
+        "process_window, engines2, single",
     )
+    ap.add_argument("--window", type=float, default=0.02, help="arrival_window of the process_window row's server")
+    ap.add_argument("--profile", action="store_true", help="py-spy on the engine-process server and its engine")
     ap.add_argument("--option", action="append", default=None, help="backend option KEY=VALUE (servers and in process)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     options = args.option if args.option is not None else (["cache_size=24576"] if args.backend == "exllamav3" else [])
     if args.exl3:  # a 1B-class Llama shape, quantized to 4-bit EXL3 by exllamav3's own converter
-        from fixture_models import Shape, convert_exl3, make_llama
-
-        src, args.model = Path("/tmp/models/llama1b-fp16"), Path("/tmp/models/llama1b-exl3")
-        if not (args.model / ".complete").exists():
-            shape = Shape(hidden=2048, layers=16, heads=16, kv_heads=8, inter=5632, vocab=32000, context=4096)
-            make_llama(src, shape, seed=8)
-            note(args.out, "exl3_convert_seconds", round(convert_exl3(src, args.model, bits=4), 1))
-            (args.model / ".complete").write_text("1")
+        args.model = exl3_model(RESULTS, args.out)
     elif args.backend == "exllamav3" and not (args.model / ".complete").exists():
         from fixture_models import LLAMA2_7B, make_llama
 
@@ -123,18 +211,25 @@ def main() -> None:
         (args.model / ".complete").write_text("1")
         note(args.out, "fixture_seconds", round(time.perf_counter() - t0, 1))
 
+    from exllama_integrations.runtime.local.registry import SERVING_DEFAULTS
+
+    note(args.out, "serving defaults (a server's model gets them unless --option says otherwise)", SERVING_DEFAULTS)
     rows_wanted = set(args.rows.split(","))
     half = [o for o in options if not o.startswith("cache_size")] + (
         ["cache_size=12288"] if args.backend == "exllamav3" else []
     )
     servers = {}
-    if rows_wanted & {"thread", "single"}:
+    if "thread" in rows_wanted:
         servers["thread"] = start_server(args.model, args.backend, options, ["--engine", "thread"])
-    if rows_wanted & {"process", "process_half", "single"}:
+    if rows_wanted & {"process", "process_whole", "process_half", "single"}:
         servers["process"] = start_server(args.model, args.backend, options, ["--engine", "process"])
+    if "process_window" in rows_wanted:
+        window = [*options, f"arrival_window={args.window}"]
+        servers["window"] = start_server(args.model, args.backend, window, ["--engine", "process"])
     if "engines2" in rows_wanted:
         servers["2 engines"] = start_server(args.model, args.backend, half, ["--engines", "2"])
     pool = ProcessPoolExecutor(args.procs, mp_context=multiprocessing.get_context("spawn"))
+    busy = GpuBusy()
     try:
         from exllama_integrations import ExLlamaRuntime
         from exllama_integrations.langchain import ExLlamaLLM
@@ -171,28 +266,43 @@ def main() -> None:
                         firsts[i] = float(g.generation_info["time_to_first_token"])
 
                 threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
-                t0 = time.perf_counter()
+                here = cpu_seconds([os.getpid()])
+                t0, w0 = time.perf_counter(), time.time()
                 for t in threads:
                     t.start()
                 for t in threads:
                     t.join()
                 wall = time.perf_counter() - t0
-                return {"tok_s": sum(tokens) / wall, "ttft_s": statistics.median(firsts)}
+                return {
+                    "tok_s": sum(tokens) / wall,
+                    "ttft_s": statistics.median(firsts),
+                    "process_cores": (cpu_seconds([os.getpid()]) - here) / wall,
+                    "gpu_busy": busy.mean(w0, w0 + wall),
+                }
 
             return run
 
-        def served(url: str, clients: int = args.clients) -> Any:
+        def served(key: str, clients: int = args.clients, stream: bool = True) -> Any:
+            proc, url = servers[key]
+            engines = engine_pids(proc.pid)
+
             def run() -> dict[str, float]:
                 prompts = fresh(clients)
                 per = [prompts[i :: args.procs] for i in range(args.procs)]
                 start_at = time.time() + 0.3
-                parts = [f.result() for f in [pool.submit(run_streams, url, p, args.new, start_at) for p in per]]
-                wall = max(p["end"] for p in parts) - min(p["start"] for p in parts)
+                server0, engines0 = cpu_seconds([proc.pid]), cpu_seconds(engines)
+                jobs = [pool.submit(run_streams, url, p, args.new, start_at, stream) for p in per]
+                parts = [f.result() for f in jobs]
+                start, end = min(p["start"] for p in parts), max(p["end"] for p in parts)
+                wall = end - start
                 ttfts = [t for p in parts for t in p["ttfts"]]
                 return {
                     "tok_s": sum(p["tokens"] for p in parts) / wall,
                     "ttft_s": statistics.median(ttfts),
                     "loadgen_cores": sum(p["cpu"] for p in parts) / wall,
+                    "server_cores": (cpu_seconds([proc.pid]) - server0) / wall,
+                    "engine_cores": (cpu_seconds(engines) - engines0) / wall,
+                    "gpu_busy": busy.mean(start, end),
                 }
 
             return run
@@ -218,25 +328,47 @@ def main() -> None:
                 f"in process, engine='process': {n} threads of ExLlamaLLM.generate()",
                 lambda: in_process(False, llm_engine),
             ),
-            "thread": (f"served, --engine thread: {n} streaming clients", lambda: served(servers["thread"][1])),
-            "process": (process, lambda: served(servers["process"][1])),
+            "thread": (f"served, --engine thread: {n} streaming clients", lambda: served("thread")),
+            "process": (process, lambda: served("process")),
+            "process_whole": (
+                f"served, --engine process: {n} clients, whole bodies (not streamed)",
+                lambda: served("process", stream=False),
+            ),
             "process_half": (
                 f"served, --engine process: {n // 2} streaming clients",
-                lambda: served(servers["process"][1], n // 2),
+                lambda: served("process", n // 2),
             ),
-            "engines2": (f"served, --engines 2: {n} streaming clients", lambda: served(servers["2 engines"][1])),
+            "process_window": (
+                f"served, --engine process, arrival_window={args.window}: {n} streaming clients",
+                lambda: served("window"),
+            ),
+            "engines2": (f"served, --engines 2: {n} streaming clients", lambda: served("2 engines")),
         }
         rows = {name: make() for key, (name, make) in every.items() if key in rows_wanted}
         interleave(args.out, "load", rows, args.reps)
         ratios(args.out, "load", [(k, base) for k in rows if k != base and base in rows])
         if process in rows:
             ratios(args.out, "load", [(k, process) for k in rows if k.startswith("served") and k != process])
+        if args.profile:  # one more round of the engine-process rows, each under py-spy
+            for key in ("process", "2 engines"):
+                if key not in servers:
+                    continue
+                proc = servers[key][0]
+                pids = {"server": proc.pid, **{f"engine{i}": p for i, p in enumerate(engine_pids(proc.pid))}}
+                row = served(key)
+                found: dict[str, Any] = {}
+                spy = threading.Thread(target=lambda p=pids, f=found: f.update(profile(p, 6, args.out)))
+                spy.start()
+                record(args.out, "profiled", f"{key}, under py-spy (one round)", [row()])
+                spy.join()
+                note(args.out, f"profile {key}", found)
         if "single" in rows_wanted:
             singles = {
                 "in process: ExLlamaLLM.stream()": one_local,
                 "served, --engine process: one streaming client": one_served(servers["process"][1]),
-                "served, --engine thread: one streaming client": one_served(servers["thread"][1]),
             }
+            if "thread" in servers:
+                singles["served, --engine thread: one streaming client"] = one_served(servers["thread"][1])
             interleave(args.out, "single", singles, args.reps)
             ratios(args.out, "single", [(k, "in process: ExLlamaLLM.stream()") for k in list(singles)[1:]])
         note(args.out, "host_cores", multiprocessing.cpu_count())
@@ -244,6 +376,7 @@ def main() -> None:
         if llm_engine is not None:
             rt_engine.close()
     finally:
+        busy.close()
         pool.shutdown(cancel_futures=True)
         for proc, _ in servers.values():
             proc.terminate()
