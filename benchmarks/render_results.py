@@ -60,6 +60,15 @@ RUNS = {
     "GPU call as the next run: callers64, 128 new tokens, 3 repetitions)",
     "gpu_load_run15_callers_after.json": "run 15, after (the code after the contract step, in the same GPU call as "
     "the previous run: callers64, 128 new tokens, 3 repetitions)",
+    "gpu_load_run16_fp16_128.json": "run 16 (2026-12-02, the engine-process code: batch16 and streams64 at 128 new "
+    "tokens, 5 repetitions; paired ratios of exllamav3's iterate() time per step, its first step, and the time per "
+    "step outside it; stream_interval was 1 then)",
+    "gpu_load_run16_fp16_256.json": "run 16 (the same GPU call: batch16 at 256 new tokens, 5 repetitions)",
+    "gpu_load_run17_exl3_128.json": "run 17 (a 1B-class Llama shape, 4-bit EXL3, `--exl3`: batch16 and streams64 at "
+    "128 new tokens, 5 repetitions; stream_interval 1)",
+    "gpu_load_run17_exl3_256.json": "run 17 (the same EXL3 model: batch16 at 256 new tokens, 5 repetitions)",
+    "gpu_load_run18_exl3_streams64.json": 'run 18 (EXL3, streams64: the new default `stream_interval="auto"` '
+    "beside `stream_interval=1`, interleaved, 5 repetitions)",
 }
 LOAD_PLOT = ("gpu_load_run13_batch16.json", "gpu_load_run13_callers.json")
 """The load runs drawn in gpu_throughput.png (the newest)."""
@@ -82,6 +91,20 @@ SERVING = {
     "clients (`--rows generate,engine_in_process,process,process_half,engines2`)",
     "gpu_serve_exl3.json": "run 3: a 1B-class Llama shape (2048 x 16 layers, GQA 16/8) quantized to 4-bit EXL3 by "
     "exllamav3's converter (`--exl3`)",
+    "gpu_serve_run4_fp16_where.json": "run 4, where the served gap was (fp16 7B): whole bodies beside streams, an "
+    "engine whose idle driver waits 20 ms of quiet (`arrival_window=0.02`), two engines; each row's CPU (cores) of "
+    "the server, its engines and the load generator, and the GPU's busy share (nvidia-smi); then one round of "
+    "each engine-process server under py-spy (`--rows generate,process,process_whole,process_window,engines2 "
+    "--profile`)",
+    "gpu_serve_run5_exl3_window.json": "run 5: the same on the EXL3 model (`--exl3 --rows generate,process,"
+    "process_window,single`), the server's defaults still those of run 4",
+    "gpu_serve_run6_exl3_defaults.json": "run 6: EXL3, the server with its new defaults (`burst_window=0.02`, "
+    '`stream_interval="auto"`; `--exl3 --rows generate,process,single --option warmup=false`)',
+}
+
+RAY = {
+    "gpu_ray.json": "Ray Serve, 2 model replicas sharing the H200 beside a 1-replica baseline, 16 conversations "
+    "with 4,000-token prefixes (`python benchmarks/gpu_ray.py`)",
 }
 
 
@@ -105,20 +128,44 @@ def _runs(runs: dict[str, str]) -> list[str]:
                 lines.append(f"| {path_name} | " + " | ".join(_cell(r[k]) if k in r else "" for k in keys) + " |")
             lines.append("")
         for section, pairs in data.get("ratios", {}).items():
+            keys = [
+                k
+                for k in ("tok_s", "ttft_s", "iterate_ms", "first_step_ms", "outside_ms")
+                if any(k in v for v in pairs.values())
+            ]
             lines += [
                 f"{section}, paired ratios (each repetition's ours / raw, then median [min..max]):",
                 "",
-                "| ours / raw | tok_s | ttft_s |",
-                "| --- | ---: | ---: |",
+                "| ours / raw | " + " | ".join(keys) + " |",
+                "| --- |" + " ---: |" * len(keys),
             ]
             for pair, v in pairs.items():
-                cells = [_cell(v[k]) if k in v else "" for k in ("tok_s", "ttft_s")]
+                cells = [_cell(v[k]) if k in v else "" for k in keys]
                 lines.append(f"| {pair} | " + " | ".join(cells) + " |")
             lines.append("")
-        notes = {k: v for k, v in data.get("notes", {}).items() if k not in ("gpu",)}
-        if notes:
-            lines += ["Notes: " + "; ".join(f"{k}: {v}" for k, v in notes.items()), ""]
+        notes = data.get("notes", {})
+        plain = {k: v for k, v in notes.items() if k != "gpu" and not k.startswith("profile") and k != "placement"}
+        if plain:
+            lines += ["Notes: " + "; ".join(f"{k}: {v}" for k, v in plain.items()), ""]
+        for key in (k for k in notes if k.startswith("profile")):
+            lines += _profile(key, notes[key])
     return lines
+
+
+def _profile(key: str, processes: dict) -> list[str]:
+    """A py-spy note: per process, each thread that ran, with the share of its samples in its commonest frames."""
+    lines = [f"{key} (py-spy, 100 Hz, idle samples included: share of each thread's samples by innermost frame):", ""]
+    for proc, threads in processes.items():
+        if "error" in threads:
+            lines.append(f"- {proc}: {threads['error']}")
+            continue
+        for thread, info in threads.items():
+            leaves = info.get("leaves", {})
+            if set(leaves) <= {"Poller.poll", "Popen._try_wait", "_watch_parent", "Socket.recv_multipart"}:
+                continue  # a thread that only waits
+            top = ", ".join(f"{name} {share:.0%}" for name, share in list(leaves.items())[:6])
+            lines.append(f"- {proc}, {thread.split(': ', 1)[-1]}: {top}")
+    return [*lines, ""]
 
 
 def _load_sections() -> list[str]:
@@ -148,6 +195,8 @@ def _load_sections() -> list[str]:
         "",
     ]
     lines += _runs(SERVING)
+    lines += ["## Ray Serve, prefix-aware routing, H200 (2026-12-02)", ""]
+    lines += _runs(RAY)
     cpu = RESULTS / "serve_cpu.json"
     if cpu.exists():
         d = json.loads(cpu.read_text())

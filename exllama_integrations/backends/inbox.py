@@ -1,9 +1,10 @@
 """The one worker inbox of every backend: callers hand requests in, the backend's thread takes them between steps.
 
-An idle worker waits for a burst (a LangChain ``batch``, ``asyncio.gather``) so that it starts together:
-until no request came for ``window`` seconds (at most 50 windows), and for the rest of a batch announced
-with :meth:`Inbox.expect`, at most ``EXPECT_AT_MOST`` after the announcement. A busy worker takes what is
-there and goes on. Closing hands back what was never taken, for the caller to end.
+An idle worker waits for a burst (a LangChain ``batch``, ``asyncio.gather``, clients of a server) so that it
+starts together: until no request came for ``window`` seconds (at most 50 windows; once a second request came,
+``burst_window`` instead, since a server's requests reach it some milliseconds apart), and for the rest of a
+batch announced with :meth:`Inbox.expect`, at most ``EXPECT_AT_MOST`` after the announcement. A busy worker
+takes what is there and goes on. Closing hands back what was never taken, for the caller to end.
 """
 
 from __future__ import annotations
@@ -29,8 +30,14 @@ class Inbox:
     50 windows), and for the rest of an announced batch, at most ``EXPECT_AT_MOST`` after the announcement.
     """
 
-    def __init__(self, window: float) -> None:
+    def __init__(self, window: float, burst_window: float | None = None) -> None:
+        """An inbox whose idle taker waits for ``window`` seconds of quiet, ``burst_window`` in a burst.
+
+        ``burst_window``: the quiet waited for once a second request came while the taker waited (a burst whose
+        members arrive some ms apart, as a server's requests do); None: ``window``.
+        """
         self._window = window
+        self._burst = max(window, burst_window or 0.0)
         self._cv = threading.Condition()
         self._items: deque[Any] = deque()
         self._closing = False
@@ -62,10 +69,12 @@ class Inbox:
             announced = self._expected
             if idle and self._window:
                 woke = time.monotonic()
-                quiet_deadline = woke + 50 * self._window
+                quiet, quiet_deadline = self._window, woke + 50 * self._window
                 while not self._closing:
                     now = time.monotonic()
-                    quiet_left = self._arrived + self._window - now
+                    if quiet < self._burst and len(self._items) > 1:  # a burst is arriving: wait out its gaps
+                        quiet, quiet_deadline = self._burst, woke + 50 * self._burst
+                    quiet_left = self._arrived + quiet - now
                     if self._expected and now < self._expected_until:
                         timeout = self._expected_until - now  # the rest of an announced batch
                     elif quiet_left > 0 and now < quiet_deadline:

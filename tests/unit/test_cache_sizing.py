@@ -60,6 +60,26 @@ def test_auto_on_a_full_gpu_still_gives_one_page(gpu):
     assert tokens == PAGE
 
 
+def test_runtimes_sharing_a_gpu_each_plan_within_their_share_not_the_free_memory(gpu):
+    """Two engines (or two Ray replicas at num_gpus=0.5) load at once: each sees all the free memory."""
+    from exllama_integrations.backends.base import build_options
+    from exllama_integrations.runtime.engine.backend import shared_options
+
+    gpu["free"] = 140 * GIB
+    alone, _ = auto_cache_tokens(_model(13 * GIB), ExLlamaV3Options(max_batch_size=1024), context=4096)
+    two = shared_options(ExLlamaV3Options(max_batch_size=1024), 2)
+    assert two.memory_share == 0.5
+    half, why = auto_cache_tokens(_model(13 * GIB), two, context=4096)
+    assert why["memory_share"] == 0.5
+    assert half == int((70.5 * GIB * 0.9 - 13 * GIB - RESERVE) // (0.5 * 2**20)) // PAGE * PAGE
+    per_token = 0.5 * 2**20
+    assert 2 * (13 * GIB + RESERVE + half * per_token) <= 141 * GIB * 0.9 < 2 * (13 * GIB + alone * per_token)
+    given = build_options(ExLlamaV3Options, "exllamav3", {"memory_share": 0.7})
+    assert shared_options(given, 2).memory_share == 0.7  # a share the user named is kept
+    assert shared_options(ExLlamaV3Options(), 0.25).memory_share == 0.25  # a fractional replica
+    assert shared_options(ExLlamaV3Options(), 1).memory_share == 1.0
+
+
 def test_cache_size_takes_auto_or_pages():
     from exllama_integrations import InvalidSettingsError
     from exllama_integrations.backends.base import build_options

@@ -98,12 +98,12 @@ def _result(entry: LiveJob, ids, **kw):
 def test_stream_interval_groups_steps_and_the_end_carries_what_was_held():
     b, steps = _driver(interval=3), []
     e = _live(steps)
-    for t in (10, 11, 12, 13):
+    for t in (10, 11, 12, 13, 14):
         assert not b._deliver(_result(e, [t]), e, 3)  # the driver's bookkeeping of one job
-    assert steps == [TokenStep((10, 11, 12))]  # every 3 steps, not every step
-    end = _result(e, [14], eos=True, eos_reason="stop_token", eos_triggering_token_id=2, held={"token_ids": _Ids([2])})
+    assert steps == [TokenStep((10,)), TokenStep((11, 12, 13))]  # the first token at once, then every 3 steps
+    end = _result(e, [15], eos=True, eos_reason="stop_token", eos_triggering_token_id=2, held={"token_ids": _Ids([2])})
     assert b._deliver(end, e, 3)
-    assert steps[-1] == TokenStep((13, 14, 2), None, "stop_token")  # held tokens, then the stop id, once
+    assert steps[-1] == TokenStep((14, 15, 2), None, "stop_token")  # held tokens, then the stop id, once
     b2, steps2 = _driver(interval=3), []
     e2 = _live(steps2)
     for t in (5, 6):
@@ -111,6 +111,23 @@ def test_stream_interval_groups_steps_and_the_end_carries_what_was_held():
     assert steps2 == [TokenStep((5,)), TokenStep((6,))]
     assert b2._deliver(_result(e2, [7], eos=True, eos_reason="max_new_tokens"), e2, 1)
     assert steps2[-1] == TokenStep((7,), None, "length")
+
+
+def test_auto_interval_keeps_about_sixteen_readers_woken_per_step_and_stop_strings_are_watched_every_step():
+    from exllama_integrations.backends.exllamav3.driver import delivery_interval
+
+    assert [delivery_interval("auto", n) for n in (1, 16, 31, 32, 48, 64, 256)] == [1, 1, 1, 2, 3, 4, 16]
+    assert [delivery_interval(4, n) for n in (1, 2, 64)] == [1, 4, 4]
+    assert _options().stream_interval == "auto" and _options(stream_interval=8).stream_interval == 8
+    for bad in (0, 65, "fast"):
+        with pytest.raises(InvalidSettingsError, match="stream_interval"):
+            _options(stream_interval=bad)
+    b, steps = _driver(interval="auto"), []
+    req = BackendRequest([1], GenerationSettings(stop=["END"]), 16, frozenset({2}), steps.append)
+    e = LiveJob(object(), req)
+    for t in (10, 11, 12):
+        b._deliver(_result(e, [t]), e, 4)
+    assert steps == [TokenStep((10,)), TokenStep((11,)), TokenStep((12,))]  # a stop string can end it at any token
 
 
 def test_an_idle_driver_takes_a_burst_of_requests_at_once():
@@ -133,6 +150,21 @@ def test_an_idle_driver_takes_a_burst_of_requests_at_once():
     assert len(busy.take(idle=False)) == 1 and time.monotonic() - t0 < 1  # with jobs decoding: no wait
     assert busy.close() == [] and not busy.put([1])
     assert busy.take(idle=True) is None
+
+
+def test_a_burst_whose_requests_come_further_apart_than_the_window_starts_together_and_a_lone_one_does_not_wait():
+    lone = Inbox(window=0.002, burst_window=0.2)
+    lone.put([0])
+    t0 = time.monotonic()
+    assert lone.take(idle=True) == [0] and time.monotonic() - t0 < 0.15  # the short window, not the burst's
+    plain = Inbox(window=0.002)
+    _arrivals(plain, [0, 1, 2, 3], 0.012)  # a server's clients, 12 ms apart
+    got = plain.take(idle=True)
+    assert len(got) < 4  # without a burst window the burst starts in pieces
+    box = Inbox(window=0.002, burst_window=0.2)
+    box.put([0])
+    _arrivals(box, [1, 2, 3], 0.012)
+    assert box.take(idle=True) == [0, 1, 2, 3]
 
 
 def _arrivals(box: Inbox, items: list, gap: float) -> None:

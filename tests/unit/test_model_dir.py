@@ -179,6 +179,12 @@ def test_a_server_warms_exllamav3_up_and_leaves_other_backends_and_choices_alone
     from exllama_integrations.runtime.local import registry
 
     assert registry.serving_options(demo_dir, "transformers", {"num_threads": 1}) == {"num_threads": 1}
+    assert registry.serving_options(demo_dir, "transformers", {}, gpu_share=0.5) == {}  # no cache to size
     monkeypatch.setattr(registry, "resolve_backend", lambda name, model: backend_class("exllamav3"))
-    assert registry.serving_options(demo_dir, "auto", {"cache_size": 4096}) == {"cache_size": 4096, "warmup": True}
-    assert registry.serving_options(demo_dir, "auto", {"warmup": False}) == {"warmup": False}
+    burst = {"burst_window": 0.02}
+    want = {"cache_size": 4096, "warmup": True, **burst}
+    assert registry.serving_options(demo_dir, "auto", {"cache_size": 4096}) == want
+    assert registry.serving_options(demo_dir, "auto", {"warmup": False}) == {"warmup": False, **burst}
+    half = registry.serving_options(demo_dir, "auto", {}, gpu_share=0.5)  # a Ray replica at num_gpus=0.5
+    assert half == {"warmup": True, "burst_window": 0.02, "memory_share": 0.5}
+    assert registry.serving_options(demo_dir, "auto", {"memory_share": 0.3}, gpu_share=0.5)["memory_share"] == 0.3

@@ -165,7 +165,7 @@ class ExLlamaV3Backend(Backend):
             self._context,
             self._sizing,
         )
-        self.inbox = Inbox(options.arrival_window)
+        self.inbox = Inbox(options.arrival_window, options.burst_window)
         self._freed = threading.Lock()
         self.driver = Driver(
             self._generator,

@@ -3,7 +3,8 @@
 It takes what callers handed in between steps (an idle driver waits a moment for a burst, see
 :class:`~..inbox.Inbox`), builds their Jobs on its own thread (under load every Python step a caller takes
 before its request is in waits for the GIL the driver holds), runs ``iterate()`` while jobs exist, and hands
-each request its tokens: every step, or every ``stream_interval`` steps while other jobs decode. A reasoning
+each request its tokens: every step, or every ``stream_interval`` steps while other jobs decode (its first token
+at once, and every step while stop strings are watched; ``"auto"``: more steps the more jobs decode). A reasoning
 request's control sees every token at once, whatever the interval: it may write the end of the thinking
 block (``constrain_output_now``) or attach the grammar for the answer (``set_filters``) before the next step.
 A cancelled request leaves the batch at the next step; ``close`` stops the thread after the step in flight.
@@ -30,6 +31,17 @@ JobFactory = Callable[[BackendRequest], tuple[Any, bool]]
 FilterFactory = Callable[[BackendRequest], Any]
 
 
+AUTO_READERS = 16
+"""``stream_interval="auto"``: about this many requests get their tokens in each step (see the option)."""
+
+
+def delivery_interval(option: int | str, live: int) -> int:
+    """Steps between deliveries to a request while ``live`` jobs decode (``option``: ``stream_interval``)."""
+    if option == "auto":
+        return max(1, live // AUTO_READERS)
+    return int(option) if live > 1 else 1
+
+
 class Driver:
     """Runs a Generator on its own thread (see the module docstring)."""
 
@@ -39,7 +51,7 @@ class Driver:
         inbox: Inbox,
         make_job: JobFactory,
         make_filter: FilterFactory,
-        interval: int = 1,
+        interval: int | str = 1,
         step_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
     ) -> None:
         """``step_context``: entered around each ``iterate()`` (``torch.inference_mode`` on the GPU)."""
@@ -93,7 +105,7 @@ class Driver:
                         entry.req.emit(TokenStep(finish="error", error=e))
                     live.clear()
                     continue
-                interval = self.interval if len(live) > 1 else 1
+                interval = delivery_interval(self.interval, len(live))
                 for r in results:
                     found = live.get(id(r.get("job")))
                     if found is not None and self._deliver(r, found, interval):
@@ -146,8 +158,8 @@ class Driver:
         entry.hold(tokens, lps)
         if not r.get("eos"):
             self._steer(entry, tokens)
-            if entry.steps >= interval and entry.tokens:
-                req.emit(entry.take())
+            if entry.tokens and (entry.steps >= interval or not entry.sent or req.settings.stop):
+                req.emit(entry.take())  # the first token and stop-string watching never wait for the interval
             return False
         finish = finish_of(r)
         if finish == "stop_token":

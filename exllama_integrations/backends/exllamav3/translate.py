@@ -202,13 +202,14 @@ def tokens_of(r: dict[str, Any], k: int | None) -> tuple[list[int], tuple[RawLog
 class LiveJob:
     """A job the driver runs, with the tokens it holds back for its reader (see ``stream_interval``)."""
 
-    __slots__ = ("deferred", "job", "lps", "req", "steps", "tokens")
+    __slots__ = ("deferred", "job", "lps", "req", "sent", "steps", "tokens")
 
     def __init__(self, job: Any, req: BackendRequest, deferred: bool = False) -> None:
         self.job, self.req, self.deferred = job, req, deferred
         self.tokens: list[int] = []
         self.lps: list[Any] | None = None
         self.steps = 0
+        self.sent = False
 
     def hold(self, tokens: list[int], lps: tuple[Any, ...] | None, step: bool = True) -> None:
         self.tokens += tokens
@@ -218,7 +219,7 @@ class LiveJob:
 
     def take(self, finish: Any = None) -> TokenStep:
         out = TokenStep(tuple(self.tokens), tuple(self.lps) if self.lps is not None else None, finish)
-        self.tokens, self.lps, self.steps = [], None, 0
+        self.tokens, self.lps, self.steps, self.sent = [], None, 0, True
         return out
 
 

@@ -118,11 +118,24 @@ def plan_load(
     return model, backend_cls, options_for(backend_cls, values)
 
 
-def serving_options(model_dir: str | os.PathLike[str], backend: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Load options for a server's model: the given ones, and exllamav3's warmup on unless they say otherwise."""
+SERVING_DEFAULTS: dict[str, Any] = {"warmup": True, "burst_window": 0.02}
+"""Load options a server's model gets unless they are given (where its backend has them): exllamav3 warms up at
+load, and its idle driver waits out the gaps of a burst of clients (see ``ExLlamaV3Options.burst_window``)."""
+
+
+def serving_options(
+    model_dir: str | os.PathLike[str], backend: str, options: Mapping[str, Any], gpu_share: float = 1.0
+) -> dict[str, Any]:
+    """Load options for a server's model: the given ones, and :data:`SERVING_DEFAULTS` where they say nothing.
+
+    A replica that has ``gpu_share`` (< 1) of its GPU (a Ray replica's fractional ``num_gpus``) also gets that
+    ``memory_share``, so its ``cache_size="auto"`` leaves the GPU's other replicas their part.
+    """
     out = {k: v for k, v in options.items() if v is not None}
-    if "warmup" not in out:
-        backend_cls = resolve_backend(backend, ModelDirectory.inspect(resolve_model_dir(model_dir)))
-        if "warmup" in backend_cls.Options.model_fields:
-            out["warmup"] = True
+    fields = resolve_backend(backend, ModelDirectory.inspect(resolve_model_dir(model_dir))).Options.model_fields
+    for key, value in SERVING_DEFAULTS.items():
+        if key not in out and key in fields:
+            out[key] = value
+    if 0 < gpu_share < 1 and "memory_share" not in out and "memory_share" in fields:
+        out["memory_share"] = gpu_share
     return out

@@ -79,7 +79,7 @@ class ExLlamaModel:
         from ...runtime.local.registry import serving_options
 
         backend = config.get("backend", "auto")
-        options = serving_options(config["model_dir"], backend, config.get("runtime", {}))
+        options = serving_options(config["model_dir"], backend, config.get("runtime", {}), config.get("gpu_share", 1.0))
         self.runtime = ExLlamaRuntime(config["model_dir"], backend, **options)
         self.replica = str(serve.get_replica_context().replica_id.unique_id)
 
@@ -182,6 +182,7 @@ def build_app(args: dict[str, Any]) -> Any:
         "served_model_name": args.get("served_model_name"),
         "api_key": args.get("api_key"),
         "limits": dict(args.get("limits") or {}),
+        "gpu_share": float(num_gpus) if 0 < float(num_gpus) < 1 else 1.0,
     }
     from .ingress import ExLlamaIngress
 
