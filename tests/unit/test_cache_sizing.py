@@ -67,7 +67,7 @@ def test_runtimes_sharing_a_gpu_each_plan_within_their_share_not_the_free_memory
 
     gpu["free"] = 140 * GIB
     alone, _ = auto_cache_tokens(_model(13 * GIB), ExLlamaV3Options(max_batch_size=1024), context=4096)
-    two = shared_options(ExLlamaV3Options(max_batch_size=1024), 2)
+    two = shared_options(ExLlamaV3Options(max_batch_size=1024), 1 / 2)
     assert two.memory_share == 0.5
     half, why = auto_cache_tokens(_model(13 * GIB), two, context=4096)
     assert why["memory_share"] == 0.5
@@ -75,9 +75,9 @@ def test_runtimes_sharing_a_gpu_each_plan_within_their_share_not_the_free_memory
     per_token = 0.5 * 2**20
     assert 2 * (13 * GIB + RESERVE + half * per_token) <= 141 * GIB * 0.9 < 2 * (13 * GIB + alone * per_token)
     given = build_options(ExLlamaV3Options, "exllamav3", {"memory_share": 0.7})
-    assert shared_options(given, 2).memory_share == 0.7  # a share the user named is kept
+    assert shared_options(given, 1 / 2).memory_share == 0.7  # a share the user named is kept
     assert shared_options(ExLlamaV3Options(), 0.25).memory_share == 0.25  # a fractional replica
-    assert shared_options(ExLlamaV3Options(), 1).memory_share == 1.0
+    assert shared_options(ExLlamaV3Options(), 1.0).memory_share == 1.0
 
 
 def test_cache_size_takes_auto_or_pages():

@@ -40,16 +40,15 @@ class EngineMedia:
 
 
 def shared_options(options: BackendOptions, share: float) -> BackendOptions:
-    """``options`` for one of several runtimes on the same GPUs (``share``: how many, or the fraction each has).
+    """``options`` for one of several runtimes that load on the same GPUs at once, each with ``share`` of them.
 
     A backend that sizes its cache from the free memory (exllamav3's ``cache_size="auto"``) is told its share
     (``memory_share``), unless the options name one: loaded at once, each would otherwise plan for all of it.
     """
-    fraction = 1.0 / share if share > 1 else share
     fields = type(options).model_fields
-    if fraction >= 1.0 or "memory_share" not in fields or "memory_share" in options.model_fields_set:
+    if share >= 1.0 or "memory_share" not in fields or "memory_share" in options.model_fields_set:
         return options
-    return options.model_copy(update={"memory_share": fraction})
+    return options.model_copy(update={"memory_share": share})
 
 
 class EngineBackend(Backend):
@@ -79,7 +78,7 @@ class EngineBackend(Backend):
             ModelLoadError (and the rest of the load errors): as an engine raised it; none stays running.
         """
         self.name = backend_cls.name  # type: ignore[misc]
-        options = shared_options(options, engines)
+        options = shared_options(options, 1.0 / engines)
         self.unsupported_settings = backend_cls.unsupported_settings  # type: ignore[misc]
         self._lock = threading.Lock()
         self._router = PrefixRouter(engines)
