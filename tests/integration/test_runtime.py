@@ -108,12 +108,19 @@ def test_batch_validates_once_and_matches(demo_runtime: ExLlamaRuntime):
         demo_runtime.batch(prompts, temperature=-1)
 
 
-def test_prompt_longer_than_context(demo_runtime: ExLlamaRuntime):
+def test_prompt_longer_than_context(demo_runtime: ExLlamaRuntime, demo_dir):
     long = "word " * (demo_runtime.context_length + 10)
     with pytest.raises(ContextLengthError, match="context is 8192"):
         demo_runtime.generate(long, max_new_tokens=4)
-    r = demo_runtime.generate(long, max_new_tokens=2, truncate_prompt=True, temperature=0)
-    assert r.usage.prompt_tokens == demo_runtime.context_length - 2
+    # the cut itself on a 512-token context: the same code, without an 8,190-token prefill on CPU (76 s in CI)
+    small = ExLlamaRuntime(demo_dir, backend="transformers", max_seq_len=512)
+    try:
+        with pytest.raises(ContextLengthError, match="context is 512"):
+            small.generate("word " * 600, max_new_tokens=4)
+        r = small.generate("word " * 600, max_new_tokens=2, truncate_prompt=True, temperature=0)
+        assert r.usage.prompt_tokens == small.context_length - 2 == 510
+    finally:
+        small.close()
 
 
 @pytest.mark.parametrize(
