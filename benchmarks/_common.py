@@ -226,9 +226,7 @@ class Results:
         runs = self.data["runs"][section]
         for ours, raw in pairs:
             for k in (key, "ttft_s", *more):
-                if k not in runs[raw][0]:
-                    continue
-                if k not in runs[ours][0]:
+                if k not in runs[ours][0] or k not in runs[raw][0]:
                     continue
                 xs = [a[k] / b[k] for a, b in zip(runs[ours], runs[raw]) if b[k]]
                 name = f"{ours} / {raw}"

@@ -133,9 +133,8 @@ def serving_options(
     """
     out = {k: v for k, v in options.items() if v is not None}
     fields = resolve_backend(backend, ModelDirectory.inspect(resolve_model_dir(model_dir))).Options.model_fields
-    for key, value in SERVING_DEFAULTS.items():
+    defaults = {**SERVING_DEFAULTS, **({"memory_share": gpu_share} if 0 < gpu_share < 1 else {})}
+    for key, value in defaults.items():
         if key not in out and key in fields:
             out[key] = value
-    if 0 < gpu_share < 1 and "memory_share" not in out and "memory_share" in fields:
-        out["memory_share"] = gpu_share
     return out
