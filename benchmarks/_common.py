@@ -254,6 +254,46 @@ def exl3_model(results: Results, out: Path) -> Path:
     return model
 
 
+def profile(pids: dict[str, int], seconds: float, out: Path, gil: bool = False) -> dict[str, Any]:
+    """py-spy (100 Hz) on each named process for ``seconds``: per thread, its samples and the share of them in its 12
+    commonest innermost frames (``{"error"}`` without py-spy). ``gil=False``: every thread, idle ones too (the share
+    in which a thread ran on a CPU); ``gil=True``: only the thread holding the GIL at each sample (who takes it from
+    whom). Threads whose names differ only in numbers (64 reader threads) are counted as one."""
+    import re
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
+    if not Path(spy).exists():
+        return {"error": "py-spy is not installed"}
+    procs = {}
+    for name, pid in pids.items():
+        cmd = [spy, "record", "-p", str(pid), "-r", "100", "-d", str(int(seconds)), "--threads"]
+        cmd += ["--gil" if gil else "--idle", "--nonblocking", "-f", "raw", "-o", str(out / f"pyspy_{name}.txt")]
+        procs[name] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    report: dict[str, Any] = {}
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=seconds + 60)
+        path = out / f"pyspy_{name}.txt"
+        if not path.exists():
+            report[name] = {"error": err[-300:]}
+            continue
+        threads: dict[str, dict[str, Any]] = {}
+        for line in path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = stack.split(";")
+            t = threads.setdefault(re.sub(r"\d+", "N", frames[0]), {"samples": 0, "leaves": {}})
+            t["samples"] += int(count)
+            leaf = frames[-1].split(" (")[0]
+            t["leaves"][leaf] = t["leaves"].get(leaf, 0) + int(count)
+        for t in threads.values():
+            top = sorted(t["leaves"].items(), key=lambda kv: -kv[1])[:12]
+            t["leaves"] = {k: round(v / t["samples"], 3) for k, v in top}
+        report[name] = threads
+        path.unlink()
+    return report
+
+
 def summary(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 

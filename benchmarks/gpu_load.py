@@ -16,7 +16,7 @@ prompts that no generator has seen (see ``Fresh``: exllamav3 reuses cached promp
   AsyncGenerator with 64 AsyncJobs; vs 64 threads of ``ExLlamaLLM.invoke()``, 64 ``agenerate()``
   gathered on one loop, and 64 threads of ``ExLlamaLLM.stream()``
 * streams64: 64 threads of ``ExLlamaLLM.stream()`` (a web app streaming to its users) beside 64 raw threads,
-  with the default ``stream_interval="auto"`` and with every step delivered (``stream_interval=1``)
+  with the default ``stream_interval="auto"`` and with each of ``--intervals`` (default 1: every step delivered)
 * profile: where the time of the 64-caller and ChatExLlama-batch paths goes: exllamav3's own
   ``iterate()`` timed in both loops (as in batch16), for
   ``stream_interval`` 1, 4 and 16, and with a shorter GIL switch interval
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import statistics
 import subprocess
@@ -47,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import GcPauses, IterateTimer, RawExLlamaV3, Results, exl3_model, parser, public_stream
+from _common import GcPauses, IterateTimer, RawExLlamaV3, Results, exl3_model, parser, profile, public_stream
 from _common import interleave as _interleave  # noqa: E402
 
 from fixture_models import LLAMA2_7B, make_llama  # noqa: E402
@@ -151,6 +152,10 @@ def on_threads(n: int, call: Callable[[int], None]) -> float:
     return time.perf_counter() - t0
 
 
+def ints(value: str) -> list[int]:
+    return [int(k) for k in value.split(",") if k]
+
+
 def interleave(out: Path, section: str, paths: dict[str, Any], reps: int) -> None:
     """:func:`_common.interleave` into this benchmark's results."""
     _interleave(RESULTS, out, section, paths, reps)
@@ -161,6 +166,8 @@ def main() -> None:
     ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--model", type=Path, default=Path("/tmp/models/llama7b-fp16"))
     ap.add_argument("--exl3", action="store_true", help="a 1B-class Llama shape converted to 4-bit EXL3 (not --model)")
+    ap.add_argument("--intervals", type=ints, default=[1], help="streams64: fixed intervals, comma-separated")
+    ap.add_argument("--profile", action="store_true", help="streams64: each row once more under py-spy --gil")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     sections = set(args.sections.split(","))
@@ -341,23 +348,41 @@ def main() -> None:
 
     if "streams64" in sections:  # a web app streaming to 64 users at once, beside exllamav3's own threads
         assert raw is not None
-        fresh.fill(64 * 3 * (args.reps + 1))
 
         def raw_threads() -> dict[str, float]:
             r = raw.threads([rt.encode(p, add_special_tokens=True) for p in fresh.take(64)], new)
             return {"tok_s": r["tps"], "ttft_s": r["ttft"]}
 
-        every_step = ExLlamaRuntime(args.model, "exllamav3", cache_size=32768, stream_interval=1)
-        llm_every_step = ExLlamaLLM(runtime=every_step, temperature=0, max_new_tokens=new)
+        driver = rt.diagnostics()["driver"]  # diagnostics only: the same runtime, its interval fixed for a row
+
+        def at_interval(k: int) -> Callable[[], dict[str, float]]:
+            def go() -> dict[str, float]:
+                driver.interval = k
+                try:
+                    return streamers(llm, fresh.take(64))
+                finally:
+                    driver.interval = "auto"
+
+            return go
+
         raw_row = "raw exllamav3: 64 threads, each hands a Job to one iterate() loop"
         paths = {
             raw_row: raw_threads,
             "64 threads of ExLlamaLLM.stream()": lambda: streamers(llm, fresh.take(64)),
-            "64 threads of ExLlamaLLM.stream(), stream_interval=1": lambda: streamers(llm_every_step, fresh.take(64)),
+            **{f"64 threads of ExLlamaLLM.stream(), stream_interval={k}": at_interval(k) for k in args.intervals},
         }
+        fresh.fill(64 * len(paths) * (args.reps + 1 + (2 if args.profile else 0)))  # made before any timing
         interleave(args.out, "streams64", paths, args.reps)
         ratios(args.out, "streams64", [(k, raw_row) for k in list(paths)[1:]])
-        every_step.close()
+        if args.profile:  # who holds the GIL while 64 readers stream: one more round of each row under py-spy
+            me = {"process": os.getpid()}
+            for name, row in paths.items():
+                found: dict[str, Any] = {}
+                spy = threading.Thread(target=lambda f=found: f.update(profile(me, 6, args.out, gil=True)))
+                spy.start()
+                record(args.out, "profiled", f"{name}, under py-spy --gil (two calls)", [row(), row()])
+                spy.join()
+                note(args.out, f"profile streams64 (py-spy --gil): {name}", found)
 
     if "profile" in sections:
         variants = {1: rt}

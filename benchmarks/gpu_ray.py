@@ -164,8 +164,7 @@ def main() -> None:
         "ttft_s": summary([w / c for w, c in zip(warm, cold)])
     }
     went_home = sum(
-        p["routed"]["turn 1"] is not None and p["routed"]["turn 1"] == p["routed"]["follow-up"]
-        for p in placement
+        p["routed"]["turn 1"] is not None and p["routed"]["turn 1"] == p["routed"]["follow-up"] for p in placement
     )
     replicas_used = sorted({p["routed"]["turn 1"] for p in placement if p["routed"]["turn 1"]})
     RESULTS.note(out, "placement", placement)

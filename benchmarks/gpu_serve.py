@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Results, exl3_model, parser, public_stream
+from _common import Results, exl3_model, parser, profile, public_stream
 from _common import interleave as _interleave  # noqa: E402
 from _loadgen import run_streams, warm  # noqa: E402
 
@@ -128,42 +128,6 @@ def engine_pids(server_pid: int) -> list[int]:
         for c in psutil.Process(server_pid).children(recursive=True)
         if "runtime.engine.process" in " ".join(c.cmdline())
     ]
-
-
-def profile(pids: dict[str, int], seconds: float, out: Path) -> dict[str, Any]:
-    """py-spy (100 Hz, every thread, idle ones too) on each named process for ``seconds``: per thread, the share of
-    samples in which it ran on a CPU, and its 12 commonest innermost frames (``{"error"}`` without py-spy)."""
-    import shutil
-
-    spy = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
-    if not Path(spy).exists():
-        return {"error": "py-spy is not installed"}
-    procs = {}
-    for name, pid in pids.items():
-        cmd = [spy, "record", "-p", str(pid), "-r", "100", "-d", str(int(seconds)), "--threads", "--idle"]
-        cmd += ["--nonblocking", "-f", "raw", "-o", str(out / f"pyspy_{name}.txt")]
-        procs[name] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    report: dict[str, Any] = {}
-    for name, proc in procs.items():
-        _, err = proc.communicate(timeout=seconds + 60)
-        path = out / f"pyspy_{name}.txt"
-        if not path.exists():
-            report[name] = {"error": err[-300:]}
-            continue
-        threads: dict[str, dict[str, Any]] = {}
-        for line in path.read_text().splitlines():
-            stack, _, count = line.rpartition(" ")
-            frames = stack.split(";")
-            t = threads.setdefault(frames[0], {"samples": 0, "leaves": {}})
-            t["samples"] += int(count)
-            leaf = frames[-1].split(" (")[0]
-            t["leaves"][leaf] = t["leaves"].get(leaf, 0) + int(count)
-        for t in threads.values():
-            top = sorted(t["leaves"].items(), key=lambda kv: -kv[1])[:12]
-            t["leaves"] = {k: round(v / t["samples"], 3) for k, v in top}
-        report[name] = threads
-        path.unlink()
-    return report
 
 
 def prompt_text(rt: Any, n: int, seed: int) -> str:

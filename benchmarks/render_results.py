@@ -69,6 +69,14 @@ RUNS = {
     "gpu_load_run17_exl3_256.json": "run 17 (the same EXL3 model: batch16 at 256 new tokens, 5 repetitions)",
     "gpu_load_run18_exl3_streams64.json": 'run 18 (EXL3, streams64: the new default `stream_interval="auto"` '
     "beside `stream_interval=1`, interleaved, 5 repetitions)",
+    "gpu_load_run19_exl3_streams64.json": "run 19 (2026-12-02, EXL3, streams64 at 128 new tokens, 7 repetitions: "
+    '`stream_interval="auto"` (then `jobs // 16`: 4 at 64 jobs) beside fixed intervals 8 and 16; then each row '
+    "once more under py-spy `--gil`, which shows the thread holding the GIL at each sample; `--exl3 --sections "
+    "streams64 --intervals 8,16 --profile --reps 7`)",
+    "gpu_load_run19_exl3_256.json": "run 19 (the same GPU call: EXL3, batch16 at 256 new tokens, 7 repetitions)",
+    "gpu_load_run19_fp16_256.json": "run 19 (fp16 7B shape, batch16 at 256 new tokens, 5 repetitions)",
+    "gpu_load_run20_exl3_streams64_auto8.json": 'run 20 (EXL3, streams64 after `"auto"` became `jobs // 8`: the '
+    "default beside the old one's interval at 64 jobs, 4; 7 repetitions)",
 }
 LOAD_PLOT = ("gpu_load_run13_batch16.json", "gpu_load_run13_callers.json")
 """The load runs drawn in gpu_throughput.png (the newest)."""
@@ -100,6 +108,8 @@ SERVING = {
     "process_window,single`), the server's defaults still those of run 4",
     "gpu_serve_run6_exl3_defaults.json": "run 6: EXL3, the server with its new defaults (`burst_window=0.02`, "
     '`stream_interval="auto"`; `--exl3 --rows generate,process,single --option warmup=false`)',
+    "gpu_serve_run7_fp16_defaults.json": "run 7: the fp16 7B shape, the server with the same defaults (`--rows "
+    'generate,process,single --reps 5`; `stream_interval="auto"` was still `jobs // 16` then)',
 }
 
 RAY = {
@@ -153,18 +163,23 @@ def _runs(runs: dict[str, str]) -> list[str]:
 
 
 def _profile(key: str, processes: dict) -> list[str]:
-    """A py-spy note: per process, each thread that ran, with the share of its samples in its commonest frames."""
-    lines = [f"{key} (py-spy, 100 Hz, idle samples included: share of each thread's samples by innermost frame):", ""]
+    """A py-spy note: per process, each thread that ran, with the share of its samples in its commonest frames (a
+    ``--gil`` note, whose samples are of the GIL's holder only: each thread's share of them first)."""
+    gil = "--gil" in key
+    how = "GIL holders only: each thread's share of" if gil else "idle samples included: share of each thread's"
+    lines = [f"{key} (py-spy, 100 Hz, {how} samples, then by innermost frame):", ""]
     for proc, threads in processes.items():
         if "error" in threads:
             lines.append(f"- {proc}: {threads['error']}")
             continue
+        total = sum(info.get("samples", 0) for info in threads.values()) or 1
         for thread, info in threads.items():
             leaves = info.get("leaves", {})
             if set(leaves) <= {"Poller.poll", "Popen._try_wait", "_watch_parent", "Socket.recv_multipart"}:
                 continue  # a thread that only waits
             top = ", ".join(f"{name} {share:.0%}" for name, share in list(leaves.items())[:6])
-            lines.append(f"- {proc}, {thread.split(': ', 1)[-1]}: {top}")
+            held = f" {info.get('samples', 0) / total:.0%} of the GIL:" if gil else ""
+            lines.append(f"- {proc}, {thread.split(': ', 1)[-1]}:{held} {top}")
     return [*lines, ""]
 
 

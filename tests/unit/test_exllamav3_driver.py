@@ -113,10 +113,10 @@ def test_stream_interval_groups_steps_and_the_end_carries_what_was_held():
     assert steps2[-1] == TokenStep((7,), None, "length")
 
 
-def test_auto_interval_keeps_about_sixteen_readers_woken_per_step_and_stop_strings_are_watched_every_step():
+def test_auto_interval_keeps_about_eight_readers_woken_per_step_and_stop_strings_are_watched_every_step():
     from exllama_integrations.backends.exllamav3.driver import delivery_interval
 
-    assert [delivery_interval("auto", n) for n in (1, 16, 31, 32, 48, 64, 256)] == [1, 1, 1, 2, 3, 4, 16]
+    assert [delivery_interval("auto", n) for n in (1, 8, 15, 16, 24, 64, 256)] == [1, 1, 1, 2, 3, 8, 32]
     assert [delivery_interval(4, n) for n in (1, 2, 64)] == [1, 4, 4]
     assert _options().stream_interval == "auto" and _options(stream_interval=8).stream_interval == 8
     for bad in (0, 65, "fast"):

@@ -31,8 +31,10 @@ JobFactory = Callable[[BackendRequest], tuple[Any, bool]]
 FilterFactory = Callable[[BackendRequest], Any]
 
 
-AUTO_READERS = 16
-"""``stream_interval="auto"``: about this many requests get their tokens in each step (see the option)."""
+AUTO_READERS = 8
+"""``stream_interval="auto"``: about this many requests get their tokens in each step (see the option). On the
+H200 (EXL3, 64 ``stream()`` threads, ``benchmarks/results/gpu_load_run1[89]*streams64*.json``, run 20) intervals of
+1, 4, 8 and 16 gave 0.64, 0.82-0.91, 0.91-1.01 and 0.91 of raw threads' tokens/s: the gain levels off at 8."""
 
 
 def delivery_interval(option: int | str, live: int) -> int:

@@ -111,9 +111,10 @@ class ExLlamaV3Options(BackendOptions):
     """A progress bar while loading; None: when stderr is a terminal or in a notebook."""
     stream_interval: int | Literal["auto"] = "auto"
     """While other jobs decode too, hand a request its tokens every this many steps (1: every step); its first
-    token, and every step of a request with stop strings, at once. ``"auto"``: every step up to 31 jobs
-    decoding, then every ``jobs // 16`` steps (64 jobs: 4), so the readers' wake-ups per step stay about 16
-    however many stream (each wakes for a few tokens at a time; one reader takes the GIL the driver needs)."""
+    token, and every step of a request with stop strings, at once. ``"auto"``: every step up to 15 jobs
+    decoding, then every ``jobs // 8`` steps (64 jobs: 8, 0.1-0.4 s on the H200), so the readers' wake-ups per
+    step stay about 8 however many stream (each wakes for a few tokens at a time; one reader takes the GIL the
+    driver needs)."""
     arrival_window: float = Field(default=0.002, ge=0.0, le=0.1)
     """Seconds the idle driver waits for more requests after one arrives (until none came for this long,
     at most 50x), so that a burst of calls (a LangChain ``batch``, ``asyncio.gather``) prefills together."""
