@@ -10,7 +10,8 @@ prompts that no generator has seen (see ``Fresh``: exllamav3 reuses cached promp
   (16 ``acomplete`` gathered): aggregate tokens/s and median time to first token; each row also says
   where its time went: steps, ms per step inside exllamav3's ``iterate()`` and outside it (the benchmark
   wraps the generator and the driver's inbox: diagnostics only), when the requests reached the driver and
-  when its first step began, Python's GC pauses, and how long the driver waited for an announced batch
+  when its first step began, Python's GC pauses, and how long the driver waited for an announced batch;
+  ``ChatExLlama.batch()`` is compared with 16 raw Jobs of the same template-rendered prompts
 * callers64: 64 independent callers, each beside exllamav3's own way to serve them: 64 Jobs enqueued
   together (no callers at all), 64 threads handing Jobs to one iterate() loop, and exllamav3's
   AsyncGenerator with 64 AsyncJobs; vs 64 threads of ``ExLlamaLLM.invoke()``, 64 ``agenerate()``
@@ -229,7 +230,7 @@ def main() -> None:
     if "batch16" in sections:
         chat = ChatExLlama(runtime=rt, temperature=0, max_tokens=new)
         li = LlamaIndexLLM(runtime=rt, temperature=0, max_new_tokens=new) if LlamaIndexLLM else None
-        fresh.fill(16 * 4 * (args.reps + 1))
+        fresh.fill(16 * 5 * (args.reps + 1))
 
         def lc_batch() -> dict[str, float]:
             prompts = fresh.take(16)
@@ -266,21 +267,32 @@ def main() -> None:
                 "ttft_s": statistics.median(r.raw["time_to_first_token"] for r in rs),
             }
 
+        def raw_chat_jobs(prompts: list[str]) -> dict[str, float]:
+            """The raw loop on the chat batch's own prompt: the template's text around each question (~9 more
+            tokens on the fixtures' template), so that the chat row's ratio compares the same prefill and context."""
+            assert raw is not None
+            turns = [rt.chat_prompt([{"role": "user", "content": p}], add_generation_prompt=True) for p in prompts]
+            r = raw.jobs([rt.encode(t, add_special_tokens=False) for t in turns], new)
+            return {"tok_s": r["tps"], "ttft_s": r["ttft"]}
+
         assert raw is not None and ours_timer is not None
+        raw_chat = "raw exllamav3: 16 Jobs of the chat template's prompts"
         paths = {
             "raw exllamav3: 16 Jobs together": raw.timer.per_step(lambda: raw_jobs(fresh.take(16))),
             "ExLlamaLLM.batch()": inbox.around(ours_timer.per_step(lc_batch)),
             "ChatExLlama.batch()": inbox.around(ours_timer.per_step(chat_batch)),
+            raw_chat: raw.timer.per_step(lambda: raw_chat_jobs(fresh.take(16))),
         }
         if li is not None:
             paths["LlamaIndex: 16 acomplete() gathered"] = inbox.around(ours_timer.per_step(li_gather))
         else:
             note(args.out, "batch16 LlamaIndex row", "left out: llama-index-core is not installed on this machine")
         interleave(args.out, "batch16", paths, args.reps)
+        pairs = [(k, "raw exllamav3: 16 Jobs together") for k in list(paths)[1:] if k != raw_chat]
         ratios(
             args.out,
             "batch16",
-            [(k, "raw exllamav3: 16 Jobs together") for k in list(paths)[1:]],
+            [*pairs, ("ChatExLlama.batch()", raw_chat)],
             more=("iterate_ms", "first_step_ms", "outside_ms"),
         )
 
