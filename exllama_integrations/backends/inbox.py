@@ -3,8 +3,9 @@
 An idle worker waits for a burst (a LangChain ``batch``, ``asyncio.gather``, clients of a server) so that it
 starts together: until no request came for ``window`` seconds (at most 50 windows; once a second request came,
 ``burst_window`` instead, since a server's requests reach it some milliseconds apart), and for the rest of a
-batch announced with :meth:`Inbox.expect`, at most ``EXPECT_AT_MOST`` after the announcement. A busy worker
-takes what is there and goes on. Closing hands back what was never taken, for the caller to end.
+batch announced with :meth:`Inbox.expect`, at most ``EXPECT_AT_MOST`` after the announcement; once all of an
+announced batch is in, at once (nothing is known to be on its way). A busy worker takes what is there and goes
+on. Closing hands back what was never taken, for the caller to end.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Inbox:
         self._closing = False
         self._arrived = 0.0
         self._expected, self._expected_until = 0, 0.0
+        self._complete = False  # every member of an announced batch is in: the idle taker starts at once
 
     def put(self, requests: Sequence[Any]) -> bool:
         """Hand requests in; False (nothing taken) once closing."""
@@ -51,7 +53,9 @@ class Inbox:
                 return False
             self._items.extend(requests)
             self._arrived = time.monotonic()
-            self._expected = max(0, self._expected - len(requests))
+            if self._expected:
+                self._expected = max(0, self._expected - len(requests))
+                self._complete = not self._expected
             self._cv.notify()
             return True
 
@@ -75,6 +79,8 @@ class Inbox:
                     if quiet < self._burst and len(self._items) > 1:  # a burst is arriving: wait out its gaps
                         quiet, quiet_deadline = self._burst, woke + 50 * self._burst
                     quiet_left = self._arrived + quiet - now
+                    if self._complete:
+                        break  # the announced batch is all here: waiting for quiet would only delay it
                     if self._expected and now < self._expected_until:
                         timeout = self._expected_until - now  # the rest of an announced batch
                     elif quiet_left > 0 and now < quiet_deadline:
@@ -98,6 +104,7 @@ class Inbox:
                 return None
             incoming = list(self._items)
             self._items.clear()
+            self._complete = False
             return incoming
 
     def close(self) -> list[Any]:

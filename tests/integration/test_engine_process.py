@@ -324,6 +324,17 @@ def test_two_engines_share_the_load_and_a_follow_up_goes_where_its_prefix_is(dem
             m.close()
         results = rt.batch([f"Question {i}:" for i in range(4)], settings=greedy(3))
         assert all(r.usage.completion_tokens == 3 for r in results)
+        t0 = time.perf_counter()
+        while any(e.load for e in engines) and time.perf_counter() - t0 < 20:
+            time.sleep(0.01)
+        for k in range(2):  # a batch handed in whole (ExLlamaLLM.batch) is spread evenly too, not as chance falls
+            whole = rt.open_batch([rt.request(f"Batch {k}-{i}: once", greedy(200, ignore_eos=True)) for i in range(8)])
+            assert [e.load for e in engines] == [4, 4]
+            for s in whole:
+                s.close()
+            t0 = time.perf_counter()
+            while any(e.load for e in engines) and time.perf_counter() - t0 < 20:
+                time.sleep(0.01)
     finally:
         rt.close()
 

@@ -195,6 +195,23 @@ def test_an_announced_batch_is_waited_for_and_a_member_that_never_comes_is_not_w
     assert waits[0].inbox_wait_s < waits[1].inbox_wait_s and "1 requests start together" in waits[1].getMessage()
 
 
+def test_an_announced_batch_that_is_all_in_starts_at_once_and_the_next_request_waits_for_quiet_again():
+    box = Inbox(window=0.4)  # a long quiet window: waiting for it would show
+    box.expect(3)
+    t0 = time.monotonic()
+
+    def members():
+        box.put([0, 1])  # handed in whole or in pieces: once the last member is in, the batch is complete
+        time.sleep(0.01)
+        box.put([2])
+
+    threading.Thread(target=members, daemon=True).start()
+    assert box.take(idle=True) == [0, 1, 2] and time.monotonic() - t0 < 0.3
+    box.put([3])  # not announced: an idle driver waits for quiet (a burst may be arriving)
+    t0 = time.monotonic()
+    assert box.take(idle=True) == [3] and time.monotonic() - t0 >= 0.35
+
+
 class _Job:
     """exllamav3's Job as the driver steers it: forced output, filters replaced."""
 

@@ -389,6 +389,7 @@ class ExLlamaRuntime(RuntimeBase):
             run, backend_request = self._prepare(request, steps.put)
             prepared.append((run, backend_request, steps))
         if prepared:
+            self.expect(len(prepared))  # announced, then handed in whole: they start at once, spread over engines
             self._submit([req for _, req, _ in prepared])
         return [LocalStream(run, req, steps, lambda r=req: self._done(r)) for run, req, steps in prepared]  # type: ignore[misc]
 
