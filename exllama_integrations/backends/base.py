@@ -27,7 +27,7 @@ import importlib
 import importlib.util
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
@@ -155,6 +155,20 @@ class BackendOptions(BaseModel):
     def key(self) -> str:
         """A canonical form, for the shared-runtime registry."""
         return self.model_dump_json()
+
+    @classmethod
+    def unless_given(cls, given: Iterable[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
+        """Of ``defaults``, those this backend has an option for and that ``given`` does not name."""
+        named = set(given)
+        return {k: v for k, v in defaults.items() if k in cls.model_fields and k not in named}
+
+
+def gpu_share_options(share: float) -> dict[str, Any]:
+    """The options of a runtime that loads beside others on the same GPUs, with ``share`` of them.
+
+    Its ``memory_share``, so that a cache sized from the free memory (``cache_size="auto"``) leaves the others theirs.
+    """
+    return {"memory_share": share} if 0 < share < 1 else {}
 
 
 def build_options(cls: type[BackendOptions], backend: str, values: Mapping[str, Any]) -> BackendOptions:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...backends.base import Backend, BackendOptions, fail_all
+from ...backends.base import Backend, BackendOptions, fail_all, gpu_share_options
 from ...errors import EngineUnavailableError, ExLlamaIntegrationsError, MediaError
 from .client import EngineProcess
 from .routing import PrefixRouter
@@ -43,12 +43,10 @@ def shared_options(options: BackendOptions, share: float) -> BackendOptions:
     """``options`` for one of several runtimes that load on the same GPUs at once, each with ``share`` of them.
 
     A backend that sizes its cache from the free memory (exllamav3's ``cache_size="auto"``) is told its share
-    (``memory_share``), unless the options name one: loaded at once, each would otherwise plan for all of it.
+    (:func:`~...backends.base.gpu_share_options`), unless the options name one: loaded at once, each would
+    otherwise plan for all of it.
     """
-    fields = type(options).model_fields
-    if share >= 1.0 or "memory_share" not in fields or "memory_share" in options.model_fields_set:
-        return options
-    return options.model_copy(update={"memory_share": share})
+    return options.model_copy(update=options.unless_given(options.model_fields_set, gpu_share_options(share)))
 
 
 class EngineBackend(Backend):

@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ...backends import options_for, resolve_backend
+from ...backends.base import gpu_share_options
 from ...model.directory import ModelDirectory
 from ...model.hub import resolve_model_dir
 
@@ -129,12 +130,8 @@ def serving_options(
     """Load options for a server's model: the given ones, and :data:`SERVING_DEFAULTS` where they say nothing.
 
     A replica that has ``gpu_share`` (< 1) of its GPU (a Ray replica's fractional ``num_gpus``) also gets that
-    ``memory_share``, so its ``cache_size="auto"`` leaves the GPU's other replicas their part.
+    ``memory_share`` (:func:`~...backends.base.gpu_share_options`, as an engine of ``engines=N`` does).
     """
     out = {k: v for k, v in options.items() if v is not None}
-    fields = resolve_backend(backend, ModelDirectory.inspect(resolve_model_dir(model_dir))).Options.model_fields
-    defaults = {**SERVING_DEFAULTS, **({"memory_share": gpu_share} if 0 < gpu_share < 1 else {})}
-    for key, value in defaults.items():
-        if key not in out and key in fields:
-            out[key] = value
-    return out
+    kind = resolve_backend(backend, ModelDirectory.inspect(resolve_model_dir(model_dir))).Options
+    return {**out, **kind.unless_given(out, {**SERVING_DEFAULTS, **gpu_share_options(gpu_share)})}
