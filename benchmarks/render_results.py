@@ -77,6 +77,20 @@ RUNS = {
     "gpu_load_run19_fp16_256.json": "run 19 (fp16 7B shape, batch16 at 256 new tokens, 5 repetitions)",
     "gpu_load_run20_exl3_streams64_auto8.json": 'run 20 (EXL3, streams64 after `"auto"` became `jobs // 8`: the '
     "default beside the old one's interval at 64 jobs, 4; 7 repetitions)",
+    "gpu_load_run21_exl3_128.json": "run 21 (2026-12-02 evening, the code of run 20 (2254e91): EXL3, batch16 at 128 "
+    "new tokens with the chat batch's own raw counterpart (16 raw Jobs of the template-rendered prompts), 7 "
+    "repetitions; `--exl3 --sections batch16 --new 128 --reps 7`)",
+    "gpu_load_run21_exl3_256.json": "run 21 (the same GPU call: EXL3, batch16 at 256 new tokens, 7 repetitions)",
+    "gpu_load_run22_exl3_128.json": "run 22 (an announced batch that is all in starts at once, and `open_batch` "
+    "announces itself: EXL3, batch16 at 128 new tokens, 15 repetitions)",
+    "gpu_load_run22_exl3_256.json": "run 22 (the same GPU call: EXL3, batch16 at 256 new tokens, 9 repetitions)",
+    "gpu_load_run23_fp16_256.json": "run 23 (the code of run 22, fp16 7B shape: batch16 at 256 new tokens, 7 "
+    "repetitions)",
+    "gpu_load_run23_fp16_streams64.json": 'run 23 (the same GPU call: streams64 on the 7B shape at 128 new tokens, '
+    '`stream_interval="auto"` (`jobs // 8`) beside `stream_interval=1`, 5 repetitions)',
+    "gpu_load_run24_exl3_128.json": "run 24 (chat templates rendered on threads that outlive the event loop: EXL3, "
+    "batch16 at 128 new tokens, 7 repetitions; a noisier GPU call: the raw row's tok/s 1,472 against 1,850 in "
+    "run 22)",
 }
 LOAD_PLOT = ("gpu_load_run13_batch16.json", "gpu_load_run13_callers.json")
 """The load runs drawn in gpu_throughput.png (the newest)."""
