@@ -19,9 +19,11 @@ NEW = 12
 
 @pytest.fixture(scope="module")
 def hf_model(demo_dir: Path):
+    import torch
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(str(demo_dir)).eval()
+    # float32, as the CPU runtime computes (transformers 5 would load the checkpoint's bf16, whose rounded logits tie)
+    return transformers.AutoModelForCausalLM.from_pretrained(str(demo_dir), dtype=torch.float32).eval()
 
 
 def oracle(model, ids: list[int], presence: float = 0.0, frequency: float = 0.0, bias: dict | None = None) -> list[int]:
