@@ -74,13 +74,11 @@ class Inbox:
             if idle and self._window:
                 woke = time.monotonic()
                 quiet, quiet_deadline = self._window, woke + 50 * self._window
-                while not self._closing:
+                while not self._closing and not self._complete:  # an announced batch all here: at once
                     now = time.monotonic()
                     if quiet < self._burst and len(self._items) > 1:  # a burst is arriving: wait out its gaps
                         quiet, quiet_deadline = self._burst, woke + 50 * self._burst
                     quiet_left = self._arrived + quiet - now
-                    if self._complete:
-                        break  # the announced batch is all here: waiting for quiet would only delay it
                     if self._expected and now < self._expected_until:
                         timeout = self._expected_until - now  # the rest of an announced batch
                     elif quiet_left > 0 and now < quiet_deadline:

@@ -314,9 +314,7 @@ def test_two_engines_share_the_load_and_a_follow_up_goes_where_its_prefix_is(dem
         assert engines[home].load == 2 and engines[1 - home].load == 1
         for s in (first, fresh, follow):
             s.close()
-        t0 = time.perf_counter()
-        while any(e.load for e in engines) and time.perf_counter() - t0 < 10:
-            time.sleep(0.01)
+        _until_idle(engines)
         rt.expect(4)  # a LangChain batch announces itself, then its members arrive one by one: spread by load
         members = [rt.stream(f"Member {i}: once", settings=greedy(200, ignore_eos=True)) for i in range(4)]
         assert [e.load for e in engines] == [2, 2]
@@ -324,19 +322,22 @@ def test_two_engines_share_the_load_and_a_follow_up_goes_where_its_prefix_is(dem
             m.close()
         results = rt.batch([f"Question {i}:" for i in range(4)], settings=greedy(3))
         assert all(r.usage.completion_tokens == 3 for r in results)
-        t0 = time.perf_counter()
-        while any(e.load for e in engines) and time.perf_counter() - t0 < 20:
-            time.sleep(0.01)
+        _until_idle(engines, 20)
         for k in range(2):  # a batch handed in whole (ExLlamaLLM.batch) is spread evenly too, not as chance falls
             whole = rt.open_batch([rt.request(f"Batch {k}-{i}: once", greedy(200, ignore_eos=True)) for i in range(8)])
             assert [e.load for e in engines] == [4, 4]
             for s in whole:
                 s.close()
-            t0 = time.perf_counter()
-            while any(e.load for e in engines) and time.perf_counter() - t0 < 20:
-                time.sleep(0.01)
+            _until_idle(engines, 20)
     finally:
         rt.close()
+
+
+def _until_idle(engines, seconds: float = 10) -> None:
+    """Wait (at most ``seconds``) until no engine holds a request: closed streams leave them a step later."""
+    t0 = time.perf_counter()
+    while any(e.load for e in engines) and time.perf_counter() - t0 < seconds:
+        time.sleep(0.01)
 
 
 def test_without_pyzmq_the_engine_process_names_its_extra(demo_dir):
