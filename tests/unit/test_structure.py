@@ -1,7 +1,8 @@
 """The package's shape, measured from its imports: the contract at the ground floor, no circles, no giant.
 
 These hold the architecture the README describes: the contract imports nothing of the package but
-``errors``; no module imports another that (directly or not) imports it back; no top-level folder or
+``errors``; no module imports another that (directly or not) imports it back, imports inside functions
+counted (a lazy import reaching up a floor is still a circle); no top-level folder or
 module holds more than a third of the lines; and tests and benchmarks reach no private member of a
 runtime or backend (they use the documented ``diagnostics()`` hook).
 """
@@ -26,26 +27,41 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _import_nodes(nodes: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement in ``nodes``, at any depth (in functions and methods too: a lazy import is still
+    an import), except in ``if TYPE_CHECKING:`` blocks, which never run."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    stack: list[ast.AST] = list(nodes)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.dump(n.test):
+            stack.extend(n.orelse)
+            continue
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            found.append(n)
+            continue
+        stack.extend(ast.iter_child_nodes(n))
+    return found
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """What a module imports of the package when it is imported (``TYPE_CHECKING`` blocks are not imports)."""
+    """What a module imports of the package, at import time or later in a function (``TYPE_CHECKING`` blocks
+    are not imports)."""
     deps: set[str] = set()
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
-            continue
-        for n in node.body if isinstance(node, ast.Try) else [node]:
-            if isinstance(n, ast.ImportFrom):
-                if n.level:
-                    base = package.split(".")
-                    base = base[: len(base) - (n.level - 1)]
-                    target = ".".join(base + ([n.module] if n.module else []))
-                else:
-                    target = n.module or ""
-                for a in n.names:
-                    full = f"{target}.{a.name}"
-                    deps.add(full if full in modules else target)
-            elif isinstance(n, ast.Import):
-                deps.update(a.name for a in n.names)
+    for n in _import_nodes(ast.parse(path.read_text()).body):
+        if isinstance(n, ast.ImportFrom):
+            if n.level:
+                base = package.split(".")
+                base = base[: len(base) - (n.level - 1)]
+                target = ".".join(base + ([n.module] if n.module else []))
+            else:
+                target = n.module or ""
+            for a in n.names:
+                full = f"{target}.{a.name}"
+                deps.add(full if full in modules else target)
+        else:
+            deps.update(a.name for a in n.names)
     return {d for d in deps if d in modules and d != name}
 
 
@@ -69,7 +85,7 @@ def test_there_is_no_import_circle():
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
-    assert circles == []
+    assert circles == [], "\n".join(circles)
 
 
 def test_the_contract_is_the_ground_floor():

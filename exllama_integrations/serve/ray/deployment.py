@@ -18,13 +18,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ...errors import MissingDependencyError
+from .network import LOOPBACK, NO_MULTICAST, bind_replica_grpc_to_node_address
 
 logger = logging.getLogger(__name__)
-
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-"""Set in every replica (and the driver): a program that uses NVLink multicast can take shared GPUs down."""
-LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-"""With this set before Ray starts, a local Ray keeps all of its traffic on 127.0.0.1."""
 
 
 def _serve() -> Any:
@@ -33,37 +29,6 @@ def _serve() -> Any:
     except ImportError:
         raise MissingDependencyError("ray[serve]", "ray", "Ray Serve replicas") from None
     return serve
-
-
-def bind_replica_grpc_to_node_address() -> bool:
-    """Make this replica's inter-deployment gRPC server listen on the node's own address, not every interface.
-
-    Ray Serve 2.60 starts it with ``"[::]:0"`` (replica.py, after the user constructor, which is where this
-    runs). Bound to the address Ray knows the node by, other nodes still reach it, and a local Ray
-    (node 127.0.0.1) listens on loopback only. ``EXLLAMA_RAY_BIND_ALL=1`` keeps Ray's own behaviour.
-    Returns whether the binding was changed.
-    """
-    if os.environ.get("EXLLAMA_RAY_BIND_ALL") == "1":
-        return False
-    try:
-        import ray
-        from ray.serve._private import replica
-    except ImportError:
-        return False
-    original = getattr(replica, "add_port_to_grpc_server", None)
-    if original is None or getattr(original, "_node_address", False):
-        return False
-    node = ray.util.get_node_ip_address()
-    host = f"[{node}]" if ":" in node else node
-
-    def bind(server: Any, address: str) -> Any:
-        if address.startswith("[::]:"):
-            address = f"{host}:{address.rsplit(':', 1)[1]}"
-        return original(server, address)
-
-    bind._node_address = True  # type: ignore[attr-defined]
-    replica.add_port_to_grpc_server = bind
-    return True
 
 
 class ExLlamaModel:
@@ -116,25 +81,6 @@ class ExLlamaModel:
         """Ray's health check: a closed runtime is an unhealthy replica."""
         if self.runtime.closed:
             raise RuntimeError("the runtime was closed")
-
-
-def app_over(runtime: Any, c: dict[str, Any], freeze_gc: bool) -> Any:
-    """The same HTTP app as ``exllama-integrations serve``, over ``runtime``, with the configured limits."""
-    from ..app import ServeLimits, create_app
-
-    given = {k: v for k, v in (c.get("limits") or {}).items() if v is not None}
-    if given.pop("allow_image_urls", False):
-        from ...model.media import MediaLimits
-
-        given["media"] = MediaLimits(fetch_urls=True)
-    return create_app(
-        runtime,
-        served_model_name=c.get("served_model_name"),
-        api_key=c.get("api_key"),
-        limits=ServeLimits(**given),
-        on_shutdown=runtime.close,
-        freeze_gc=freeze_gc,
-    )
 
 
 def build_app(args: dict[str, Any]) -> Any:

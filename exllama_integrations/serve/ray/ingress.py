@@ -25,6 +25,7 @@ from ...model.tokenizer import NativeTokenizer
 from ...model.tokenizer_files import TokenizerFiles
 from ...runtime.base import RuntimeBase, check_request
 from ...runtime.engine.routing import BLOCK, block_hashes
+from .network import bind_replica_grpc_to_node_address
 
 
 class HandleRuntime(RuntimeBase):
@@ -141,14 +142,29 @@ class ExLlamaIngress:
 
     async def __init__(self, model: Any, config: dict[str, Any]) -> None:  # type: ignore[misc]
         """Read the model's facts and tokenizer from a replica (Ray runs an async constructor on the replica's loop)."""
-        from .deployment import bind_replica_grpc_to_node_address
-
         bind_replica_grpc_to_node_address()
         self.config = config
         self.runtime = HandleRuntime(model, await model.info.remote(), await model.tokenizer_files.remote())
 
     def __serve_build_asgi_app__(self) -> Any:
         """The OpenAI-compatible app over the model replicas."""
-        from .deployment import app_over
-
         return app_over(self.runtime, self.config, freeze_gc=True)
+
+
+def app_over(runtime: Any, c: dict[str, Any], freeze_gc: bool) -> Any:
+    """The same HTTP app as ``exllama-integrations serve``, over ``runtime``, with the configured limits."""
+    from ..app import ServeLimits, create_app
+
+    given = {k: v for k, v in (c.get("limits") or {}).items() if v is not None}
+    if given.pop("allow_image_urls", False):
+        from ...model.media import MediaLimits
+
+        given["media"] = MediaLimits(fetch_urls=True)
+    return create_app(
+        runtime,
+        served_model_name=c.get("served_model_name"),
+        api_key=c.get("api_key"),
+        limits=ServeLimits(**given),
+        on_shutdown=runtime.close,
+        freeze_gc=freeze_gc,
+    )
