@@ -19,7 +19,7 @@ from ...contract.shapes import chat_logprobs, usage_dict
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
 from .completions import ERRORS, check_finish, new_id
-from .protocol import (
+from .protocol.chat import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -28,8 +28,8 @@ from .protocol import (
     ChatCompletionResponse,
     ChatDeltaWire,
     ToolCallOut,
-    UsageWire,
 )
+from .protocol.common import UsageWire
 from .sse import framed, sse
 
 router = APIRouter(tags=["openai"])

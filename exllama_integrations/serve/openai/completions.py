@@ -14,7 +14,8 @@ from ...errors import RuntimeClosedError
 from ...runtime.base import acollect
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
-from .protocol import CompletionChoice, CompletionRequest, CompletionResponse, UsageWire
+from .protocol.common import UsageWire
+from .protocol.completions import CompletionChoice, CompletionRequest, CompletionResponse
 from .sse import framed, sse
 
 router = APIRouter(tags=["openai"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from ..state import ServeState, state_of
-from .protocol import ModelCard, ModelList
+from .protocol.models import ModelCard, ModelList
 
 router = APIRouter(tags=["openai"])
 

@@ -16,12 +16,13 @@ from ...chat.prepare import ChatRequest, prepare_chat
 from ...contract.api import GenerationRequest
 from ...errors import InvalidSettingsError
 from ..state import state_of
-from .protocol import MessageWire, ToolWire, _Wire
+from .protocol.chat import MessageWire, ToolWire
+from .protocol.common import Wire
 
 router = APIRouter(tags=["tokens"])
 
 
-class TokenizeRequest(_Wire):
+class TokenizeRequest(Wire):
     """vLLM's ``/tokenize``: a ``prompt``, or ``messages`` rendered by the chat template."""
 
     model: str | None = None
@@ -44,7 +45,7 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
-class DetokenizeRequest(_Wire):
+class DetokenizeRequest(Wire):
     """vLLM's ``/detokenize``."""
 
     model: str | None = None

@@ -1,0 +1,26 @@
+"""``/v1/models``' wire models: the served model's card and the list."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+
+class ModelCard(BaseModel):
+    """A model this server serves."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "exllama-integrations"
+    context_length: int
+    max_model_len: int
+    backend: str
+
+
+class ModelList(BaseModel):
+    """``/v1/models``."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
