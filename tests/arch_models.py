@@ -277,13 +277,13 @@ def _tokenizer(out: Path, vocab: int, arch: Arch) -> dict[str, int]:
 
 
 def make_arch(
-    name: str, out: Path, size: str = "tiny", seed: int = 0, device: str = "cpu", vocab: int | None = None
+    name: str | Arch, out: Path, size: str = "tiny", seed: int = 0, device: str = "cpu", vocab: int | None = None
 ) -> Path:
-    """Write a random-weight ``name`` model to ``out`` through transformers' own classes; returns ``out``."""
+    """Write a random-weight ``name`` model (or the given ``Arch``) to ``out`` through transformers' own classes."""
     import torch
     import transformers
 
-    arch = ARCHS[name]
+    arch = ARCHS[name] if isinstance(name, str) else name
     vocab = vocab or (512 if size == "tiny" else 32000)
     out.mkdir(parents=True, exist_ok=True)
     ids = _tokenizer(out, vocab, arch)
