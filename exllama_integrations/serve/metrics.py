@@ -1,7 +1,8 @@
 """Prometheus ``/metrics`` for one server (``prometheus-client``; vLLM's names, with the ``exllama:`` prefix).
 
 Requests in flight, finished and refused, tokens, prefix-cache reads, time-to-first-token, per-token and
-whole-request latency histograms, and whether the model takes requests (``exllama:healthy``).
+whole-request latency histograms, whether the model takes requests (``exllama:healthy``) and how often its
+engine processes were started again (``exllama:engine_restarts``).
 
 Each app has a registry of its own (several servers may share a process, as the tests' do); a finished request
 is observed once, where its usage is known (:func:`~.state.record`).
@@ -23,7 +24,7 @@ PER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04,
 class Metrics:
     """The server's Prometheus metrics, in a registry of its own."""
 
-    def __init__(self, model: str, in_flight: Any, healthy: Any = None) -> None:
+    def __init__(self, model: str, in_flight: Any, healthy: Any = None, restarts: Any = None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry(auto_describe=True)
@@ -38,11 +39,19 @@ class Metrics:
         self.in_flight.labels(model).set_function(in_flight)
         self.healthy = Gauge(
             "exllama:healthy",
-            "1 while the model takes requests; 0 while it cannot (its engine process died and is starting again).",
+            "1 while the model takes requests; 0 while it cannot (its engine process died or hung and is starting "
+            "again, or waits out a back-off: /health says which).",
             labelnames=per_model,
             registry=reg,
         )
         self.healthy.labels(model).set_function(healthy or (lambda: 1))
+        self.restarts = Gauge(
+            "exllama:engine_restarts",
+            "Engine processes started again after one died or hung (since the server started).",
+            labelnames=per_model,
+            registry=reg,
+        )
+        self.restarts.labels(model).set_function(restarts or (lambda: 0))
         self.finished = Counter(
             "exllama:request_success",
             "Requests finished, by finish reason.",

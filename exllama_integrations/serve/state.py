@@ -16,7 +16,7 @@ import anyio
 
 from ..contract.api import ModelInfo, Runtime
 from ..contract.settings import GenerationSettings
-from ..errors import ModelNotFoundError, ServerBusyError
+from ..errors import ExLlamaIntegrationsError, ModelNotFoundError, ServerBusyError
 from ..model.media import MediaLimits
 from ..runtime.base import defaults_of
 from .metrics import Metrics
@@ -58,11 +58,22 @@ class ServeState:
 
     def __post_init__(self) -> None:
         if self.metrics is None:
-            self.metrics = Metrics(self.name, lambda: self.pending, self._healthy)
+            self.metrics = Metrics(self.name, lambda: self.pending, self._healthy, self._restarts)
 
     def _healthy(self) -> int:
         check = getattr(self.runtime, "health", None)
         return 0 if self.runtime.closed or (callable(check) and check() is not None) else 1
+
+    def _restarts(self) -> int:
+        """Engine processes started again (0 for a runtime without engine processes)."""
+        diagnostics = getattr(self.runtime, "diagnostics", None)
+        if self.runtime.closed or not callable(diagnostics):
+            return 0
+        try:
+            engines = diagnostics().get("engines") or []
+        except ExLlamaIntegrationsError:
+            return 0
+        return sum(int(getattr(e, "restarts", 0)) for e in engines)
 
     @property
     def info(self) -> ModelInfo:

@@ -7,8 +7,14 @@ block a caller (``NOBLOCK``: an engine that cannot take a message fails that req
 
 The engine dying (killed, out of memory, a crash in a kernel) is seen by a thread waiting on the process:
 every request it had ends with :class:`~exllama_integrations.errors.EngineUnavailableError` at once, the
-runtime's :meth:`health` says why, and a new engine is started (at most ``MAX_RESTARTS`` in
-``RESTART_WINDOW`` seconds); requests that come meanwhile are refused with the same error.
+runtime's :meth:`health` says why, and a new engine is started; requests that come meanwhile are refused with
+the same error. An engine that stays alive but stops answering (stopped, a deadlock, a hung kernel) is seen
+too: a watchdog pings it every ``PING_EVERY`` seconds (answered from its receive loop, with how long its driver
+has gone without a step while holding requests); no answer for ``HUNG_AFTER`` seconds, or a driver without a
+step for ``STALL_AFTER`` seconds, and the engine is declared hung: health says so, its requests end with
+``EngineUnavailableError``, it is killed and replaced like one that died. Past ``MAX_RESTARTS`` starts in
+``RESTART_WINDOW`` seconds, the next start waits (``BACKOFF_FIRST`` seconds, doubling to ``BACKOFF_MAX``) and
+health says when; it never gives up while the runtime is open.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from ...backends.base import fail_all, require
 from ...errors import (
     EngineUnavailableError,
     ExLlamaIntegrationsError,
+    InvalidSettingsError,
     ModelLoadError,
     ProtocolError,
     error_from_wire,
@@ -43,7 +50,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_RESTARTS = 5
+"""Starts in ``RESTART_WINDOW`` seconds before the next one waits (back-off)."""
 RESTART_WINDOW = 600.0
+BACKOFF_FIRST = 5.0
+"""Seconds the first start past ``MAX_RESTARTS`` waits; doubled for each one after, up to ``BACKOFF_MAX``."""
+BACKOFF_MAX = 300.0
+PING_EVERY = 1.0
+"""Seconds between liveness pings to the engine."""
+HUNG_AFTER = 10.0
+"""Seconds without an answer to a ping after which the engine is declared hung and replaced."""
+STALL_AFTER = 120.0
+"""Seconds the engine's driver may go without a step while it holds requests (a long prefill is one step)."""
 CLOSE_WAIT = 30.0
 """Seconds a closing engine has to end its requests and free the model before it is killed."""
 MEDIA_WAIT = 120.0
@@ -98,6 +115,12 @@ class EngineProcess:
         self._next = 0
         self._closing = False
         self._restarts: list[float] = []
+        self._stop = threading.Event()
+        self._hung: str | None = None
+        self._last_pong = time.monotonic()
+        self._stalled = 0.0
+        self.restarts = 0
+        """Engines started again after one died or hung (in this slot's life)."""
         self.problem: str | None = None
         """Why this engine takes no requests now (None: it does)."""
         self.ready: dict[str, Any] = {}
@@ -146,9 +169,12 @@ class EngineProcess:
             self._teardown(kill=True)
             raise
         self.problem = None
+        self._hung = None
+        self._last_pong = time.monotonic()
         self._reader = threading.Thread(target=self._read, args=(proc, steps), name="engine-reader", daemon=True)
         self._reader.start()
         threading.Thread(target=self._watch, args=(proc,), name="engine-watch", daemon=True).start()
+        threading.Thread(target=self._ping, args=(proc,), name="engine-ping", daemon=True).start()
         logger.info("engine %d (pid %d) ready: %s on %s", self.index, proc.pid, self.model.name, self.backend)
 
     def _handshake(self, proc: subprocess.Popen[bytes], steps: Any) -> dict[str, Any]:
@@ -191,30 +217,79 @@ class EngineProcess:
         code = proc.wait()
         if self._closing:
             return
-        why = f"the engine process (pid {proc.pid}) {_exit_text(code)}"
+        why = self._hung or f"the engine process (pid {proc.pid}) {_exit_text(code)}"
         logger.error("%s; its requests end with EngineUnavailableError", why)
         with self._lock:
             self.problem = why + ("; it is starting again" if self.restart else "")
         self._reader.join(2.0)  # what it sent before it died is delivered first
         self._fail_open(why + " while generating; retry the request")
         self._teardown(kill=True)
-        if not self.restart:
+        if self.restart:
+            self._start_again(why)
+
+    def _start_again(self, why: str) -> None:
+        """Start a new engine, waiting out a back-off past ``MAX_RESTARTS`` starts in the window; never gives up."""
+        while not self._closing:
+            now = time.monotonic()
+            self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW]
+            over = len(self._restarts) - MAX_RESTARTS
+            if over >= 0:
+                delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**over)
+                with self._lock:
+                    self.problem = (
+                        f"{why}; it was started again {len(self._restarts)} times in the last {RESTART_WINDOW:.0f} s, "
+                        f"so the next start waits {delay:g} s (back-off)"
+                    )
+                logger.error("%s", self.problem)
+                if self._stop.wait(delay):
+                    return
+            self._restarts.append(time.monotonic())
+            self.restarts += 1
+            try:
+                self._start()
+            except BaseException as e:  # noqa: BLE001 - reported by health and by every request; tried again
+                logger.error("the engine could not start again: %s", e)
+                why = f"{why}, and starting it again failed: {type(e).__name__}: {e}"[:2000]
+                with self._lock:
+                    self.problem = why + "; it is starting again"
+                continue
+            if self._closing:  # the runtime was closed while the new engine loaded: it must not outlive it
+                self._teardown(kill=True)
             return
-        now = time.monotonic()
-        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW] + [now]
-        if len(self._restarts) > MAX_RESTARTS:
-            with self._lock:
-                self.problem = f"{why}, and it died {MAX_RESTARTS} times in {RESTART_WINDOW:.0f} s; not started again"
+
+    def _ping(self, proc: subprocess.Popen[bytes]) -> None:
+        """Ping the engine; one that does not answer in ``HUNG_AFTER`` s (or whose driver stalls) is replaced."""
+        n = 0
+        while not self._stop.wait(PING_EVERY):
+            if self._closing or proc.poll() is not None or self._proc is not proc:
+                return
+            n += 1
+            try:
+                self._send({"op": "ping", "n": n})
+            except EngineUnavailableError:
+                pass  # not answered: counted below
+            quiet = time.monotonic() - self._last_pong
+            stalled = self._stalled if self.load else 0.0
+            if quiet > HUNG_AFTER:
+                why = f"the engine process (pid {proc.pid}) stopped answering ({quiet:.1f} s without a reply)"
+            elif stalled > STALL_AFTER:
+                why = f"the engine process (pid {proc.pid}) made no progress for {stalled:.0f} s with requests open"
+            else:
+                continue
+            self._declare_hung(proc, why)
             return
+
+    def _declare_hung(self, proc: subprocess.Popen[bytes], why: str) -> None:
+        """Unhealthy at once, its requests ended typed, then killed (its watcher starts the next engine)."""
+        logger.error("%s; it is replaced", why)
+        with self._lock:
+            self._hung = why
+            self.problem = why + ("; it is being replaced" if self.restart else "")
+        self._fail_open(why + "; retry the request")
         try:
-            self._start()
-        except BaseException as e:  # noqa: BLE001 - reported by health and by every request
-            logger.error("the engine could not start again: %s", e)
-            with self._lock:
-                self.problem = f"{why}, and starting it again failed: {type(e).__name__}: {e}"
-            return
-        if self._closing:  # the runtime was closed while the new engine loaded: it must not outlive it
-            self._teardown(kill=True)
+            proc.kill()  # SIGKILL ends a stopped process too
+        except OSError:
+            pass
 
     def _fail_open(self, why: str) -> None:
         with self._lock:
@@ -233,6 +308,7 @@ class EngineProcess:
             if self._closing:
                 return
             self._closing = True
+        self._stop.set()
         proc = self._proc
         if proc is not None and proc.poll() is None and self.problem is None:
             try:
@@ -261,9 +337,16 @@ class EngineProcess:
 
     def _send(self, message: dict[str, Any], frames: Sequence[bytes] = ()) -> None:
         zmq = self._zmq
+        try:
+            frame = pack(message)
+        except UnicodeEncodeError as e:
+            raise InvalidSettingsError(
+                f"a request holds text the engine channel cannot carry ({e.reason} at {e.object[e.start : e.end]!r}); "
+                "send valid Unicode text (a lone surrogate is not a character)."
+            ) from None
         with self._send_lock:
             try:
-                self._requests.send_multipart([pack(message), *frames], flags=zmq.NOBLOCK, copy=False)
+                self._requests.send_multipart([frame, *frames], flags=zmq.NOBLOCK, copy=False)
             except (zmq.ZMQError, AttributeError) as e:
                 raise EngineUnavailableError(
                     f"the engine process cannot take requests ({self.problem or e}); retry in a moment."
@@ -289,6 +372,9 @@ class EngineProcess:
                 if call is not None:
                     call.reply = message
                     call.done.set()
+            elif op == "pong":
+                self._last_pong = time.monotonic()
+                self._stalled = float(message.get("stalled") or 0.0)
             elif op == "closed":
                 return
 
@@ -320,13 +406,15 @@ class EngineProcess:
         if problem is not None:
             fail_all(requests, EngineUnavailableError(f"{problem}; retry in a moment."))
             return
-        rows = [request_to_wire(rid, r, m) for rid, r, m in zip(rids, requests, media)]
         try:
+            rows = [request_to_wire(rid, r, m) for rid, r, m in zip(rids, requests, media)]
             self._send({"op": "submit", "requests": rows})
-        except EngineUnavailableError as e:
+        except Exception as e:  # noqa: BLE001 - nothing stays registered; each request ends typed
             with self._lock:
                 for rid in rids:
                     self._open.pop(rid, None)
+            if not isinstance(e, ExLlamaIntegrationsError):
+                e = ProtocolError(f"a request could not be sent to the engine: {type(e).__name__}: {e}")
             fail_all(requests, e)
             return
         for rid, request in zip(rids, requests):

@@ -6,9 +6,11 @@ stdin stays open for its life: when the parent goes away (killed, crashed), stdi
 at once, so no engine outlives its server holding a GPU. Ctrl-C in a terminal reaches the whole process group;
 the engine ignores it and is stopped by its parent, after the parent drained its streams.
 
-Threads: the main thread reads requests (PULL) and hands them to the backend; the backend's driver decodes;
-one sender thread writes steps (PUSH), every step that came since its last send in one frame. The driver's
-only work for the channel is appending a step to a list.
+Threads: the main thread reads requests (PULL) and hands them to the backend, and answers the runtime's
+liveness pings at once (with how long the driver has gone without a step while it holds requests); the
+backend's driver decodes; one thread encodes images (so a slow encoding never delays a ping); one sender
+thread writes steps (PUSH), every step that came since its last send in one frame. The driver's only work for
+the channel is appending a step to a list.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import gc
 import json
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -59,6 +62,8 @@ class Outbox:
         self._cv = threading.Condition()
         self._items: deque[Any] = deque()
         self._closing = False
+        self.last_step = time.monotonic()
+        """When the driver last handed in a step (its progress, reported in every pong)."""
         self._thread = threading.Thread(target=self._run, name="engine-sender", daemon=True)
         self._thread.start()
 
@@ -68,6 +73,7 @@ class Outbox:
             if not self._items:
                 self._cv.notify()
             self._items.append((rid, step))
+            self.last_step = time.monotonic()
 
     def message(self, message: dict[str, Any], frames: tuple[bytes, ...] = ()) -> None:
         """A message, after every step already handed in."""
@@ -119,6 +125,25 @@ class Engine:
         self._grammars = lru_cache(maxsize=64)(partial(TokenConstraint.compile, tokenizer))
         self._piece = lru_cache(maxsize=1 << 16)(self._token_text)
         self._media: OrderedDict[str, Any] = OrderedDict()
+        self._since = time.monotonic()
+        self._encodings: queue.SimpleQueue[tuple[dict[str, Any], list[bytes]] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._encode_loop, name="engine-media", daemon=True).start()
+
+    def stalled(self) -> float:
+        """Seconds the driver has gone without a step while it holds requests (0 while it holds none)."""
+        with self._lock:
+            if not self._open:
+                return 0.0
+            since = self._since
+        return max(0.0, time.monotonic() - max(since, self.out.last_step))
+
+    def encode_soon(self, message: dict[str, Any], frames: list[bytes]) -> None:
+        """:meth:`encode_media` on the engine's image thread (the receive loop goes on answering pings)."""
+        self._encodings.put((message, frames))
+
+    def _encode_loop(self) -> None:
+        while (job := self._encodings.get()) is not None:
+            self.encode_media(*job)
 
     def _token_text(self, tid: int) -> str:
         return self.tokenizer.decode([tid], skip_special_tokens=False)
@@ -168,6 +193,8 @@ class Engine:
             if row.get("cancelled"):
                 request.cancel.set()
             with self._lock:
+                if not self._open:
+                    self._since = time.monotonic()  # the driver's clock starts with its first request
                 self._open[rid] = request
             requests.append(request)
         if requests:
@@ -205,6 +232,7 @@ class Engine:
 
     def close(self) -> None:
         """Close the backend (every open request gets its final step), then say so."""
+        self._encodings.put(None)
         self.backend.close()
         self.out.message({"op": "closed"})
 
@@ -276,7 +304,9 @@ def serve(config: dict[str, Any]) -> int:
         elif op == "expect":
             backend.expect(int(message["n"]))
         elif op == "media":
-            engine.encode_media(message, frames)
+            engine.encode_soon(message, frames)
+        elif op == "ping":
+            out.message({"op": "pong", "n": message.get("n"), "stalled": engine.stalled()})
         elif op == "close":
             engine.close()
             out.close()
