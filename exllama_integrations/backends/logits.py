@@ -36,6 +36,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+GREEDY_BELOW = 1e-5
+"""A temperature below this is greedy decoding, on every backend (vLLM's bound too): dividing logits by a
+temperature of 1e-40 makes them infinite, and their softmax NaN."""
+
+
+def is_greedy(settings: GenerationSettings) -> bool:
+    """Whether ``settings`` decode greedily: temperature 0 (or below :data:`GREEDY_BELOW`), or ``top_k=1``."""
+    return settings.greedy or settings.temperature < GREEDY_BELOW
+
 
 class _NoRepeatInOutput:
     """transformers' n-gram ban, over the generated tokens only (the prompt may repeat itself freely)."""
@@ -105,7 +114,7 @@ def logits_processors(settings: GenerationSettings, prompt_len: int = 0) -> Any:
         procs.append(_PresenceFrequency(settings.presence_penalty, settings.frequency_penalty, prompt_len))
     if settings.no_repeat_ngram_size:
         procs.append(_NoRepeatInOutput(NoRepeatNGramLogitsProcessor(settings.no_repeat_ngram_size), prompt_len))
-    if settings.greedy:
+    if is_greedy(settings):
         return procs
     if settings.temperature != 1.0:
         procs.append(TemperatureLogitsWarper(settings.temperature))
@@ -132,7 +141,8 @@ class Sampler:
         self.stop_ids = sorted(t for t in request.stop_token_ids if t < 1 << 31)
         self.procs = logits_processors(s, len(request.prompt_ids))
         self.rng = None
-        if not s.greedy:
+        self.greedy = is_greedy(s)
+        if not self.greedy:
             self.rng = torch.Generator(device="cpu")
             self.rng.manual_seed(s.seed if s.seed is not None else random.getrandbits(63))
         self.seen = torch.tensor([request.prompt_ids], dtype=torch.long)
@@ -158,7 +168,7 @@ class Sampler:
                     # the penalties banned every token the grammar allows: draw from the model's own logits
                     scores = raw.clone()
                     constraint.mask_logits(scores)
-            if s.greedy:
+            if self.greedy:
                 token = int(torch.argmax(scores, dim=-1)[0])
             else:
                 probs = torch.softmax(scores, dim=-1)

@@ -12,6 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..base import BackendRequest, RawLogprob, StepFinish, TokenStep
+from ..logits import is_greedy
 
 if TYPE_CHECKING:
     from ...model.grammar import ConstraintMatcher
@@ -29,7 +30,7 @@ def sampler_for(settings: Any, prompt_len: int = 0) -> Any:
     if not (settings.presence_penalty or settings.frequency_penalty):
         return ComboSampler(
             rep_p=settings.repetition_penalty,
-            temperature=0.0 if settings.greedy else settings.temperature,
+            temperature=0.0 if is_greedy(settings) else settings.temperature,
             min_p=settings.min_p,
             top_k=settings.top_k,
             top_p=settings.top_p,
@@ -42,7 +43,7 @@ def sampler_for(settings: Any, prompt_len: int = 0) -> Any:
         c.SS_RepP(settings.repetition_penalty),
         output_penalties(settings.presence_penalty, settings.frequency_penalty, prompt_len),
     ]
-    if settings.greedy:
+    if is_greedy(settings):
         steps.append(c.SS_Argmax())
     else:
         steps += [
