@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - exercised by the missing-extra test
 from ..contract import wire
 from ..contract.api import Runtime
 from . import metrics, native
-from .guard import Guard, error_body, error_response
+from .guard import Guard, error_body, error_response, validation_response
 from .openai import chat, completions, models, tokenize
 from .openai.protocol import ALL_FIELDS
 from .state import ServeLimits, ServeState, state_of
@@ -37,17 +37,6 @@ from .streaming import ClientGone
 logger = logging.getLogger("exllama_integrations.serve")
 
 __all__ = ["ServeLimits", "create_app"]
-
-
-def field_error(err: Any) -> str:
-    """One schema error, an unknown field with its closest match."""
-    import difflib
-
-    where = ".".join(str(p) for p in err["loc"] if p != "body")
-    if err.get("type") == "extra_forbidden":
-        close = difflib.get_close_matches(str(err["loc"][-1]), ALL_FIELDS, n=1)
-        return f"{where}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
-    return f"{where}: {err['msg']}"
 
 
 def _native(request: Request) -> bool:
@@ -97,18 +86,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errs = exc.errors()
-        first = errs[0] if errs else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        if first.get("type") == "json_invalid":
-            return JSONResponse(
-                error_body(
-                    f"the body is not valid JSON: {first.get('msg')}", "invalid_request_error", code="invalid_json"
-                ),
-                400,
-            )
-        msg = "; ".join(field_error(e) for e in errs[:5])
-        return JSONResponse(error_body(msg, "invalid_request_error", param=where or None, code=first.get("type")), 422)
+        return validation_response(list(exc.errors()), ALL_FIELDS)  # 400, as OpenAI answers a bad body
 
     @app.exception_handler(ExLlamaIntegrationsError)
     async def _typed(request: Request, exc: ExLlamaIntegrationsError) -> Response:

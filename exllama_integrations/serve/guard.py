@@ -10,6 +10,7 @@ one log line per request with its tokens and timings (the path quoted, so it can
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hmac
 import logging
 import time
@@ -45,6 +46,30 @@ def error_response(e: BaseException) -> JSONResponse:
     code = getattr(e, "reason", None) or type(e).code
     headers = {"Retry-After": "1"} if status == 503 else None
     return JSONResponse(error_body(str(e), kind, param=e.param, code=code), status_code=status, headers=headers)
+
+
+def field_error(err: dict[str, Any], fields: list[str]) -> str:
+    """One schema error in a line; an unknown field with its closest match among ``fields``."""
+    where = ".".join(str(p) for p in err["loc"] if p != "body")
+    if err.get("type") == "extra_forbidden":
+        close = difflib.get_close_matches(str(err["loc"][-1]), fields, n=1)
+        return f"{where}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
+    return f"{where}: {err['msg']}"
+
+
+def validation_response(errors: list[Any], fields: list[str]) -> JSONResponse:
+    """A body that fails the schema, as OpenAI answers it: 400 ``invalid_request_error``, the first bad field named.
+
+    Not FastAPI's 422: the openai client raises that as ``UnprocessableEntityError``, which agent frameworks do not
+    read as a bad request.
+    """
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        msg = f"the body is not valid JSON: {first.get('msg')}"
+        return JSONResponse(error_body(msg, "invalid_request_error", code="invalid_json"), 400)
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    msg = "; ".join(field_error(e, fields) for e in errors[:5])
+    return JSONResponse(error_body(msg, "invalid_request_error", param=where or None, code=first.get("type")), 400)
 
 
 class Guard:

@@ -206,15 +206,15 @@ def test_a_client_that_drops_mid_stream_frees_the_server_at_once(url, demo_runti
     [
         (b"{not json", 400, "invalid_json"),
         ({"model": "gpt-4", "prompt": "x"}, 404, "model_not_found"),
-        ({"model": MODEL, "prompt": "x", "temprature": 1}, 422, "extra_forbidden"),
+        ({"model": MODEL, "prompt": "x", "temprature": 1}, 400, "extra_forbidden"),
         ({"model": MODEL, "prompt": "x", "temperature": -1}, 400, "invalid_request"),
-        ({"model": MODEL, "prompt": "x", "n": 2}, 400, "unsupported_parameter"),
+        ({"model": MODEL, "prompt": "x", "n": 17}, 400, "unsupported_parameter"),
         ({"model": MODEL, "prompt": "x", "presence_penalty": 5}, 400, "invalid_request"),
         ({"model": MODEL, "prompt": "x", "logit_bias": {"7": 500}}, 400, "invalid_request"),
         ({"model": MODEL, "prompt": "x", "logit_bias": {"99999999": 1}}, 400, "invalid_request"),
         ({"model": MODEL, "prompt": "word " * 9000, "max_tokens": 4}, 400, "context_length_exceeded"),
         ({"model": MODEL, "prompt": ""}, 400, "invalid_request"),
-        ({"model": MODEL, "messages": []}, 422, "too_short"),
+        ({"model": MODEL, "messages": []}, 400, "too_short"),
         ({"model": MODEL, "prompt": "x", "grammar": {"kind": "regex", "source": "a("}}, 400, "invalid_grammar"),
     ],
     ids=[

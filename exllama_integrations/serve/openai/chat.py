@@ -85,13 +85,20 @@ def _events(state: ServeState, items: Any, rid: str, include_usage: bool, scope_
     return framed(items, render, preamble=[chunk(ChatDeltaWire(role="assistant", content=""))])
 
 
+def _switch(state: ServeState) -> bool:
+    """Whether the chat template has a thinking switch (``enable_thinking``) that ``reasoning_effort`` sets."""
+    template = state.chat_template or getattr(getattr(state.runtime, "tokenizer", None), "chat_template", None)
+    return isinstance(template, str) and "enable_thinking" in template
+
+
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     """A chat reply through the model's own template; ``stream: true`` for server-sent events."""
     state = state_of(request.app)
     state.check_model(body.model)
     info = state.info
-    args = (state.defaults, info.unsupported_settings, state.limits.max_tokens, state.chat_template, state.limits.media)
+    limits, template = state.limits, state.chat_template
+    args = (state.defaults, info.unsupported_settings, limits.max_tokens, template, limits.media, _switch(state))
     if body.has_images():  # images are decoded (or fetched, where allowed) off the event loop
         chat = await asyncio.to_thread(body.to_chat, *args)
     else:

@@ -1,7 +1,8 @@
-"""``POST /tokenize`` and ``POST /detokenize`` in vLLM's shapes.
+"""``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info`` in vLLM's shapes.
 
 A prompt or chat messages to the token ids the served model reads (images counted as the tokens the model reads
-them as), and ids back to text.
+them as), ids back to text, and the tokenizer's configuration (so lm-evaluation-harness and others need no local
+copy of the tokenizer).
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ...chat.prepare import ChatRequest, prepare_chat
-from ...contract.api import GenerationRequest
-from ...errors import InvalidSettingsError
+from ...contract.api import GenerationRequest, SharesTokenizer
+from ...errors import BackendUnavailableError, InvalidSettingsError
 from ..state import state_of
 from .protocol.chat import MessageWire, ToolWire
 from .protocol.common import Wire
@@ -56,6 +57,22 @@ class DetokenizeResponse(BaseModel):
     """The text of the ids."""
 
     prompt: str
+
+
+class TokenizerInfoResponse(BaseModel):
+    """vLLM's ``/tokenizer_info``: the tokenizer's ``tokenizer_config.json`` and what this server renders with.
+
+    File paths are left out and added tokens given as their text; ``tokenizer_class``, the eos and bos tokens where
+    known, ``model_max_length`` (the served context) and the chat template the server renders with.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    tokenizer_class: str
+    eos_token: str | None = None
+    bos_token: str | None = None
+    model_max_length: int | None = None
+    chat_template: str | None = None
 
 
 def _ids(state: Any, body: TokenizeRequest) -> list[int]:
@@ -105,6 +122,51 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     )
     strs = [piece(i) for i in ids] if body.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=state.info.context_length, tokens=ids, token_strs=strs)
+
+
+def _plain(value: Any) -> Any:
+    """A tokenizer_config value as JSON (an added token's ``{"content": ...}`` as its text)."""
+    if isinstance(value, dict):
+        if isinstance(value.get("content"), str) and ("__type" in value or "special" in value):
+            return value["content"]
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def tokenizer_info(state: Any) -> TokenizerInfoResponse:
+    """The served tokenizer's configuration in vLLM's shape (its eos and bos tokens always named when known).
+
+    Raises:
+        UnsupportedFeatureError: the runtime does not share its tokenizer's files.
+    """
+    runtime, info = state.runtime, state.info
+    if not isinstance(runtime, SharesTokenizer):
+        raise BackendUnavailableError(
+            "this server's runtime does not share its tokenizer, so it has no /tokenizer_info."
+        )
+    files = runtime.tokenizer_files()
+    config = {k: _plain(v) for k, v in dict(files.get("tokenizer_config") or {}).items()}
+    for path_field in ("vocab_file", "merges_file", "tokenizer_file", "name_or_path"):
+        config.pop(path_field, None)
+    tok = getattr(runtime, "tokenizer", None)
+    for name, ids in (("eos_token", info.eos_token_ids[:1]), ("bos_token", (info.bos_token_id,))):
+        if not isinstance(config.get(name), str) and tok is not None and ids and ids[0] is not None:
+            config[name] = tok.decode([ids[0]], skip_special_tokens=False)
+    config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    config["model_max_length"] = info.context_length
+    template = state.chat_template or files.get("chat_template")
+    if template:
+        config["chat_template"] = template
+    return TokenizerInfoResponse(**config)
+
+
+@router.get("/tokenizer_info", response_model=TokenizerInfoResponse)
+async def get_tokenizer_info(request: Request) -> TokenizerInfoResponse:
+    """The served tokenizer's configuration (vLLM's shape): what a client needs to tokenize as this server does."""
+    state = state_of(request.app)
+    return await asyncio.to_thread(tokenizer_info, state)  # reads the tokenizer's files
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse)

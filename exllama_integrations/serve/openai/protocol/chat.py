@@ -18,7 +18,7 @@ from ....contract.api import Media
 from ....contract.settings import GenerationSettings
 from ....errors import MediaError
 from ....model.media import MediaLimits, media_from_url
-from .common import CommonRequest, UsageWire, Wire
+from .common import CommonRequest, UsageWire, Wire, refuse
 
 
 class FunctionCall(Wire):
@@ -53,6 +53,8 @@ class ContentPart(BaseModel):
     type: str
     text: str | None = None
     image_url: ImageURL | str | None = None
+    refusal: str | None = None
+    """An assistant turn's ``refusal`` part: its text is the turn's text."""
 
 
 class MessageWire(Wire):
@@ -63,6 +65,8 @@ class MessageWire(Wire):
     name: str | None = None
     tool_calls: list[ToolCallWire] | None = None
     tool_call_id: str | None = None
+    function_call: FunctionCall | None = None
+    """The legacy form of one tool call (an assistant turn)."""
     refusal: str | None = None
     reasoning_content: str | None = None
     """An earlier assistant turn's thinking (the template keeps or strips it)."""
@@ -71,7 +75,7 @@ class MessageWire(Wire):
 
     def has_images(self) -> bool:
         """Whether the message has image parts (reading them may fetch, so it runs off the event loop)."""
-        return isinstance(self.content, list) and any(p.type != "text" for p in self.content)
+        return isinstance(self.content, list) and any(p.type not in ("text", "refusal") for p in self.content)
 
     def template_content(self, media: list[Media] | None, limits: MediaLimits) -> str | list[dict[str, Any]]:
         """The message's content: its text, or text and image parts, the images appended to ``media``.
@@ -86,6 +90,8 @@ class MessageWire(Wire):
         for part in self.content:
             if part.type == "text":
                 pieces.append(part.text or "")
+            elif part.type == "refusal" and self.role == "assistant":
+                pieces.append(part.refusal or "")
             elif part.type == "image_url" and media is not None and part.image_url is not None:
                 ref = part.image_url
                 pieces.append(media_from_url(ref.url if isinstance(ref, ImageURL) else ref, limits))
@@ -106,6 +112,8 @@ class MessageWire(Wire):
             d["name"] = self.name
         if self.tool_calls:
             d["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        elif self.function_call is not None:  # the legacy form of one tool call
+            d["tool_calls"] = [ToolCallWire(function=self.function_call).model_dump()]
         if self.tool_call_id:
             d["tool_call_id"] = self.tool_call_id
         thought = self.reasoning_content or self.reasoning
@@ -121,6 +129,12 @@ class FunctionSpec(Wire):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+
+class FunctionName(Wire):
+    """A legacy ``function_call`` that names the function to call."""
+
+    name: str
 
 
 class ToolWire(Wire):
@@ -140,12 +154,19 @@ class ChatCompletionRequest(CommonRequest):
     tools: list[ToolWire] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    """False: at most one call in a reply."""
+    functions: list[FunctionSpec] | None = None
+    """OpenAI's legacy form of ``tools`` (read as function tools)."""
+    function_call: Literal["none", "auto"] | FunctionName | None = None
+    """OpenAI's legacy form of ``tool_choice``."""
     response_format: dict[str, Any] | None = None
-    # OpenAI fields that change nothing here
-    store: bool | None = None
-    metadata: dict[str, Any] | None = None
-    service_tier: str | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    """``none`` turns thinking off where the template has a switch (``enable_thinking``); any other effort turns
+    it on; the template sees the value itself too (gpt-oss's templates read it)."""
+    modalities: list[Literal["text", "audio"]] | None = None
+    """Only ``["text"]`` is served."""
+    verbosity: Literal["low", "medium", "high"] | None = None
+    """Accepted, ignored (the model's own length)."""
     # extensions
     chat_template_kwargs: dict[str, Any] | None = None
     split_special_tokens: bool = False
@@ -163,18 +184,44 @@ class ChatCompletionRequest(CommonRequest):
         max_tokens_cap: int | None = None,
         chat_template: str | None = None,
         media_limits: MediaLimits | None = None,
+        thinking_switch: bool = False,
     ) -> ChatRequest:
-        """The chat call as the plain-data chat request every front door uses (images read within ``media_limits``)."""
-        tools = [t.model_dump(exclude_none=True) for t in self.tools or []]
+        """The chat call as the plain-data chat request every front door uses (images read within ``media_limits``).
+
+        ``thinking_switch``: the template reads ``enable_thinking`` (``reasoning_effort`` sets it).
+
+        Raises:
+            InvalidSettingsError: audio asked for, or ``tools`` and the legacy ``functions`` both sent.
+        """
+        if self.modalities is not None and "audio" in self.modalities:
+            raise refuse("modalities", 'only text is served; send modalities ["text"] or leave it out.')
+        if self.functions is not None and self.tools is not None:
+            raise refuse("functions", "send tools or the legacy functions, not both.")
+        if self.function_call is not None and self.tool_choice is not None:
+            raise refuse("function_call", "send tool_choice or the legacy function_call, not both.")
+        if self.tools is not None:
+            tools = [t.model_dump(exclude_none=True) for t in self.tools]
+        else:
+            tools = [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in self.functions or []]
+        choice: Any = self.tool_choice
+        if isinstance(self.function_call, FunctionName):
+            choice = {"type": "function", "function": {"name": self.function_call.name}}
+        elif self.function_call is not None:
+            choice = self.function_call
         media: list[Media] = []
         messages = [m.to_template(media, media_limits) for m in self.messages]
+        template_kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            template_kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+            if thinking_switch:
+                template_kwargs.setdefault("enable_thinking", self.reasoning_effort != "none")
         return ChatRequest(
             messages=messages,
             settings=self.to_settings(defaults, refused, max_tokens_cap),
             tools=tools,
-            tool_choice=self.tool_choice if tools else None,
+            tool_choice=choice if tools else None,
             response_format=self.response_format,
-            template_kwargs=self.chat_template_kwargs or {},
+            template_kwargs=template_kwargs,
             chat_template=chat_template,
             split_special_tokens=self.split_special_tokens,
             media=media,

@@ -33,6 +33,8 @@ class StreamOptions(Wire):
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
+    include_obfuscation: bool | None = None
+    """OpenAI pads stream events against side channels; nothing to pad here (accepted, ignored)."""
 
 
 class GrammarWire(Wire):
@@ -70,8 +72,12 @@ SETTING_FIELDS = {
     "ignore_eos": "ignore_eos",
     "truncate_prompt": "truncate_prompt",
     "thinking_token_budget": "max_reasoning_tokens",
+    "max_reasoning_tokens": "max_reasoning_tokens",
 }
 """Request fields that are one generation setting each, as is (wire name: setting name)."""
+
+MAX_CHOICES = 16
+"""Most choices (``n``) one request may ask for: each is a generation of its own."""
 
 
 class CommonRequest(Wire):
@@ -82,7 +88,8 @@ class CommonRequest(Wire):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
-    n: int = 1
+    n: int = Field(default=1, ge=1)
+    """Choices to generate, each sampled on its own from the same prompt (at most ``MAX_CHOICES``)."""
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -90,7 +97,13 @@ class CommonRequest(Wire):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    # OpenAI fields that change nothing here (accepted, ignored: no server-side store, tiers or caching keys)
     user: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
     # extensions (vLLM's names)
     top_k: int | None = None
     min_p: float | None = None
@@ -102,6 +115,8 @@ class CommonRequest(Wire):
     truncate_prompt: bool | None = None
     thinking_token_budget: int | None = Field(default=None, ge=1)
     """A reasoning model thinks for at most this many tokens, then answers (vLLM's name)."""
+    max_reasoning_tokens: int | None = Field(default=None, ge=1)
+    """The same budget under the library's own name (one of the two per request)."""
 
     def _max_tokens(self) -> int | None:
         return self.max_tokens
@@ -123,9 +138,18 @@ class CommonRequest(Wire):
         ``max_tokens_cap`` (``serve --max-tokens``) caps the resolved value: a request that asks for more is
         refused; one that asks for nothing gets at most the cap.
         """
-        if self.n != 1:
-            raise refuse("n", f"only n=1 is served (got {self.n}); send {self.n} requests, they are batched together.")
-        values: dict[str, Any] = {setting: getattr(self, field) for field, setting in SETTING_FIELDS.items()}
+        if self.n > MAX_CHOICES:
+            raise refuse("n", f"at most {MAX_CHOICES} choices per request (got {self.n}); send several requests.")
+        if self.thinking_token_budget is not None and self.max_reasoning_tokens is not None:
+            raise InvalidSettingsError(
+                "'thinking_token_budget' and 'max_reasoning_tokens' are two names for one setting: pass one of them.",
+                param="max_reasoning_tokens",
+                reason="duplicate_setting",
+            )
+        values: dict[str, Any] = {}
+        for field, setting in SETTING_FIELDS.items():
+            if getattr(self, field) is not None:
+                values[setting] = getattr(self, field)
         values.update(
             max_new_tokens=self._max_tokens(),
             stop_token_ids=self.stop_token_ids,
