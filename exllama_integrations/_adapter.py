@@ -8,8 +8,10 @@ Rules decided here, once, for every class:
   :class:`~exllama_integrations.contract.api.Runtime` protocol).
 * Settings: the classes' setting fields are :class:`~exllama_integrations.contract.settings.GenerationSettings`'
   own (declared there once, with their docs), optional here; names are those settings accept (``max_tokens``,
-  ``num_predict``, ``do_sample=False``, ``logprobs=True`` + ``top_logprobs=k`` ...). A call's settings are the
-  runtime's defaults, then the fields, then the call's keyword arguments, resolved once into the request.
+  ``num_predict``, ``do_sample=False``, ``logprobs=True`` + ``top_logprobs=k`` ...), also inside ``model_kwargs``
+  (LangChain's convention). A call's settings are the runtime's defaults, then the fields, then the call's keyword
+  arguments, resolved once into the request; one setting given twice (two names, or an argument and a
+  ``model_kwargs`` key) is refused at every door.
 * Any other unknown name, in the constructor or per call, is an
   :class:`~exllama_integrations.errors.InvalidSettingsError` naming the closest match (or what another tool's
   name means here); settings a backend cannot honour are refused when the class is built.
@@ -26,17 +28,22 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, Valid
 
 from .contract.api import Reasoning, Runtime
 from .contract.settings import (
+    ACCEPTED_NAMES,
+    ALIASES,
     SAMPLING_FIELDS,
     GenerationSettings,
     canonical,
     check_names,
+    check_one_name_each,
     resolve_settings,
     unknown_name_hint,
 )
-from .errors import InvalidSettingsError
+from .errors import InvalidSettingsError, ModelNotFoundError
 
 SETTING_FIELDS = SAMPLING_FIELDS
 """The generation settings that are also fields of the framework classes."""
+_OWN_FIELDS = frozenset({*SETTING_FIELDS, "stop", "logprobs"})
+"""Settings (by field name) that a ``model_kwargs`` key moves to a field of the classes."""
 
 
 def as_stops(stop: str | Iterable[str] | None) -> list[str]:
@@ -149,6 +156,9 @@ class ExLlamaConfig(SettingFields):
     split_special_tokens: bool = False
     """Encode message text literally, so special-token strings a user types (``<|im_end|>``) stay text.
     Off by default, as in transformers: such strings become control tokens."""
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Generation settings by any accepted name (LangChain's convention), e.g. ``{"logit_bias": {...}}``; those
+    that are fields of their own (``max_tokens``, ``temperature`` ...) are moved to their fields."""
 
     _runtime: Any = PrivateAttr(default=None)
 
@@ -158,6 +168,7 @@ class ExLlamaConfig(SettingFields):
         Typed errors (InvalidSettingsError, ModelNotFoundError, ...) reach the caller as themselves,
         never wrapped in pydantic's ValidationError.
         """
+        named = data.get("model") if not any(data.get(k) for k in ("model_dir", "base_url", "runtime")) else None
         data = self._normalize_init(data)
         try:
             super().__init__(**data)
@@ -175,7 +186,15 @@ class ExLlamaConfig(SettingFields):
             Reasoning(*self.reasoning_tags)
         defaults = self._field_settings()
         GenerationSettings().merged(**defaults)  # bad values fail before anything loads
-        self._runtime = self._open_runtime()
+        try:
+            self._runtime = self._open_runtime()
+        except ModelNotFoundError as e:
+            if named is None:
+                raise
+            raise ModelNotFoundError(
+                f"{e} If {named!r} is the name of a served model, pass the server's address as well: "
+                f"base_url='http://127.0.0.1:8000' (model= names a model directory only without base_url=)."
+            ) from None
         resolve_settings(self._defaults(), self._runtime.model_info().unsupported_settings, **defaults)
         self._loaded()
 
@@ -184,7 +203,22 @@ class ExLlamaConfig(SettingFields):
 
     @classmethod
     def _normalize_init(cls, data: dict[str, Any]) -> dict[str, Any]:
-        data = canonical(data)
+        extra = data.get("model_kwargs")
+        if extra is not None:
+            if not isinstance(extra, Mapping):
+                raise InvalidSettingsError(
+                    f"model_kwargs must be a dict of generation settings, got {type(extra).__name__}."
+                )
+            check_names(list(extra), "model_kwargs key")
+            check_one_name_each(
+                [*(k for k, v in data.items() if v is not None), *(k for k, v in extra.items() if v is not None)]
+            )
+        data = canonical({k: v for k, v in data.items() if k != "model_kwargs"})
+        for name, value in canonical(extra or {}).items():  # a setting with a field of its own goes there
+            if name in _OWN_FIELDS:
+                data[name] = value
+            else:
+                data.setdefault("model_kwargs", {})[name] = value
         if "model" in data:  # ChatOllama's / ChatOpenAI's / vLLM's name for the model
             model = data.pop("model")
             if not (data.get("base_url") or data.get("runtime")):
@@ -207,6 +241,29 @@ class ExLlamaConfig(SettingFields):
                 + "."
             )
         return data
+
+    def configurable_name(self, name: str) -> str:
+        """The field a constructor argument sets (``max_tokens`` -> ``max_new_tokens``), for configurable fields.
+
+        Raises:
+            InvalidSettingsError: a name that sets no field, with the name to use, in one line.
+        """
+        fields = type(self).model_fields
+        if name in fields:
+            return name
+        for field, info in fields.items():
+            if info.alias == name:
+                return field
+        aliased = ALIASES.get(name)
+        if aliased is not None and aliased in fields:
+            return aliased
+        if name == "model" and self.model_dir:
+            return "model_dir"
+        if name in ACCEPTED_NAMES:
+            hint = f"make 'model_kwargs' configurable (a dict of settings: {{{name!r}: ...}}) or pass it per call"
+        else:
+            hint = f"unknown {unknown_name_hint(name, fields)}"
+        raise InvalidSettingsError(f"{type(self).__name__} has no field {name!r} to make configurable: {hint}.")
 
     def _open_runtime(self) -> Runtime:
         given = [n for n in ("model_dir", "base_url", "runtime") if getattr(self, n)]
@@ -265,6 +322,7 @@ class ExLlamaConfig(SettingFields):
         if self.logprobs:
             fields["logprobs"] = int(self.top_logprobs or 0)
         fields["stop"] = self.stop or None
+        fields.update(self.model_kwargs)  # moved to their fields when built: the rest, none of the above
         return {k: v for k, v in fields.items() if v is not None}
 
     def _call_settings(

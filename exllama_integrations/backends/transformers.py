@@ -11,7 +11,8 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -48,6 +49,26 @@ class TransformersOptions(BackendOptions):
     2-core machine two threads ran the demo at 2.3 tokens/s where one ran it at 10.7."""
     vision: bool = True
     """For a vision-language model: take images (through its processor). False: text only."""
+    progressbar: bool | None = None
+    """transformers' "Loading weights" bar while loading; None: when stderr is a terminal or in a notebook (the
+    rule of every backend's load bar)."""
+
+
+@contextmanager
+def _load_bar(option: bool | None) -> Iterator[None]:
+    """The load bar of transformers shown by our rule; its switch is put back as it was after the load."""
+    from transformers.utils import logging as hf_logging
+
+    from .exllamav3.options import show_progress
+
+    if show_progress(option) or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def default_threads() -> int:
@@ -126,14 +147,15 @@ class TransformersBackend(LogitsBackend):
                 self.processor, self.vision = _processor(model)
         loaded: Any
         try:
-            loaded = auto.from_pretrained(
-                str(model.path),
-                local_files_only=True,
-                trust_remote_code=False,
-                use_safetensors=True,
-                output_loading_info=True,
-                **dtype_kw,
-            )
+            with _load_bar(getattr(options, "progressbar", None)):
+                loaded = auto.from_pretrained(
+                    str(model.path),
+                    local_files_only=True,
+                    trust_remote_code=False,
+                    use_safetensors=True,
+                    output_loading_info=True,
+                    **dtype_kw,
+                )
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             raise InvalidModelError(f"transformers could not load {model.name!r}: {e}") from None
         self.model: Any = loaded[0]

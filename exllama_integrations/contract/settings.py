@@ -122,7 +122,10 @@ class GenerationSettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _conversions(cls, data: Any) -> Any:
-        return converted(data) if isinstance(data, Mapping) else data
+        if not isinstance(data, Mapping):
+            return data
+        check_one_name_each(k for k, v in data.items() if v is not None)
+        return converted(data)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -219,6 +222,8 @@ def _aliases_table() -> dict[str, str]:
 
 ALIASES = _aliases_table()
 """Other tools' names for our fields (``max_tokens`` -> ``max_new_tokens``, ...): the one alias table."""
+_SAME = {**{name: name for name in GenerationSettings.model_fields}, **ALIASES}
+"""Every name that sets a field as it is (no conversion), with the field: a field given twice is two of these."""
 ACCEPTED_NAMES = {
     **{name: name for name in GenerationSettings.model_fields},
     **ALIASES,
@@ -249,11 +254,37 @@ def converted(values: Mapping[str, Any]) -> dict[str, Any]:
     return d
 
 
+def check_one_name_each(names: Iterable[str], also: Mapping[str, str] | None = None) -> None:
+    """Refuse one setting given twice in one request, under two names or one name twice: the rule of every door.
+
+    Two names: ``max_tokens`` and ``max_new_tokens``; one name twice: an argument and a ``model_kwargs`` key.
+    ``also``: a door's own names for fields (a wire field -> the setting it sets), beside the alias table.
+
+    Raises:
+        InvalidSettingsError: naming both names and the setting they set.
+    """
+    seen: dict[str, str] = {}
+    for name in names:
+        field = (also or {}).get(name) or _SAME.get(name)
+        if field is None:
+            continue
+        if field in seen:
+            first = seen[field]
+            if first == name:
+                said = f"{name!r} is given twice (as an argument and in model_kwargs): pass it once."
+            else:
+                said = f"{first!r} and {name!r} are two names for one setting ({field}): pass one of them."
+            raise InvalidSettingsError(said, param=name, reason="duplicate_setting")
+        seen[field] = name
+
+
 def canonical(values: Mapping[str, Any]) -> dict[str, Any]:
     """Settings by any accepted name, as field names (aliases renamed, ``do_sample`` and ``logprobs`` converted).
 
-    A field given under two names takes the value of the last one.
+    Raises:
+        InvalidSettingsError: one setting under two names (:func:`check_one_name_each`); ``None`` is not given.
     """
+    check_one_name_each(k for k, v in values.items() if v is not None)
     out: dict[str, Any] = {}
     for name, value in converted(values).items():
         out[ALIASES.get(name, name)] = value
@@ -269,7 +300,7 @@ def unknown_name_hint(name: str, known: Iterable[str] = ()) -> str:
     """``'name'`` with what to use instead: a known foreign name's meaning here, or the closest match."""
     if name in FOREIGN_NAMES:
         return f"{name!r} ({FOREIGN_NAMES[name]})"
-    candidates = [*ACCEPTED_NAMES, *known]
+    candidates = [c for c in (*ACCEPTED_NAMES, *known) if c != name]  # never "did you mean" the name itself
     close = difflib.get_close_matches(name, candidates, n=1)
     return f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
@@ -296,6 +327,7 @@ def build_settings(values: Mapping[str, Any]) -> GenerationSettings:
     Raises:
         InvalidSettingsError: with one line per bad field, naming the field and the rule.
     """
+    check_one_name_each(k for k, v in values.items() if v is not None)  # typed as itself, not in pydantic's error
     try:
         return GenerationSettings.model_validate(dict(values))
     except ValidationError as e:

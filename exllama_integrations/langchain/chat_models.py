@@ -21,7 +21,15 @@ from langchain_core.messages import AIMessage, BaseMessage, convert_to_messages
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
 from langchain_core.output_parsers.pydantic import PydanticOutputParser
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import (
+    Runnable,
+    RunnableConfig,
+    RunnableLambda,
+    RunnableMap,
+    RunnablePassthrough,
+    RunnableSerializable,
+)
+from langchain_core.runnables.utils import AnyConfigurableField
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -79,6 +87,14 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
     def _loaded(self) -> None:
         if self.profile is None:  # what the loaded model is and can do (LangChain v1's ModelProfile)
             self.profile = cast("ModelProfile", self._profile())
+
+    def configurable_fields(self, **kwargs: AnyConfigurableField) -> RunnableSerializable[LanguageModelInput, Any]:
+        """LangChain's ``configurable_fields``, by any name the constructor takes (``max_tokens``, ``num_predict``).
+
+        Raises:
+            InvalidSettingsError: a name that sets no field, with the name to use.
+        """
+        return super().configurable_fields(**{self.configurable_name(k): v for k, v in kwargs.items()})
 
     # ----------------------------------------------------------------- requests
 
@@ -262,8 +278,9 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         """Outputs shaped like ``schema`` (pydantic class, TypedDict or JSON schema), grammar-constrained.
 
         ``json_schema`` (default) constrains the reply to the schema; ``function_calling`` forces a call
-        to a tool with that schema; ``json_mode`` constrains the reply to a JSON object. ``strict`` is
-        accepted: constrained decoding is always strict.
+        to a tool with that schema; ``json_mode`` constrains the reply to a JSON object, and to ``schema``
+        when one is given (OpenAI's json_mode only asks for JSON; nothing is lost by holding the reply to
+        the schema the parser will read it with). ``strict`` is accepted: constrained decoding is always strict.
         """
         if kwargs:
             raise InvalidSettingsError(f"unexpected arguments: {', '.join(kwargs)}")
@@ -290,7 +307,7 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
                 raise InvalidSettingsError("schema must be given for method='json_schema'")
             fmt = (
                 {"type": "json_object"}
-                if method == "json_mode"
+                if schema is None
                 else {"type": "json_schema", "json_schema": {"schema": _json_schema(schema)}}
             )
             ls_format: dict[str, Any] = {

@@ -9,6 +9,8 @@ from typing import Any
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseLLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
+from langchain_core.runnables import RunnableSerializable
+from langchain_core.runnables.utils import AnyConfigurableField
 
 from ..chat.prepare import ChatRequest, prepare_chat
 from ..contract.api import Batching, GenerationRequest, GenerationResult
@@ -48,6 +50,14 @@ class ExLlamaLLM(ExLlamaLangChainMixin, BaseLLM):
     @property
     def _llm_type(self) -> str:
         return "exllama"
+
+    def configurable_fields(self, **kwargs: AnyConfigurableField) -> RunnableSerializable[Any, str]:
+        """LangChain's ``configurable_fields``, by any name the constructor takes (``max_tokens``, ``num_predict``).
+
+        Raises:
+            InvalidSettingsError: a name that sets no field, with the name to use.
+        """
+        return super().configurable_fields(**{self.configurable_name(k): v for k, v in kwargs.items()})
 
     # ----------------------------------------------------------------- generation
 
