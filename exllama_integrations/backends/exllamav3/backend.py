@@ -22,6 +22,7 @@ from ..logits import release
 from . import patches
 from .driver import Driver
 from .extras import inspect_draft, load_draft, load_loras
+from .fast_decode import FastDecode
 from .options import ExLlamaV3Options, auto_cache_tokens, cache_kwargs, generator_kwargs, show_progress, whole_pages
 from .translate import job_for, matcher_filter
 from .vision import NO_VISION_COMPONENT, Vision, vision_support
@@ -49,6 +50,8 @@ class ExLlamaV3Backend(Backend):
     unsupported_settings = {
         "typical": "typical sampling is not available on exllamav3; leave typical at 1.0.",
         "no_repeat_ngram_size": "no_repeat_ngram_size is not available on exllamav3; leave it at 0.",
+        "prompt_logprobs": "scoring a prompt (prompt_logprobs; the completions API's echo with logprobs) is not "
+        "available on exllamav3 yet; run it on backend='transformers'.",
     }
 
     @classmethod
@@ -98,6 +101,7 @@ class ExLlamaV3Backend(Backend):
         if draft is not None:
             self.check_model(draft)
         self._model = self._cache = self._generator = self._draft = None
+        self._fast: FastDecode | None = None
         self._vision: Vision | None = None
         self._tokenizer = tokenizer
         self._loras: list[Any] = []
@@ -147,6 +151,7 @@ class ExLlamaV3Backend(Backend):
                 self._draft = load_draft(draft, cache_tokens, cache_kw, load_kw)
                 gen_kw.update(draft_model=self._draft[0], draft_cache=self._draft[1])
             self._generator = Generator(self._model, self._cache, self._xtok, **gen_kw)
+            self._fast = FastDecode(self._generator) if options.decode == "fast" else None
         except (InvalidSettingsError, ModelLoadError, UnsupportedModelError):
             self._free()
             raise
@@ -170,7 +175,7 @@ class ExLlamaV3Backend(Backend):
         self.driver = Driver(
             self._generator,
             self.inbox,
-            lambda req: job_for(req, self._xtok, req.embeddings),
+            self._job_for,
             self._filter_for,
             interval=options.stream_interval,
             step_context=torch.inference_mode,
@@ -198,6 +203,7 @@ class ExLlamaV3Backend(Backend):
             **({"upstream_fixes": self._patched} if self._patched else {}),
             **self._vision_info(),
             **self._warmup,
+            **({"decode": self._fast.report()} if self._fast is not None else {}),
         }
 
     def _vision_info(self) -> dict[str, Any]:
@@ -214,6 +220,12 @@ class ExLlamaV3Backend(Backend):
             return super().encode_media(text, images, add_special_tokens, keys)
         return self._vision.encode(text, images, list(keys), add_special_tokens, self._tokenizer, self._xtok)
 
+    def _job_for(self, request: BackendRequest) -> tuple[Any, bool]:
+        job, deferred = job_for(request, self._xtok, request.embeddings)
+        if self._fast is not None:
+            self._fast.adopt_request(job, request)
+        return job, deferred
+
     def _filter_for(self, request: BackendRequest) -> Any:
         assert request.constraint is not None
         return matcher_filter(self._xtok, request.constraint)
@@ -228,6 +240,7 @@ class ExLlamaV3Backend(Backend):
             "inbox": self.inbox,
             "driver": self.driver,
             "vision": self._vision,
+            "fast_decode": self._fast,
         }
 
     # ------------------------------------------------------------------ requests

@@ -107,6 +107,12 @@ class ExLlamaV3Options(BackendOptions):
     """Run exllamav3's ``Model.warmup()`` at load (kernel compiles, GEMM autotuning, graph workspaces), so the first
     request pays none of it; its time is in ``model_info().details["warmup_seconds"]`` (8 s on the H200 for a
     small fp16 model). On by default where a server loads the model (``serve``, Ray replicas), off in process."""
+    decode: Literal["exllamav3", "fast"] = "exllamav3"
+    """How a decode step samples. ``"exllamav3"``: its own samplers, job by job. ``"fast"`` (opt-in): every job
+    whose settings it covers is sampled in one batched pass on the GPU (:mod:`.fast_decode` says what falls back
+    to exllamav3 and why; the runtime's ``diagnostics()["fast_decode"].report()`` counts it); only on exllamav3
+    1.6.5, where greedy tokens were proven identical to its own loop; on another version it stands aside and says
+    so."""
     progressbar: bool | None = None
     """A progress bar while loading; None: when stderr is a terminal or in a notebook."""
     stream_interval: int | Literal["auto"] = "auto"

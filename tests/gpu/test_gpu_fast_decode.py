@@ -1,0 +1,79 @@
+"""``decode="fast"`` (the batched sampler) against exllamav3's own loop, through the runtime.
+
+Greedy tokens identical for a batch of 1 and of 16 (plain and with penalties and a logit bias), seeded sampling
+repeatable, and what it does not cover (a grammar, logprobs) sampled by exllamav3 and counted in the report.
+The 128-step, batch 1/16/64 comparison on an EXL3 1B-class and the 7B fp16 shape is benchmarks/gpu_fast_decode.py
+(greedy section). Run on the lent GPU: ``pytest -m gpu tests/gpu``. Skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fixture_models import SMALL_GQA, make_llama
+
+pytestmark = pytest.mark.gpu
+PROMPT = "the quick brown fox jumps over the lazy dog and"
+
+
+@pytest.fixture(scope="module")
+def runtimes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
+    from exllama_integrations import ExLlamaRuntime
+
+    model: Path = make_llama(tmp_path_factory.mktemp("fast") / "fp16", SMALL_GQA, seed=41)
+    with ExLlamaRuntime(model, "exllamav3", cache_size=16384) as plain:
+        with ExLlamaRuntime(model, "exllamav3", cache_size=16384, decode="fast") as fast:
+            yield plain, fast
+
+
+def prompts(n: int) -> list[str]:
+    return [f"{PROMPT} {i} {'again ' * (i % 5)}" for i in range(n)]
+
+
+@pytest.mark.parametrize("jobs", [1, 16])
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.4, "logit_bias": {7: 3.0}}],
+    ids=["plain", "penalties+bias"],
+)
+def test_fast_greedy_tokens_are_exllamav3s(runtimes: tuple[Any, Any], jobs: int, settings: dict[str, Any]) -> None:
+    plain, fast = runtimes
+    report = fast.diagnostics()["fast_decode"]
+    before = report.tokens
+    kw = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True, **settings}
+    want = [r.token_ids for r in plain.batch(prompts(jobs), **kw)]
+    got = [r.token_ids for r in fast.batch(prompts(jobs), **kw)]
+    assert got == want
+    assert report.tokens - before == jobs * 47  # every token but each job's first came from the batched pass
+    print(f"decode='fast', {jobs} jobs {settings}: {jobs * 48} greedy tokens identical; {report.report()}")
+
+
+def test_fast_seeded_sampling_repeats_and_differs_by_seed(runtimes: tuple[Any, Any]) -> None:
+    _, fast = runtimes
+    kw = {"temperature": 0.9, "top_p": 0.95, "min_p": 0.02, "top_k": 50, "max_new_tokens": 32, "ignore_eos": True}
+    a = [r.token_ids for r in fast.batch(prompts(8), seed=11, **kw)]
+    b = [r.token_ids for r in fast.batch(prompts(8), seed=11, **kw)]
+    c = [r.token_ids for r in fast.batch(prompts(8), seed=12, **kw)]
+    assert a == b and a != c and all(len(t) == 32 for t in a)
+
+
+def test_what_fast_does_not_cover_is_sampled_by_exllamav3(runtimes: tuple[Any, Any]) -> None:
+    from exllama_integrations import Grammar
+
+    plain, fast = runtimes
+    report = fast.diagnostics()["fast_decode"]
+    schema = Grammar.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    kw = {"temperature": 0, "max_new_tokens": 40}
+    want = plain.generate(PROMPT, grammar=schema, **kw)
+    got = fast.generate(PROMPT, grammar=schema, **kw)
+    assert got.text == want.text and got.constraint_complete == want.constraint_complete
+    want_lp = plain.generate(PROMPT, logprobs=2, ignore_eos=True, **kw)
+    got_lp = fast.generate(PROMPT, logprobs=2, ignore_eos=True, **kw)
+    assert got_lp.token_ids == want_lp.token_ids
+    why = report.report()["sampled_by_exllamav3"]
+    assert why.get("a grammar or token mask", 0) > 0 and why.get("logprobs", 0) > 0
+    print(f"decode='fast' fallbacks: {why}")
