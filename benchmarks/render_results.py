@@ -126,6 +126,16 @@ SERVING = {
     'generate,process,single --reps 5`; `stream_interval="auto"` was still `jobs // 16` then)',
 }
 
+FAST_DECODE = {
+    "gpu_fast_decode_run1_profile.json": "run 1, where a decode step of raw exllamav3 goes: its wall time, the host "
+    "time inside `Model.forward`, the jobs' sampling (`Job.receive_logits`) and bookkeeping (`Job.receive_sample`), "
+    "and torch.profiler's GPU-busy time over 16 steps (`--sections sampled,profile`; the sampled notes compare the "
+    "batched sampler with exllamav3's ComboSampler on the same logits, 4,000 draws per setting)",
+    "gpu_fast_decode_run2.json": 'run 2, `decode="fast"` (the batched sampler) beside raw exllamav3: greedy tokens '
+    "for 128 steps at batch 1, 16 and 64 compared job by job (notes), the sampled check again, then 16 and 64 jobs "
+    "enqueued together, 7 interleaved repetitions (`--sections greedy,sampled,bench --reps 7`)",
+}
+
 RAY = {
     "gpu_ray.json": "Ray Serve, 2 model replicas sharing the H200 beside a 1-replica baseline, 16 conversations "
     "with 4,000-token prefixes (`python benchmarks/gpu_ray.py`)",
@@ -154,7 +164,7 @@ def _runs(runs: dict[str, str]) -> list[str]:
         for section, pairs in data.get("ratios", {}).items():
             keys = [
                 k
-                for k in ("tok_s", "ttft_s", "iterate_ms", "first_step_ms", "outside_ms")
+                for k in ("tok_s", "ttft_s", "iterate_ms", "first_step_ms", "outside_ms", "step_ms")
                 if any(k in v for v in pairs.values())
             ]
             lines += [
@@ -224,6 +234,15 @@ def _load_sections() -> list[str]:
         "",
     ]
     lines += _runs(SERVING)
+    lines += [
+        "## A batched sampler for exllamav3's decode step, H200 (2026-12-03, `python benchmarks/gpu_fast_decode.py`)",
+        "",
+        "Raw exllamav3 1.6.5 on a 1B-class Llama shape in 4-bit EXL3 (`exl3`) and the Llama-2-7B shape in fp16",
+        '(`fp16`), random weights, fresh random 128-token prompts, greedy, 128 new tokens; `decode="fast"` is the',
+        "same Generator with every job's token drawn in one batched pass (`backends/exllamav3/fast_decode.py`).",
+        "",
+    ]
+    lines += _runs(FAST_DECODE)
     lines += ["## Ray Serve, prefix-aware routing, H200 (2026-12-02)", ""]
     lines += _runs(RAY)
     cpu = RESULTS / "serve_cpu.json"

@@ -1,0 +1,417 @@
+"""exllamav3's decode step on the H200, raw and with ``decode="fast"`` (the batched sampler), on two models.
+
+Models: a 1B-class Llama shape converted to 4-bit EXL3 (``_common.exl3_model``) and the Llama-2-7B shape in
+fp16 (random weights from a seed). Prompts are fresh random ids (128 tokens) for every call, so no prefix is
+reused.
+
+* profile: raw exllamav3 at batch 1, 16 and 64: the wall time of a decode step (``iterate()``), the host time in
+  ``Model.forward``, in the jobs' sampling (``Job.receive_logits``) and in their bookkeeping
+  (``Job.receive_sample``), and torch.profiler's GPU-busy time over 16 steps (sum of kernel times / wall)
+* greedy: the greedy tokens of exllamav3's own loop and of ``decode="fast"`` for ``--new`` steps at batch 1, 16
+  and 64 (the same prompts; two generators on one model), compared token for token, with the logit margin of
+  the first step where they part, if any
+* sampled: the batched sampler against exllamav3's own ``ComboSampler`` on the same logits (``--draws`` draws
+  per setting, chi-square over the tokens either drew at least 5 times in all)
+* bench: 16 and 64 jobs enqueued together, raw vs ``decode="fast"`` (same generator type, two instances),
+  interleaved, ``--reps`` rounds; tokens/s, ms per step, paired ratios
+
+    python benchmarks/gpu_fast_decode.py --out DIR [--sections profile,greedy,sampled,bench] [--models exl3,fp16]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import Results, exl3_model, parser  # noqa: E402
+from _common import interleave as _interleave  # noqa: E402
+
+from fixture_models import LLAMA2_7B, make_llama  # noqa: E402
+
+RESULTS = Results("gpu_fast_decode.json")
+record, note, ratios = RESULTS.record, RESULTS.note, RESULTS.ratios
+BATCHES = (1, 16, 64)
+
+
+class Prompts:
+    """Fresh random prompts (ids 10..vocab-1), a new set for every call."""
+
+    def __init__(self, vocab: int, tokens: int = 128) -> None:
+        import torch
+
+        self.vocab, self.tokens = vocab, tokens
+        self.rng = torch.Generator().manual_seed(1234)
+
+    def take(self, n: int) -> list[list[int]]:
+        import torch
+
+        return torch.randint(10, self.vocab, (n, self.tokens), generator=self.rng).tolist()
+
+
+class Raw:
+    """exllamav3 alone (Config -> Model -> Cache -> Tokenizer -> Generator); ``fast``: the batched sampler on it."""
+
+    def __init__(self, model_dir: Path, fast: bool, cache_tokens: int = 40960, model: Any = None) -> None:
+        from exllamav3 import Cache, Config, Generator, Model, Tokenizer
+
+        config = Config.from_directory(str(model_dir))
+        self.model = model
+        if model is None:
+            self.model = Model.from_config(config)
+        self.cache = Cache(self.model, max_num_tokens=cache_tokens)
+        if model is None:
+            self.model.load(progressbar=False)
+        self.tokenizer = Tokenizer.from_config(config)
+        self.generator = Generator(self.model, self.cache, self.tokenizer, max_batch_size=64)
+        self.fast = None
+        if fast:
+            from exllama_integrations.backends.exllamav3.fast_decode import FastDecode
+
+            self.fast = FastDecode(self.generator)
+            assert self.fast.active, self.fast.report()
+
+    def enqueue(self, prompts: list[list[int]], new: int, sampler: Any = None, settings: Any = None) -> list[Any]:
+        import torch
+        from exllamav3 import ArgmaxSampler, Job
+
+        jobs = []
+        for ids in prompts:
+            job = Job(
+                input_ids=torch.tensor([ids]),
+                max_new_tokens=new,
+                sampler=sampler or ArgmaxSampler(),
+                stop_conditions=[],
+            )
+            if self.fast is not None:
+                from exllama_integrations.backends.exllamav3.fast_sampler import RowSettings
+
+                self.fast.adopt(job, settings or RowSettings(greedy=True), len(ids))
+            self.generator.enqueue(job)
+            jobs.append(job)
+        return jobs
+
+    def run(self, prompts: list[list[int]], new: int) -> dict[str, Any]:
+        """All prompts enqueued together, greedy: tokens per job, tok/s, ms per decode step."""
+        import torch
+
+        jobs = self.enqueue(prompts, new)
+        out: dict[int, list[int]] = {id(j): [] for j in jobs}
+        steps, t0, first = 0, time.perf_counter(), None
+        with torch.inference_mode():
+            while self.generator.num_remaining_jobs():
+                for r in self.generator.iterate():
+                    t = r.get("token_ids")
+                    if t is not None and t.numel():
+                        out[id(r["job"])] += t.flatten().tolist()
+                        if first is None:
+                            first = time.perf_counter()
+                steps += 1
+        wall = time.perf_counter() - t0
+        tokens = sum(len(v) for v in out.values())
+        decode = wall - ((first or t0) - t0)
+        return {
+            "tokens": [out[id(j)] for j in jobs],
+            "tok_s": tokens / wall,
+            "step_ms": 1000 * decode / max(1, steps - 1),
+            "steps": steps,
+        }
+
+    def close(self) -> None:
+        self.generator.close() if hasattr(self.generator, "close") else None
+        self.cache = None
+
+
+def load_models(args: Any) -> dict[str, Path]:
+    models: dict[str, Path] = {}
+    for name in args.models.split(","):
+        if name == "exl3":
+            models[name] = exl3_model(RESULTS, args.out)
+        elif name == "fp16":
+            path = Path("/tmp/models/llama7b-fp16")
+            if not (path / ".complete").exists():
+                t0 = time.perf_counter()
+                make_llama(path, LLAMA2_7B, seed=7)
+                (path / ".complete").write_text("1")
+                note(args.out, "fixture_seconds", round(time.perf_counter() - t0, 1))
+            models[name] = path
+    return models
+
+
+def profile_steps(raw: Raw, batch: int, prompts: Prompts, steps: int = 32) -> dict[str, float]:
+    """Decode steps of ``batch`` greedy jobs: wall, host time in forward / sampling / bookkeeping, GPU busy."""
+    import torch
+    from exllamav3 import Job
+    from torch.profiler import ProfilerActivity, profile
+
+    spent = {"forward": 0.0, "receive_logits": 0.0, "receive_sample": 0.0}
+    originals = {"receive_logits": Job.receive_logits, "receive_sample": Job.receive_sample}
+
+    def timed(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
+        def go(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[name] += time.perf_counter() - t
+
+        return go
+
+    forward = raw.model.forward
+    raw.model.forward = timed("forward", forward)
+    for name, f in originals.items():
+        setattr(Job, name, timed(name, f))
+    jobs = raw.enqueue(prompts.take(batch), 16 + 2 * steps + 16)
+    try:
+        with torch.inference_mode():
+            while any(j.new_tokens < 2 for j in jobs):  # prefills done, first tokens out
+                raw.generator.iterate()
+            for _ in range(4):
+                raw.generator.iterate()
+            for k in spent:
+                spent[k] = 0.0
+            walls = []
+            for _ in range(steps):
+                t = time.perf_counter()
+                raw.generator.iterate()
+                walls.append(time.perf_counter() - t)
+            host = {f"{k}_ms": 1000 * v / steps for k, v in spent.items()}
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                t = time.perf_counter()
+                for _ in range(16):
+                    raw.generator.iterate()
+                torch.cuda.synchronize()
+                wall16 = time.perf_counter() - t
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            busy = sum(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total for e in kernels)
+            busy_s = busy / 1e6
+    finally:
+        raw.model.forward = forward
+        for name, f in originals.items():
+            setattr(Job, name, f)
+        for j in jobs:
+            raw.generator.cancel(j)
+    step = statistics.median(walls)
+    return {
+        "step_ms": 1000 * step,
+        "step_ms_min": 1000 * min(walls),
+        "step_ms_max": 1000 * max(walls),
+        **host,
+        "gpu_busy_ms": 1000 * busy_s / 16,
+        "gpu_busy_share": busy_s / wall16,
+        "kernels_per_step": len(kernels) / 16,
+        "profiled_step_ms": 1000 * wall16 / 16,
+    }
+
+
+def section_profile(args: Any, models: dict[str, Path]) -> None:
+    for name, path in models.items():
+        raw = Raw(path, fast=False)
+        prompts = Prompts(32000)
+        for batch in BATCHES:
+            profile_steps(raw, batch, prompts, steps=8)  # warm-up: kernels, autotuning at this batch
+            record(args.out, f"profile {name}", f"raw exllamav3, batch {batch}", [profile_steps(raw, batch, prompts)])
+        raw.close()
+        del raw
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def section_greedy(args: Any, models: dict[str, Path]) -> None:
+    import torch
+
+    for name, path in models.items():
+        raw = Raw(path, fast=False)
+        fast = Raw(path, fast=True)  # a model of its own: no state shared with the raw one
+        prompts = Prompts(32000)
+        for batch in BATCHES:
+            ps = prompts.take(batch)
+            a, b, again = raw.run(ps, args.new), fast.run(ps, args.new), raw.run(ps, args.new)
+            parted = [i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y]
+            row: dict[str, Any] = {
+                "jobs": batch,
+                "steps": args.new,
+                "identical_jobs": batch - len(parted),
+                "tokens_compared": sum(len(x) for x in a["tokens"]),
+                "raw_repeats_itself": again["tokens"] == a["tokens"],
+            }
+            if parted:  # where the first parting job parts, and the raw loop's logit margin there
+                i = parted[0]
+                x, y = a["tokens"][i], b["tokens"][i]
+                k = next(n for n, (s, t) in enumerate(zip(x, y)) if s != t)
+                row.update(first_parting_job=i, first_parting_step=k, raw_token=x[k], fast_token=y[k])
+                row["logit_margin"] = margin(raw, ps[i] + x[:k], x[k], y[k])
+            note(args.out, f"greedy {name} batch {batch}", row)
+            print(f"[greedy] {name} batch {batch}: {row}", flush=True)
+        fast.fast_report = fast.fast.report()  # type: ignore[union-attr]
+        note(args.out, f"greedy {name} fast path report", fast.fast_report)
+        fast.close()
+        raw.close()
+        del raw, fast
+        torch.cuda.empty_cache()
+
+
+def margin(raw: Raw, ids: list[int], a: int, b: int) -> float | str:
+    """The raw model's logit of token ``a`` minus that of ``b`` after ``ids`` (a lone forward, no cache)."""
+    import torch
+
+    try:
+        with torch.inference_mode():
+            logits = raw.model.forward(torch.tensor([ids]), {"attn_mode": "flash_attn_nc"})
+    except Exception as e:  # noqa: BLE001 - recorded, not hidden
+        return f"not measured: {type(e).__name__}: {str(e)[:200]}"
+    row = logits[0, -1].float()
+    return float(row[a] - row[b])
+
+
+SAMPLED = {
+    "temperature 0.8": {"temperature": 0.8},
+    "temperature 1.0, top_k 40": {"temperature": 1.0, "top_k": 40},
+    "temperature 0.7, top_p 0.9": {"temperature": 0.7, "top_p": 0.9},
+    "temperature 1.0, min_p 0.05": {"temperature": 1.0, "min_p": 0.05},
+    "temperature 0.9, min_p 0.02, top_k 50, top_p 0.95": {
+        "temperature": 0.9,
+        "min_p": 0.02,
+        "top_k": 50,
+        "top_p": 0.95,
+    },
+    "temperature 1.0, repetition 1.3, logit bias": {
+        "temperature": 1.0,
+        "rep_p": 1.3,
+        "logit_bias": {5: 4.0, 7: -100.0},
+    },
+}
+
+
+def section_sampled(args: Any, models: dict[str, Path]) -> None:
+    """The batched sampler's draws against exllamav3's ComboSampler's on the same logits (one row, many seeds)."""
+    import torch
+    from exllamav3 import ComboSampler
+
+    from exllama_integrations.backends.exllamav3.fast_sampler import BatchedSampler, RowSettings
+
+    torch.manual_seed(5)
+    vocab = 32000
+    base = torch.randn(1, vocab, device="cuda") * 3.0
+    past = torch.randint(0, vocab, (1, 64), device="cuda")
+    for name, s in SAMPLED.items():
+        combo = ComboSampler(
+            rep_p=s.get("rep_p", 1.0),
+            temperature=s["temperature"],
+            min_p=s.get("min_p", 0.0),
+            top_k=s.get("top_k", 0),
+            top_p=s.get("top_p", 1.0),
+            logit_bias=s.get("logit_bias"),
+        )
+        ref = [int(combo.forward(base.clone().view(1, 1, vocab), past, seed).item()) for seed in range(args.draws)]
+        row = RowSettings(
+            temperature=s["temperature"],
+            top_k=s.get("top_k", 0),
+            top_p=s.get("top_p", 1.0),
+            min_p=s.get("min_p", 0.0),
+            repetition_penalty=s.get("rep_p", 1.0),
+            logit_bias=tuple(sorted(s.get("logit_bias", {}).items())),
+            seed=99,
+        )
+        sampler = BatchedSampler(vocab)
+        ours: list[int] = []
+        chunk = 500
+        for start in range(0, args.draws, chunk):
+            n = min(chunk, args.draws - start)
+            t = sampler.sample(
+                base.expand(n, vocab),
+                [row] * n,
+                list(range(start, start + n)),
+                [past[0]] * n,
+                [0] * n,
+            )
+            ours += t.tolist()
+        stat, dof, p = chi_square(ref, ours)
+        result = {"draws": args.draws, "chi2": stat, "dof": dof, "p_value": p, "distinct_ref": len(set(ref))}
+        note(args.out, f"sampled {name}", result)
+        print(f"[sampled] {name}: {result}", flush=True)
+
+
+def chi_square(a: list[int], b: list[int]) -> tuple[float, int, float]:
+    """Two-sample chi-square over tokens drawn >= 5 times in all (the rest pooled); statistic, dof, p-value."""
+    from collections import Counter
+
+    from scipy.stats import chi2_contingency
+
+    ca, cb = Counter(a), Counter(b)
+    keys = [k for k in set(ca) | set(cb) if ca[k] + cb[k] >= 5]
+    rest_a = len(a) - sum(ca[k] for k in keys)
+    rest_b = len(b) - sum(cb[k] for k in keys)
+    table = [[ca[k] for k in keys], [cb[k] for k in keys]]
+    if rest_a + rest_b:
+        table[0].append(rest_a)
+        table[1].append(rest_b)
+    if len(table[0]) < 2:
+        return 0.0, 0, 1.0
+    stat, p, dof, _ = chi2_contingency(table)
+    return float(stat), int(dof), float(p)
+
+
+def section_bench(args: Any, models: dict[str, Path]) -> None:
+    import torch
+
+    for name, path in models.items():
+        raw = Raw(path, fast=False)
+        fast = Raw(path, fast=True)  # a model of its own: no state shared with the raw one
+        prompts = Prompts(32000)
+        for batch in (16, 64):
+
+            def row(r: Raw, b: int = batch, p: Prompts = prompts) -> Callable[[], dict[str, float]]:
+                def go() -> dict[str, float]:
+                    out = r.run(p.take(b), args.new)
+                    return {"tok_s": out["tok_s"], "step_ms": out["step_ms"]}
+
+                return go
+
+            section = f"bench {name} batch {batch}"
+            paths = {
+                f"raw exllamav3: {batch} Jobs together": row(raw),
+                f'decode="fast": {batch} Jobs together': row(fast),
+            }
+            _interleave(RESULTS, args.out, section, paths, args.reps)
+            ratios(args.out, section, [(list(paths)[1], list(paths)[0])], more=("step_ms",))
+        note(args.out, f"bench {name} fast path report", fast.fast.report())  # type: ignore[union-attr]
+        fast.close()
+        raw.close()
+        del raw, fast
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = parser(__doc__)
+    ap.add_argument("--sections", default="profile,greedy,sampled,bench")
+    ap.add_argument("--models", default="exl3,fp16")
+    ap.add_argument("--draws", type=int, default=4000)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    note(args.out, "gpu", torch.cuda.get_device_name(0))
+    from importlib.metadata import version
+
+    note(args.out, "exllamav3", version("exllamav3"))
+    models = load_models(args)
+    sections = args.sections.split(",")
+    for s in sections:
+        t0 = time.perf_counter()
+        {"profile": section_profile, "greedy": section_greedy, "sampled": section_sampled, "bench": section_bench}[s](
+            args, models
+        )
+        note(args.out, f"seconds of the {s} section", round(time.perf_counter() - t0, 1))
+
+
+if __name__ == "__main__":
+    main()
