@@ -2,9 +2,18 @@
 
 Everything here is untrusted input. An image is refused with a typed :class:`~exllama_integrations.errors.MediaError`
 (400 on the server) when it is too many bytes, claims too many pixels (checked from its header, before a pixel is
-decoded, so a decompression bomb costs nothing), is truncated, is not an image of a format taken, or is declared
-as something that is not an image. A URL is fetched only where the caller allows it, with a size cap, a time
-limit and no redirects (a redirect could lead anywhere, e.g. to a ``file:`` or an internal address).
+decoded), is truncated, is not an image of a format taken, or is declared as something that is not an image. A
+request has one budget besides (all its images' bytes, the pixels they claim, the time their decoding takes),
+checked from the headers before any image is decoded, so a decompression bomb, or sixteen of them, costs nothing.
+Each image is decoded straight to at most ``decode_pixels`` (JPEG's decoder scales while it reads; other formats are
+reduced right after), so what a request holds, and what travels to an engine, is bounded by the size the model's
+processor takes, not by the size the client sent; EXIF orientation is applied, as transformers' ``load_image`` does.
+
+A URL is fetched only where the caller allows it: the host is resolved once, every address it names must be a
+global one (not loopback, private, link-local, shared or reserved) unless the operator's ``fetch_allow`` lists it,
+the connection goes to the address that was checked (DNS cannot swap it after the check), no redirect is followed,
+and one deadline covers the whole fetch (connect, headers and body, however slowly they trickle). Every refused
+fetch says the same thing, so the answers do not map the network behind the server.
 
 Example:
     >>> m = media_from_data_url("data:text/plain;base64,aGk=", MediaLimits())
@@ -20,16 +29,23 @@ import base64
 import binascii
 import hashlib
 import io
+import ipaddress
+import logging
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ..contract.api import Media
 from ..errors import MediaError
 
 if TYPE_CHECKING:
     from PIL.Image import Image
+
+logger = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif", "BMP": "image/bmp"}
@@ -46,16 +62,44 @@ class MediaLimits:
     """Most pixels one image may claim (width x height), checked before decoding."""
     max_images: int = 16
     """Most images in one request."""
+    max_total_bytes: int = 64 * MIB
+    """Most encoded bytes of all of a request's images together."""
+    max_total_pixels: int = 200_000_000
+    """Most pixels all of a request's images may claim together (sixteen 12-Mpixel photos), checked before decoding."""
+    decode_pixels: int = 4_194_304
+    """Most pixels an image is decoded to (2048 x 2048; larger ones are scaled down, aspect kept): more than the
+    vision processors we serve read (Gemma 3: 896 x 896; Pixtral: 1024 x 1024), so a request's decoded images
+    stay under ``max_images * decode_pixels * 3`` bytes."""
+    decode_timeout: float = 30.0
+    """Seconds the decoding of a request's images may take in all (checked between images)."""
     fetch_urls: bool = False
     """Whether http(s) URLs are fetched (in process: yes by default, see :func:`in_process_limits`; served: only
     when the operator allows it)."""
     fetch_timeout: float = 10.0
-    """Seconds a fetch may take in all (connect, headers and body)."""
+    """Seconds a fetch may take in all (connect, headers and body, however slowly they come)."""
+    fetch_allow: tuple[str, ...] = ()
+    """Hosts, addresses and networks (``"images.internal"``, ``"10.0.0.0/8"``) a fetch may reach although they
+    are not global (loopback, private, link-local ...); ``"*"`` allows every address (the in-process default)."""
+    fetch_reasons: bool = False
+    """Whether a refused fetch says why (in process: yes; served: no, the reasons would map the server's network)."""
 
 
 def in_process_limits() -> MediaLimits:
-    """The limits for the in-process adapters: the caller is the user, so URLs they give are fetched."""
-    return MediaLimits(fetch_urls=True)
+    """The limits for the in-process adapters: the caller is the user, so their URLs are fetched from anywhere.
+
+    A refused fetch says why, too.
+    """
+    return MediaLimits(fetch_urls=True, fetch_allow=("*",), fetch_reasons=True)
+
+
+def check_image_count(n: int, limits: MediaLimits) -> None:
+    """Refuse a request with more than ``max_images`` images (call it before fetching or decoding any).
+
+    Raises:
+        MediaError: naming the limit.
+    """
+    if n > limits.max_images:
+        raise MediaError(f"a request may carry at most {limits.max_images} images; it has {n}.")
 
 
 def _check_mime(mime: str | None, where: str) -> None:
@@ -135,37 +179,124 @@ def media_from_url(url: str, limits: MediaLimits, mime: str | None = None) -> Me
     return media_from_bytes(_fetch(url, limits), mime, limits)
 
 
+REFUSED_FETCH = (
+    "the image URL could not be fetched (this server fetches only reachable public http(s) images that answer "
+    "within {timeout:g} s, without a redirect, and are at most {size} bytes); send the image as a data: URL "
+    "(data:image/png;base64,...)."
+)
+"""What every refused fetch says (the reason is logged, not told: it would map the server's network)."""
+
+
+class _Refused(Exception):
+    """Why a fetch was refused (logged; the caller gets :data:`REFUSED_FETCH`)."""
+
+
+def _allowed(host: str, address: str, allow: tuple[str, ...]) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if getattr(ip, "ipv4_mapped", None) is not None:
+        ip = ip.ipv4_mapped  # type: ignore[union-attr]
+    if ip.is_global and not ip.is_multicast:
+        return True
+    for entry in allow:
+        if entry == "*" or entry.lower() == host.lower():
+            return True
+        try:
+            if ip in ipaddress.ip_network(entry, strict=False):
+                return True
+        except ValueError:
+            continue  # a host name that is not this one
+    return False
+
+
 def _fetch(url: str, limits: MediaLimits) -> bytes:
-    import urllib.error
-    import urllib.request
-
-    class _NoRedirect(urllib.request.HTTPRedirectHandler):
-        def http_error_302(self, *args: Any) -> None:
-            raise MediaError("the image URL redirects; redirects are not followed (give the final URL).")
-
-        http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302  # type: ignore[assignment]
-
-    opener = urllib.request.build_opener(_NoRedirect)
-    deadline = time.monotonic() + limits.fetch_timeout
+    """The bytes of an http(s) image (see the module docstring for what is refused)."""
     try:
-        with opener.open(urllib.request.Request(url, method="GET"), timeout=limits.fetch_timeout) as resp:
-            _check_mime(resp.headers.get_content_type(), "the image URL's content")
-            chunks, size = [], 0
-            while size <= limits.max_bytes:
-                if time.monotonic() > deadline:
-                    raise MediaError(f"fetching the image took longer than {limits.fetch_timeout} s.")
-                chunk = resp.read(64 * 1024)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            return b"".join(chunks)
-    except MediaError:
+        return _fetch_checked(url, limits)
+    except _Refused as e:
+        why = str(e)
+    except (OSError, ValueError) as e:  # ssl errors, resets, bad responses, a closed socket at the deadline
+        why = f"{type(e).__name__}: {e}"
+    logger.info("refused to fetch an image URL: %s", why)
+    if limits.fetch_reasons:
+        raise MediaError(f"fetching the image failed: {why}.")
+    raise MediaError(REFUSED_FETCH.format(timeout=limits.fetch_timeout, size=limits.max_bytes))
+
+
+def _fetch_checked(url: str, limits: MediaLimits) -> bytes:
+    import http.client
+    import ssl
+
+    deadline = time.monotonic() + limits.fetch_timeout
+    parts = urlsplit(url)
+    host, scheme = parts.hostname, parts.scheme.lower()
+    if not host or parts.username or parts.password:
+        raise _Refused("no host, or credentials in the URL")
+    port = parts.port or (443 if scheme == "https" else 80)
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise _Refused(f"{host!r} does not resolve: {e}") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
+    if not addresses or not all(_allowed(host, a, limits.fetch_allow) for a in addresses):
+        raise _Refused(f"{host!r} resolves to {addresses}, not all global or allowed")
+    sock = socket.create_connection((addresses[0], port), timeout=max(0.01, deadline - time.monotonic()))
+    late = threading.Event()
+    live = [sock]
+    conn: http.client.HTTPConnection | None = None
+
+    def cut() -> None:  # one deadline for everything after: a trickle is cut mid-read
+        late.set()
+        try:
+            live[-1].shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        if scheme == "https":
+            live.append(ssl.create_default_context().wrap_socket(sock, server_hostname=host))
+            conn = http.client.HTTPSConnection(host, port, timeout=limits.fetch_timeout)
+            conn.sock = live[-1]
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=limits.fetch_timeout)
+            conn.sock = sock  # the address that was checked: the name is not resolved again
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn.request("GET", path, headers={"Accept": "image/*"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            redirect = (
+                " (a redirect: redirects are not followed, give the final URL)" if 300 <= resp.status < 400 else ""
+            )
+            raise _Refused(f"HTTP {resp.status}{redirect}")
+        mime = resp.headers.get_content_type()
+        if not mime.startswith("image/"):
+            raise _Refused(f"the URL's content of type {mime!r} is not an image")
+        chunks, size = [], 0
+        while True:
+            chunk = resp.read1(64 * 1024)
+            if late.is_set():
+                raise _Refused(f"slower than {limits.fetch_timeout} s")
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limits.max_bytes:
+                raise _Refused(f"larger than {limits.max_bytes} bytes")
+        if late.is_set():
+            raise _Refused(f"slower than {limits.fetch_timeout} s")
+        return b"".join(chunks)
+    except OSError:
+        if late.is_set():
+            raise _Refused(f"slower than {limits.fetch_timeout} s") from None
         raise
-    except urllib.error.HTTPError as e:
-        raise MediaError(f"fetching the image failed: HTTP {e.code}.") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise MediaError(f"fetching the image failed: {getattr(e, 'reason', e)}.") from None
+    finally:
+        timer.cancel()
+        if conn is not None:
+            conn.close()
+        for each in live:
+            each.close()
 
 
 def image_key(media: Media) -> str:
@@ -173,11 +304,20 @@ def image_key(media: Media) -> str:
     return hashlib.sha256(media.data).hexdigest()
 
 
+_EXIF_TURN = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE", 6: "ROTATE_270",
+              7: "TRANSVERSE", 8: "ROTATE_90"}  # fmt: skip
+"""EXIF orientation -> the turn that shows the image upright (Pillow's ``ImageOps.exif_transpose`` table)."""
+
+
 def open_images(media: tuple[Media, ...] | list[Media], limits: MediaLimits | None = None) -> list[Image]:
-    """Decode images with Pillow, each checked against ``limits`` before its pixels are decoded; RGB images.
+    """Decode images with Pillow within the request's budget; RGB images of at most ``decode_pixels``, upright.
+
+    Every image's bytes, format and claimed size are checked first (from its header), the request's totals
+    next, and only then is anything decoded: each straight to at most ``decode_pixels`` (see the module docstring).
 
     Raises:
-        MediaError: too many images, too many bytes or pixels, truncated or not an image of a format taken.
+        MediaError: too many images, too many bytes or pixels (one image's or the request's), decoding past
+            ``decode_timeout``, truncated or not an image of a format taken.
     """
     try:
         from PIL import Image as PILImage
@@ -186,21 +326,57 @@ def open_images(media: tuple[Media, ...] | list[Media], limits: MediaLimits | No
             "reading images needs Pillow: pip install 'exllama-integrations[vision]' (or pillow)."
         ) from None
     limits = limits or MediaLimits()
-    if len(media) > limits.max_images:
-        raise MediaError(f"a request may carry at most {limits.max_images} images; it has {len(media)}.")
-    out = []
-    for n, m in enumerate(media, 1):
-        media_from_bytes(m.data, m.mime, limits)  # its size and declared type, before Pillow reads it
+    check_image_count(len(media), limits)
+    total = sum(len(m.data) for m in media)
+    if total > limits.max_total_bytes:
+        raise MediaError(
+            f"a request's images hold {total} bytes, more than the {limits.max_total_bytes} taken in one request; "
+            "send fewer or smaller images."
+        )
+    opened = []
+    try:
+        for n, m in enumerate(media, 1):
+            media_from_bytes(m.data, m.mime, limits)  # its size and declared type, before Pillow reads it
+            with _readable(n):
+                img = PILImage.open(io.BytesIO(m.data), formats=list(FORMATS))
+            opened.append(img)
+            w, h = img.size
+            if w < 1 or h < 1 or w * h > limits.max_pixels:
+                raise MediaError(
+                    f"image {n} claims {w} x {h} pixels, more than the {limits.max_pixels} taken; send a smaller image."
+                )
+        claimed = sum(img.size[0] * img.size[1] for img in opened)
+        if claimed > limits.max_total_pixels:
+            raise MediaError(
+                f"a request's images claim {claimed} pixels, more than the {limits.max_total_pixels} taken in one "
+                "request; send fewer or smaller images."
+            )
+        deadline = time.monotonic() + limits.decode_timeout
+        out = []
+        for n, img in enumerate(opened, 1):
+            if time.monotonic() > deadline:
+                raise MediaError(
+                    f"decoding this request's images took over {limits.decode_timeout:g} s (at image {n}); send "
+                    "fewer or smaller images."
+                )
+            with _readable(n):
+                out.append(_decode(PILImage, img, limits.decode_pixels))
+        return out
+    finally:
+        for img in opened:
+            img.close()
+
+
+def _readable(n: int) -> Any:
+    """A block in which Pillow's failures to read image ``n`` become a MediaError."""
+    import contextlib
+
+    from PIL import Image as PILImage
+
+    @contextlib.contextmanager
+    def block() -> Any:
         try:
-            with PILImage.open(io.BytesIO(m.data), formats=list(FORMATS)) as img:
-                w, h = img.size
-                if w < 1 or h < 1 or w * h > limits.max_pixels:
-                    raise MediaError(
-                        f"image {n} claims {w} x {h} pixels, more than the {limits.max_pixels} taken; "
-                        "send a smaller image."
-                    )
-                img.seek(0)  # the first frame of an animation
-                rgb = img.convert("RGB")  # decodes: a truncated file fails here
+            yield
         except MediaError:
             raise
         except PILImage.DecompressionBombError:
@@ -210,12 +386,38 @@ def open_images(media: tuple[Media, ...] | list[Media], limits: MediaLimits | No
                 f"image {n} could not be read ({type(e).__name__}: {str(e)[:120]}); send a PNG, JPEG, WebP, GIF "
                 "or BMP file."
             ) from None
-        out.append(rgb)
-    return out
+
+    return block()
+
+
+def _decode(pil: Any, img: Any, most: int) -> Image:
+    """One opened image as RGB of at most ``most`` pixels (aspect kept), its first frame, EXIF orientation applied."""
+    w, h = img.size
+    scale = min(1.0, (most / (w * h)) ** 0.5)
+    size = (max(1, int(w * scale)), max(1, int(h * scale)))
+    turn = _EXIF_TURN.get(img.getexif().get(0x0112, 1))
+    img.seek(0)  # the first frame of an animation
+    if scale < 1.0 and img.format == "JPEG":
+        img.draft("RGB", size)  # the decoder scales by 1/2, 1/4 or 1/8 as it reads: never the full size in memory
+    img.load()  # decodes: a truncated file fails here
+    if scale < 1.0 and img.mode not in ("RGB", "RGBA", "L"):
+        img = img.convert("RGB")  # palette and other modes cannot be reduced as they are
+    if scale < 1.0:
+        factor = min(img.size[0] // size[0], img.size[1] // size[1])
+        if factor > 1:
+            img = img.reduce(factor)  # a cheap box reduction first, then the exact size
+        if img.size != size:
+            img = img.resize(size, pil.Resampling.BICUBIC, reducing_gap=None)
+    rgb = img.convert("RGB")
+    if turn is not None:
+        rgb = rgb.transpose(getattr(pil.Transpose, turn))
+    return rgb  # type: ignore[no-any-return]
 
 
 __all__ = [
     "FORMATS",
+    "REFUSED_FETCH",
+    "check_image_count",
     "MediaLimits",
     "image_key",
     "in_process_limits",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import base64
 import functools
+import gc
 import http.server
 import io
 import shutil
@@ -401,7 +402,8 @@ def test_the_server_fetches_urls_only_when_the_operator_allows(rt, image_host, o
             ],
         }
     ]
-    closed, open_ = ThreadServer(rt), ThreadServer(rt, limits=ServeLimits(media=MediaLimits(fetch_urls=True)))
+    allowed = MediaLimits(fetch_urls=True, fetch_allow=("127.0.0.1",))  # the test's image host is local
+    closed, open_ = ThreadServer(rt), ThreadServer(rt, limits=ServeLimits(media=allowed))
     try:
         with pytest.raises(openai.BadRequestError, match="allow-image-urls"):
             openai.OpenAI(base_url=closed.url + "/v1", api_key="x", max_retries=0).chat.completions.create(
@@ -545,3 +547,8 @@ def test_images_cross_to_an_engine_process_and_read_the_same(vl_dir, oracle):
             assert len(remote_engine.prompt_token_ids(request)) == prompt_len
         with pytest.raises(MediaError):
             remote_engine.generate(GenerationRequest("no place for it", media=(Media(RED, "image/png"),)))
+        # images encoded for a count (/tokenize) and never submitted are dropped by the engine too (issue 34)
+        (engine,) = remote_engine.diagnostics()["engines"]
+        gc.collect()
+        time.sleep(2.5)  # two pings: the first carries what to drop, the second's answer counts what is held
+        assert engine.held_media == 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -176,7 +177,10 @@ class EngineBackend(Backend):
                 raise EngineUnavailableError(f"{self.health()}; retry in a moment.")
             i = min(usable, key=lambda j: (self.engines[j].load, j))
         ids, handle = self.engines[i].encode_media(text, images, add_special_tokens, keys)
-        return ids, EngineMedia(i, handle)
+        media = EngineMedia(i, handle)
+        # let go of without a request (a /tokenize, a request refused before it ran): the engine drops them too
+        weakref.finalize(media, self.engines[i].forget, handle)
+        return ids, media
 
     def close(self) -> None:
         _in_parallel([e.close for e in self.engines])

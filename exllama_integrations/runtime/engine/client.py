@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +120,9 @@ class EngineProcess:
         self._hung: str | None = None
         self._last_pong = time.monotonic()
         self._stalled = 0.0
+        self._forgotten: deque[str] = deque()
+        self.held_media = 0
+        """Encoded images the engine holds for requests not yet submitted (as its last pong said)."""
         self.restarts = 0
         """Engines started again after one died or hung (in this slot's life)."""
         self.problem: str | None = None
@@ -264,8 +268,11 @@ class EngineProcess:
             if self._closing or proc.poll() is not None or self._proc is not proc:
                 return
             n += 1
+            forget = []
+            while self._forgotten:
+                forget.append(self._forgotten.popleft())
             try:
-                self._send({"op": "ping", "n": n})
+                self._send({"op": "ping", "n": n, "forget": forget})
             except EngineUnavailableError:
                 pass  # not answered: counted below
             quiet = time.monotonic() - self._last_pong
@@ -375,6 +382,7 @@ class EngineProcess:
             elif op == "pong":
                 self._last_pong = time.monotonic()
                 self._stalled = float(message.get("stalled") or 0.0)
+                self.held_media = int(message.get("media") or 0)
             elif op == "closed":
                 return
 
@@ -429,6 +437,10 @@ class EngineProcess:
                     pass  # a dead engine's requests are failed by its watcher
 
         return cancel
+
+    def forget(self, handle: str) -> None:
+        """The engine may drop these encoded images (sent with the next ping; safe to call from a finalizer)."""
+        self._forgotten.append(handle)
 
     def expect(self, n: int) -> None:
         """``n`` requests of one batch are on their way to this engine."""

@@ -137,6 +137,17 @@ class Engine:
             since = self._since
         return max(0.0, time.monotonic() - max(since, self.out.last_step))
 
+    def forget(self, handles: list[str]) -> None:
+        """Drop encoded images no request will name (the runtime let go of them: a /tokenize, a failed request)."""
+        with self._lock:
+            for handle in handles:
+                self._media.pop(str(handle), None)
+
+    def held_media(self) -> int:
+        """Encoded images held for requests not yet submitted."""
+        with self._lock:
+            return len(self._media)
+
     def encode_soon(self, message: dict[str, Any], frames: list[bytes]) -> None:
         """:meth:`encode_media` on the engine's image thread (the receive loop goes on answering pings)."""
         self._encodings.put((message, frames))
@@ -172,7 +183,8 @@ class Engine:
                     control = ReasoningControl(reasoning, self._piece, row["reasoning_end_ids"])
                 embeddings = None
                 if row.get("media") is not None:
-                    embeddings = self._media.pop(row["media"], None)
+                    with self._lock:
+                        embeddings = self._media.pop(row["media"], None)
                     if embeddings is None:
                         raise MediaError("the engine dropped the request's images before it ran; send it again.")
                 request = BackendRequest(
@@ -225,9 +237,10 @@ class Engine:
             self.out.message({"op": "media", "call": call, "error": error_wire(e, self.name)})
             return
         handle = f"m{call}"
-        self._media[handle] = embeddings
-        while len(self._media) > MEDIA_HELD:
-            self._media.popitem(last=False)
+        with self._lock:
+            self._media[handle] = embeddings
+            while len(self._media) > MEDIA_HELD:
+                self._media.popitem(last=False)
         self.out.message({"op": "media", "call": call, "ids": [int(t) for t in ids], "handle": handle})
 
     def close(self) -> None:
@@ -306,7 +319,10 @@ def serve(config: dict[str, Any]) -> int:
         elif op == "media":
             engine.encode_soon(message, frames)
         elif op == "ping":
-            out.message({"op": "pong", "n": message.get("n"), "stalled": engine.stalled()})
+            engine.forget(message.get("forget") or [])
+            out.message(
+                {"op": "pong", "n": message.get("n"), "stalled": engine.stalled(), "media": engine.held_media()}
+            )
         elif op == "close":
             engine.close()
             out.close()
