@@ -69,6 +69,9 @@ class TokenStep:
     accepting: bool | None = None
     """On the last step of a constrained request whose matcher lives elsewhere (an engine process): whether
     the grammar accepted the output (None: the runtime asks the request's matcher)."""
+    prompt_logprobs: tuple[RawLogprob, ...] | None = None
+    """On the first step, with ``settings.prompt_logprobs``: each prompt token's logprob given the ones before it
+    (the first token's 0.0, with no alternatives)."""
 
 
 class CancelSignal(threading.Event):

@@ -140,6 +140,11 @@ class ExLlamaV1Options(BackendOptions):
 class ExLlamaV1Backend(LogitsBackend):
     """exllama 0.1.0 (v1) on CUDA: 4-bit GPTQ Llama, one request at a time, optional LoRA."""
 
+    unsupported_settings = {
+        "prompt_logprobs": "scoring a prompt (prompt_logprobs; the completions API's echo with logprobs) is not "
+        "available on exllama; run it on backend='transformers'.",
+    }
+
     name = "exllama"
     Options = ExLlamaV1Options
 

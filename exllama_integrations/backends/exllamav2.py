@@ -35,6 +35,11 @@ _SUPPORTED = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
 class ExLlamaV2Backend(LogitsBackend):
     """exllamav2 on CUDA: fp16, GPTQ and EXL2 weights; SDPA fallback replaced by causal matmul attention."""
 
+    unsupported_settings = {
+        "prompt_logprobs": "scoring a prompt (prompt_logprobs; the completions API's echo with logprobs) is not "
+        "available on exllamav2; run it on backend='transformers'.",
+    }
+
     name = "exllamav2"
 
     @classmethod

@@ -202,6 +202,27 @@ def raw_logprob(raw: torch.Tensor, token: int, k: int) -> RawLogprob:
     return RawLogprob(token, float(lp[token]), top)
 
 
+def score_prompt(logits: torch.Tensor, ids: Sequence[int], k: int, rows: int = 256) -> tuple[RawLogprob, ...]:
+    """Each prompt token's logprob under the logits of the position before it ([len(ids), vocab]), with the top ``k``.
+
+    The first token, which nothing precedes, gets 0.0 and no alternatives. ``rows`` positions at a time, so a long
+    prompt never holds a second vocabulary-wide float32 copy of all its logits.
+    """
+    import torch
+
+    out = [RawLogprob(int(ids[0]), 0.0)] if ids else []
+    for start in range(0, len(ids) - 1, rows):
+        lp = torch.log_softmax(logits[start : start + rows].float(), dim=-1)
+        n = lp.shape[0] if start + rows < len(ids) else len(ids) - 1 - start
+        nxt = torch.tensor(ids[start + 1 : start + 1 + n], dtype=torch.long, device=lp.device)
+        chosen = lp[torch.arange(n, device=lp.device), nxt].tolist()
+        top_v, top_i = torch.topk(lp[:n], k, dim=-1) if k else (None, None)
+        for j in range(n):
+            top = tuple(zip(top_i[j].tolist(), top_v[j].tolist())) if top_i is not None and top_v is not None else ()
+            out.append(RawLogprob(int(nxt[j]), float(chosen[j]), top))
+    return tuple(out)
+
+
 class LogitsSession(Protocol):
     """One request's state on the model: ``prefill(prompt_ids)`` then ``step(token)``, each -> logits [1, vocab].
 
@@ -211,6 +232,9 @@ class LogitsSession(Protocol):
     def prefill(self, ids: list[int], embeddings: Any = None) -> torch.Tensor: ...
 
     def step(self, token: int) -> torch.Tensor: ...
+
+    # optional, for a backend that scores prompts (``prompt_logprobs``; others list it as unsupported):
+    # prefill_scored(ids, embeddings, k) -> (last logits [1, vocab], score_prompt(...) of the ids)
 
     def close(self) -> None: ...
 
@@ -230,11 +254,16 @@ class _Decode:
         req = self.req
         if req.cancel.is_set():
             return self.end("cancelled")
+        scored: tuple[RawLogprob, ...] | None = None
         try:
             if self.session is None:
                 self.sampler = Sampler(req)
                 self.session = self.backend.open_session()
-                logits = self.session.prefill(req.prompt_ids, req.embeddings)
+                k = req.settings.prompt_logprobs
+                if k is not None:
+                    logits, scored = self.session.prefill_scored(req.prompt_ids, req.embeddings, k)  # type: ignore[attr-defined]
+                else:
+                    logits = self.session.prefill(req.prompt_ids, req.embeddings)
             else:
                 logits = self.session.step(self.token)
             assert self.sampler is not None
@@ -250,7 +279,7 @@ class _Decode:
             finish = "length"
         if finish is not None:
             self._close_session()
-        req.emit(TokenStep((self.token,), (lp,) if lp is not None else None, finish))
+        req.emit(TokenStep((self.token,), (lp,) if lp is not None else None, finish, prompt_logprobs=scored))
         return finish is None
 
     def end(self, finish: StepFinish, error: BaseException | None = None) -> bool:

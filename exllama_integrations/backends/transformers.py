@@ -19,8 +19,8 @@ from pydantic import Field
 
 from ..errors import InvalidModelError, InvalidSettingsError, MediaError
 from ..model.directory import ModelDirectory
-from .base import BackendOptions, require, unsupported
-from .logits import LogitsBackend, LogitsSession
+from .base import BackendOptions, RawLogprob, require, unsupported
+from .logits import LogitsBackend, LogitsSession, score_prompt
 
 if TYPE_CHECKING:
     import torch
@@ -261,7 +261,7 @@ class _Session:
 
     rope_deltas: Any = None
 
-    def _forward(self, ids: list[int], extra: dict[str, Any] | None = None) -> torch.Tensor:
+    def _forward(self, ids: list[int], extra: dict[str, Any] | None = None, every: bool = False) -> torch.Tensor:
         import torch
 
         b = self.backend
@@ -269,17 +269,25 @@ class _Session:
         holder = b._rope_holder
         if holder is not None:
             holder.rope_deltas = self.rope_deltas
-        out = b.model(input_ids=x, use_cache=True, logits_to_keep=1, **{b._cache_kw: self.cache}, **(extra or {}))
+        keep = 0 if every else 1  # every position's logits only to score the prompt
+        out = b.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{b._cache_kw: self.cache}, **(extra or {}))
         if holder is not None:
             self.rope_deltas = holder.rope_deltas
-        return out.logits[:, -1, :]
+        return out.logits[0] if every else out.logits[:, -1, :]
+
+    def _extra(self, embeddings: Any) -> dict[str, Any] | None:
+        if not embeddings:
+            return None
+        b = self.backend
+        return {k: v.to(b.device, b.dtype if v.is_floating_point() else v.dtype) for k, v in embeddings.items()}
 
     def prefill(self, ids: list[int], embeddings: Any = None) -> torch.Tensor:
-        if not embeddings:
-            return self._forward(ids)
-        b = self.backend
-        extra = {k: v.to(b.device, b.dtype if v.is_floating_point() else v.dtype) for k, v in embeddings.items()}
-        return self._forward(ids, extra)
+        return self._forward(ids, self._extra(embeddings))
+
+    def prefill_scored(self, ids: list[int], embeddings: Any, k: int) -> tuple[torch.Tensor, tuple[RawLogprob, ...]]:
+        """The prefill, and every prompt token's logprob given the ones before it (``prompt_logprobs``)."""
+        every = self._forward(ids, self._extra(embeddings), every=True)
+        return every[-1:], score_prompt(every, ids, k)
 
     def step(self, token: int) -> torch.Tensor:
         return self._forward([token])

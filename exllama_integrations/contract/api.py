@@ -246,6 +246,9 @@ class StreamChunk:
     """On the last chunk of a constrained generation: whether the output is complete under the grammar."""
     reasoning: str = ""
     """Reasoning text (a reasoning model's thinking, delimiters removed); never part of ``text``."""
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    """On the last chunk, with ``settings.prompt_logprobs``: every prompt token as the model scores it given the
+    ones before it (the first, which nothing precedes, with logprob 0.0 and no alternatives)."""
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,8 @@ class GenerationResult:
     """With a grammar: whether the output is complete under it (False: cut short, e.g. by max_new_tokens)."""
     reasoning: str = ""
     """The reasoning model's thinking, apart from the answer in ``text``."""
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    """With ``settings.prompt_logprobs``: the prompt's tokens as the model scores them (see :class:`StreamChunk`)."""
 
 
 @dataclass(frozen=True)
@@ -377,6 +382,7 @@ def result_of(chunks: Sequence[StreamChunk], backend: str = "") -> GenerationRes
         backend=backend,
         constraint_complete=last.constraint_complete,
         reasoning="".join(c.reasoning for c in chunks),
+        prompt_logprobs=last.prompt_logprobs,
     )
 
 

@@ -107,6 +107,10 @@ class GenerationSettings(BaseModel):
     """Keep generating past the model's end-of-sequence tokens (benchmarks)."""
     logprobs: int | None = Field(default=None, ge=0, le=20)
     """Report the chosen token's log-probability and this many top alternatives per token."""
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
+    """Score the prompt as well: each prompt token's log-probability given the ones before it, with this many top
+    alternatives (``prompt_logprobs`` on the last chunk and the result); what evaluation harnesses read. A backend
+    that cannot refuses it."""
     truncate_prompt: bool = False
     """If the prompt does not fit, keep its end instead of raising ContextLengthError."""
     max_reasoning_tokens: int | None = Field(

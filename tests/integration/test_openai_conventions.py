@@ -144,3 +144,112 @@ def test_tokenizer_info_speaks_vllms_shape(url, demo_runtime):
     assert info["chat_template"] == demo_runtime.tokenizer.chat_template
     assert not {"vocab_file", "merges_file", "tokenizer_file"} & set(info)
     assert all(isinstance(v, str) for v in info.get("added_tokens_decoder", {}).values())
+
+
+# ----------------------------------------------------------------------------- items 4 and 5: choices, scoring
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_the_model_does(url, demo_runtime):
+    prompt = "The capital of France is Paris"
+    body = {"prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 0, "temperature": 0}
+    r = _post(url, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    choice, usage = r.json()["choices"][0], r.json()["usage"]
+    lp = choice["logprobs"]
+    ids = demo_runtime.encode(prompt, add_special_tokens=True)
+    assert choice["text"] == prompt and usage == {**usage, "prompt_tokens": len(ids), "completion_tokens": 0}
+    assert len(lp["tokens"]) == len(ids) and "".join(lp["tokens"]) == prompt
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(ids))]
+    oracle = _prompt_logprobs(demo_runtime, ids)
+    assert lp["token_logprobs"][1:] == pytest.approx(oracle, abs=1e-3)
+    tops = lp["top_logprobs"][1:]
+    assert all(len(top) == 2 and max(top.values()) >= lp["token_logprobs"][i + 1] - 1e-6 for i, top in enumerate(tops))
+    one = _post(url, "/v1/completions", {**body, "max_tokens": 1})  # lm-eval's form: the generated token appended
+    lp1 = one.json()["choices"][0]["logprobs"]
+    assert len(lp1["tokens"]) == len(ids) + 1 and lp1["token_logprobs"][1:-1] == pytest.approx(oracle, abs=1e-3)
+
+
+def _prompt_logprobs(runtime, ids: list[int]) -> list[float]:
+    """transformers' own log-softmax over the demo model's logits: the oracle of a prompt's scores."""
+    import torch
+
+    model = runtime.diagnostics()["model"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    return [float(lp[i - 1, ids[i]]) for i in range(1, len(ids))]
+
+
+def test_a_list_of_prompts_and_n_choices_answer_in_one_response(url):
+    body = {"prompt": ["The sky is", "One, two,"], "n": 2, "max_tokens": 3, "temperature": 0}
+    r = _post(url, "/v1/completions", body).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
+    alone = [_post(url, "/v1/completions", {**body, "prompt": p, "n": 1}).json() for p in body["prompt"]]
+    texts = [c["text"] for c in r["choices"]]
+    assert texts == [alone[0]["choices"][0]["text"]] * 2 + [alone[1]["choices"][0]["text"]] * 2  # greedy: equal
+    assert r["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)  # each prompt once
+    assert r["usage"]["completion_tokens"] == sum(2 * a["usage"]["completion_tokens"] for a in alone)  # every choice
+
+
+def test_n_choices_are_sampled_apart_and_stream_with_their_index(url):
+    import json
+
+    body = {"prompt": "Once upon a time", "n": 3, "max_tokens": 8, "temperature": 1.0, "seed": 7, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    texts, usage = {0: "", 1: "", 2: ""}, None
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                for c in event["choices"]:
+                    texts[c["index"]] += c["text"]
+                usage = event.get("usage") or usage
+    assert len(set(texts.values())) > 1  # three samples, not one answer three times
+    assert usage["completion_tokens"] == 24 and usage["prompt_tokens"] < 24 / 3 + 8
+    whole = _post(url, "/v1/completions", {**body, "stream": False}).json()
+    assert [c["text"] for c in whole["choices"]] == [texts[i] for i in range(3)]  # seeded: the same three samples
+
+
+def test_n_chat_choices_carry_their_index_and_summed_usage(url):
+    body = {"messages": HI, "n": 2, "max_tokens": 4, "temperature": 0}
+    r = _post(url, "/v1/chat/completions", body).json()
+    one = _post(url, "/v1/chat/completions", {**body, "n": 1}).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1]
+    assert [c["message"]["content"] for c in r["choices"]] == [one["choices"][0]["message"]["content"]] * 2
+    assert r["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+    assert r["usage"]["completion_tokens"] == 2 * one["usage"]["completion_tokens"]
+
+
+def test_lm_eval_local_completions_scores_a_multiple_choice_task(url, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data = Path(__file__).parent.parent / "data" / "lm_eval"
+    (tmp_path / "tiny_capitals.yaml").write_text(
+        (data / "tiny_capitals.yaml").read_text().replace("DATA_FILE", str(data / "tiny_capitals.jsonl"))
+    )
+    out = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args={"base_url": url + "/v1/completions", "model": MODEL, "tokenizer_backend": "remote"},
+        tasks=["tiny_capitals"],
+        task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),  # not its 10,000 task files
+        batch_size=2,
+    )
+    acc = out["results"]["tiny_capitals"]["acc,none"]
+    assert 0.0 <= acc <= 1.0
+
+
+def test_a_prompts_scores_cross_the_engine_wire():
+    from exllama_integrations.backends.base import RawLogprob, TokenStep
+    from exllama_integrations.runtime.engine.wire import step_from_wire, step_to_wire
+
+    scored = (RawLogprob(5, 0.0), RawLogprob(7, -1.5, ((7, -1.5), (9, -2.0))))
+    step = TokenStep((3,), None, None, prompt_logprobs=scored)
+    assert step_from_wire(step_to_wire(1, step, "transformers")) == (1, step)
+    plain = TokenStep((3,), None, "length")
+    assert step_from_wire(step_to_wire(2, plain, "transformers")) == (2, plain)

@@ -103,12 +103,21 @@ def error_wire(e: BaseException, backend: str) -> dict[str, Any]:
 
 
 def step_to_wire(rid: int, step: TokenStep, backend: str) -> list[Any]:
-    """One step as a row: ``[rid, ids, finish, cached, accepting, logprobs, error]``."""
-    logprobs = None
-    if step.logprobs is not None:
-        logprobs = [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in step.logprobs]
+    """One step as a row: ``[rid, ids, finish, cached, accepting, logprobs, error, prompt_logprobs]``."""
+    logprobs = _raw_rows(step.logprobs)
     error = None if step.error is None else error_wire(step.error, backend)
-    return [rid, list(step.token_ids), step.finish, step.cached, step.accepting, logprobs, error]
+    row = [rid, list(step.token_ids), step.finish, step.cached, step.accepting, logprobs, error]
+    return row if step.prompt_logprobs is None else [*row, _raw_rows(step.prompt_logprobs)]
+
+
+def _raw_rows(lps: tuple[RawLogprob, ...] | None) -> list[Any] | None:
+    return None if lps is None else [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in lps]
+
+
+def _raw_from_rows(rows: Any) -> tuple[RawLogprob, ...] | None:
+    if rows is None:
+        return None
+    return tuple(RawLogprob(int(t), float(v), tuple((int(a), float(b)) for a, b in top)) for t, v, top in rows)
 
 
 def step_from_wire(row: Any) -> tuple[int, TokenStep]:
@@ -118,19 +127,15 @@ def step_from_wire(row: Any) -> tuple[int, TokenStep]:
         ProtocolError: a row of another shape.
     """
     try:
-        rid, ids, finish, cached, accepting, logprobs, error = row
-        lps = None
-        if logprobs is not None:
-            lps = tuple(
-                RawLogprob(int(t), float(v), tuple((int(a), float(b)) for a, b in top)) for t, v, top in logprobs
-            )
+        rid, ids, finish, cached, accepting, logprobs, error, *scored = row
         return int(rid), TokenStep(
             tuple(int(t) for t in ids),
-            lps,
+            _raw_from_rows(logprobs),
             finish,
             None if error is None else error_from_wire(error),
             cached,
             accepting,
+            _raw_from_rows(scored[0]) if scored else None,
         )
     except (TypeError, ValueError) as e:
         raise ProtocolError(f"an engine step this side cannot read: {e}") from None

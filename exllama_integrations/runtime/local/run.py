@@ -62,6 +62,7 @@ class Run:
         self._n = 0
         self._chunks: list[StreamChunk] = []
         self.result: GenerationResult | None = None
+        self._prompt_lps: tuple[TokenLogprob, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -129,6 +130,8 @@ class Run:
             visible.append(tid)
         if step.cached is not None:
             self._cached = step.cached
+        if step.prompt_logprobs is not None:
+            self._prompt_lps = self._logprobs(step.prompt_logprobs)
         if step.accepting is not None:
             self._accepting = step.accepting
         lps = self._logprobs(step.logprobs[: len(visible)]) if step.logprobs else None
@@ -203,6 +206,7 @@ class Run:
             stop_string,
             complete,
             reasoning,
+            self._prompt_lps,
         )
         self.result = result_of([*self._chunks, final], self.backend)
         if self.settings.logprobs is not None and self.result.logprobs is None:

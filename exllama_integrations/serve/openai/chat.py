@@ -8,16 +8,18 @@ Prompt tokens reused from the prefix cache are ``usage.prompt_tokens_details.cac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from ...chat.outcome import ChatDelta, ChatOutcome, astream_chat
-from ...chat.prepare import aprepare_chat
+from ...chat.prepare import PreparedChat, aprepare_chat
 from ...contract.shapes import chat_logprobs, usage_dict
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
+from .choices import announce, per_choice, summed_usage
 from .completions import ERRORS, check_finish, new_id
 from .protocol.chat import (
     AssistantMessage,
@@ -29,7 +31,7 @@ from .protocol.chat import (
     ChatDeltaWire,
     ToolCallOut,
 )
-from .protocol.common import UsageWire
+from .protocol.common import UsageWire, refuse
 from .sse import framed, sse
 
 router = APIRouter(tags=["openai"])
@@ -105,22 +107,33 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         chat = body.to_chat(*args)
     prepared = await aprepare_chat(state.runtime, chat)
     rid = new_id("chatcmpl")
+    if body.stream and body.n > 1:
+        raise refuse("n", "n > 1 is answered whole on this endpoint: send stream false (or stream n=1 requests).")
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         items = astream_chat(state.runtime, prepared, strict=False, incremental=True)
         return await start_stream(state, _events(state, items, rid, include_usage, request.state), "text/event-stream")
 
-    async def outcome() -> ChatOutcome:
+    async def outcome(one: PreparedChat) -> ChatOutcome:
         last: Any = None
-        async for last in astream_chat(state.runtime, prepared, strict=False, incremental=False):  # noqa: B007
+        async for last in astream_chat(state.runtime, one, strict=False, incremental=False):  # noqa: B007
             pass
         assert isinstance(last, ChatOutcome)
         return last
 
-    done = await whole(state, request, outcome)
-    check_finish(done.native_finish_reason)
-    record(state, request.state, done.usage, done.timings, done.native_finish_reason)
-    choice = ChatChoice(
-        message=message_of(done), logprobs=chat_logprobs(done.logprobs), finish_reason=done.finish_reason
-    )
-    return ChatCompletionResponse(id=rid, model=state.name, choices=[choice], usage=UsageWire(**usage_dict(done.usage)))
+    choices = [dataclasses.replace(prepared, request=r) for r in per_choice(prepared.request, body.n)]
+    announce(state.runtime, len(choices))
+
+    async def outcomes() -> list[ChatOutcome]:
+        return list(await asyncio.gather(*(outcome(one) for one in choices)))
+
+    dones = await whole(state, request, outcomes)
+    for done in dones:
+        check_finish(done.native_finish_reason)
+        record(state, request.state, done.usage, done.timings, done.native_finish_reason)
+    out = [
+        ChatChoice(index=i, message=message_of(d), logprobs=chat_logprobs(d.logprobs), finish_reason=d.finish_reason)
+        for i, d in enumerate(dones)
+    ]
+    usage = UsageWire(**usage_dict(summed_usage([d.usage for d in dones], body.n)))
+    return ChatCompletionResponse(id=rid, model=state.name, choices=out, usage=usage)

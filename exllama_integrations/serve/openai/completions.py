@@ -1,19 +1,22 @@
-"""``POST /v1/completions``: a prompt completed, streamed or whole, in OpenAI's text-completion shape."""
+"""``POST /v1/completions``: prompts completed (or scored), streamed or whole, in OpenAI's text-completion shape."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ...contract.api import GenerationResult, StreamChunk
+from ...contract.api import GenerationResult, StreamChunk, TokenLogprob, Usage
 from ...contract.shapes import completion_logprobs, finish_name, usage_dict
 from ...errors import RuntimeClosedError
 from ...runtime.base import acollect
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
+from .choices import announce, merged, summed_usage
 from .protocol.common import UsageWire
 from .protocol.completions import CompletionChoice, CompletionRequest, CompletionResponse
 from .sse import framed, sse
@@ -43,46 +46,95 @@ def check_finish(native: str) -> None:
         raise RuntimeClosedError("the server's runtime stopped this generation before it ended (it is shutting down).")
 
 
-def _events(state: ServeState, chunks: Any, rid: str, include_usage: bool, scope_state: Any) -> Any:
-    offset = 0
+def echo_logprobs(prompt: Sequence[TokenLogprob], lps: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+    """The completions API's logprobs of an echoed prompt and its completion: the first token's are ``null``."""
+    shaped = completion_logprobs([*prompt, *lps])
+    if shaped is not None and prompt:
+        shaped["token_logprobs"][0] = None
+        shaped["top_logprobs"][0] = None
+    return shaped
 
-    def render(c: StreamChunk) -> Iterator[bytes]:
-        nonlocal offset
+
+def _choice(
+    state: ServeState, body: CompletionRequest, index: int, prompt: Any, r: GenerationResult
+) -> CompletionChoice:
+    """One finished generation as a choice (the prompt before it with ``echo``; nothing generated with max_tokens 0)."""
+    lps = () if body.scores_only else (r.logprobs or ())
+    text = "" if body.scores_only else r.text
+    if not body.echo:
+        return CompletionChoice(
+            index=index,
+            text=text,
+            logprobs=completion_logprobs(lps) if body.logprobs is not None else None,
+            finish_reason=finish_name(r.finish_reason),
+        )
+    scored = r.prompt_logprobs or ()
+    if isinstance(prompt, str):
+        echoed = prompt
+    else:
+        echoed = "".join(t.token for t in scored) if scored else state.runtime.decode(prompt)
+    return CompletionChoice(
+        index=index,
+        text=echoed + text,
+        logprobs=echo_logprobs(scored, lps) if body.logprobs is not None else None,
+        finish_reason="length" if body.scores_only else finish_name(r.finish_reason),
+    )
+
+
+def _events(state: ServeState, sources: list[Any], rid: str, include_usage: bool, scope_state: Any, n: int) -> Any:
+    offsets = [0] * len(sources)
+    usages: dict[int, Usage] = {}
+
+    def render(item: tuple[int, StreamChunk]) -> Iterator[bytes]:
+        i, c = item
         if c.finish_reason is not None:
             check_finish(c.finish_reason)
         choice = CompletionChoice(
+            index=i,
             text=c.text,
-            logprobs=completion_logprobs(c.logprobs, offset),
+            logprobs=completion_logprobs(c.logprobs, offsets[i]),
             finish_reason=finish_name(c.finish_reason) if c.finish_reason else None,
         )
-        offset += len(c.text)
+        offsets[i] += len(c.text)
         yield sse(CompletionResponse(id=rid, model=state.name, choices=[choice]))
         if c.finish_reason is not None and c.usage is not None:
             record(state, scope_state, c.usage, c.timings, c.finish_reason)
-            if include_usage:
-                usage = UsageWire(**usage_dict(c.usage))
-                yield sse(CompletionResponse(id=rid, model=state.name, choices=[], usage=usage))
+            usages[i] = c.usage
+            if include_usage and len(usages) == len(sources):
+                summed = summed_usage([usages[k] for k in range(len(sources))], n)
+                yield sse(
+                    CompletionResponse(id=rid, model=state.name, choices=[], usage=UsageWire(**usage_dict(summed)))
+                )
 
-    return framed(chunks, render)
+    return framed(merged(sources), render)
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
 async def completions(body: CompletionRequest, request: Request) -> Any:
-    """Complete a prompt (text or token ids); ``stream: true`` for server-sent events."""
+    """Complete a prompt, or a list of prompts as one batch (text or token ids); ``stream: true`` for events.
+
+    ``echo`` + ``logprobs`` (with ``max_tokens: 0``: and nothing generated) score the prompt.
+    """
     state = state_of(request.app)
     state.check_model(body.model)
-    info = state.info
-    req = body.to_request(state.defaults, info.unsupported_settings, state.limits.max_tokens)
+    info, runtime = state.info, state.runtime
+    reqs = body.to_requests(state.defaults, info.unsupported_settings, state.limits.max_tokens)
     rid = new_id("cmpl")
+    announce(runtime, len(reqs))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _events(state, state.runtime.aopen(req), rid, include_usage, request.state)
+        sources = [runtime.aopen(r) for r in reqs]
+        events = _events(state, sources, rid, include_usage, request.state, body.n)
         return await start_stream(state, events, "text/event-stream")
-    result: GenerationResult = await whole(state, request, lambda: acollect(state.runtime.aopen(req), info.backend))
-    check_finish(result.finish_reason)
-    record(state, request.state, result.usage, result.timings, result.finish_reason)
-    lps = (result.logprobs or ()) if req.settings.logprobs is not None else None
-    choice = CompletionChoice(
-        text=result.text, logprobs=completion_logprobs(lps), finish_reason=finish_name(result.finish_reason)
-    )
-    return CompletionResponse(id=rid, model=state.name, choices=[choice], usage=UsageWire(**usage_dict(result.usage)))
+
+    async def run() -> list[GenerationResult]:
+        return list(await asyncio.gather(*(acollect(runtime.aopen(r), info.backend) for r in reqs)))
+
+    results = await whole(state, request, run)
+    for r in results:
+        check_finish(r.finish_reason)
+        record(state, request.state, r.usage, r.timings, r.finish_reason)
+    usages = [dataclasses.replace(r.usage, completion_tokens=0) if body.scores_only else r.usage for r in results]
+    choices = [_choice(state, body, i, req.prompt, r) for i, (req, r) in enumerate(zip(reqs, results))]
+    usage = UsageWire(**usage_dict(summed_usage(usages, body.n)))
+    return CompletionResponse(id=rid, model=state.name, choices=choices, usage=usage)
