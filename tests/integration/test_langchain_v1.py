@@ -123,6 +123,19 @@ def test_two_names_for_one_setting_are_one_typed_error_at_every_door(demo_runtim
     _names_both(e, pair)
 
 
+def test_two_names_for_one_setting_on_the_openai_wire_say_the_same():
+    import httpx
+    from servers import demo_server
+
+    body = {"prompt": "x", "max_tokens": 2, "thinking_token_budget": 4, "max_reasoning_tokens": 5}
+    r = httpx.post(demo_server() + "/v1/completions", json=body, timeout=60)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "duplicate_setting" and error["param"] == "max_reasoning_tokens"
+    with pytest.raises(InvalidSettingsError) as e:
+        build_settings({"thinking_token_budget": 4, "max_reasoning_tokens": 5})
+    assert error["message"] == str(e.value)  # the words of every other door
+
+
 # ----------------------------------------------------------------- item 11: json_mode with a schema
 
 

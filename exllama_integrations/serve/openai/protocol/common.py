@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ....contract.api import Grammar
-from ....contract.settings import GenerationSettings, resolve_settings
+from ....contract.settings import GenerationSettings, check_one_name_each, resolve_settings
 from ....errors import InvalidSettingsError
 
 
@@ -140,12 +140,7 @@ class CommonRequest(Wire):
         """
         if self.n > MAX_CHOICES:
             raise refuse("n", f"at most {MAX_CHOICES} choices per request (got {self.n}); send several requests.")
-        if self.thinking_token_budget is not None and self.max_reasoning_tokens is not None:
-            raise InvalidSettingsError(
-                "'thinking_token_budget' and 'max_reasoning_tokens' are two names for one setting: pass one of them.",
-                param="max_reasoning_tokens",
-                reason="duplicate_setting",
-            )
+        check_one_name_each((n for n in SETTING_FIELDS if getattr(self, n) is not None), SETTING_FIELDS)
         values: dict[str, Any] = {}
         for field, setting in SETTING_FIELDS.items():
             if getattr(self, field) is not None:
