@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
+from .chat.formats.table import find_format
 from .contract.api import Reasoning, Runtime
 from .contract.settings import (
     ACCEPTED_NAMES,
@@ -153,6 +154,9 @@ class ExLlamaConfig(SettingFields):
     reasoning_tags: tuple[str, str] | None = None
     """A reasoning model's thinking delimiters, e.g. ``("<think>", "</think>")``, where its chat template does
     not show them (they are found in the template otherwise)."""
+    tool_format: str | None = None
+    """A model family's tool-call format by name (``hermes``, ``llama3_json``, ``mistral``, ``harmony``, ...: see the
+    README's table), where the chat template does not show it; found from the template otherwise."""
     split_special_tokens: bool = False
     """Encode message text literally, so special-token strings a user types (``<|im_end|>``) stay text.
     Off by default, as in transformers: such strings become control tokens."""
@@ -184,6 +188,8 @@ class ExLlamaConfig(SettingFields):
             ChatTemplate(self.chat_template)  # a broken override fails here, not at the first chat
         if self.reasoning_tags is not None:
             Reasoning(*self.reasoning_tags)
+        if self.tool_format is not None:
+            find_format(None, self.tool_format)  # a name that is no format fails here, with the names there are
         defaults = self._field_settings()
         GenerationSettings().merged(**defaults)  # bad values fail before anything loads
         try:

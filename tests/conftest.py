@@ -37,8 +37,20 @@ MODEL_QUALITY_XFAILS = {
 }
 
 
+TOOLS_ONLY = "TestChatExLlamaIntegrationLlama3Tools"
+"""A standard-suite class of which only the tool-calling tests run (the rest is the demo model's suite again)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    other = [i for i in items if TOOLS_ONLY in i.nodeid and not any(w in i.name for w in ("tool", "agent"))]
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = [i for i in items if i not in other]
     for item in items:
+        # a standard suite that runs only part of itself (a class attribute: (test names, why the rest is skipped))
+        only = getattr(getattr(item, "cls", None), "standard_tests_only", None)
+        if only is not None and item.name.split("[")[0] not in only[0]:
+            item.add_marker(pytest.mark.skip(reason=only[1]))
         if "TestChatExLlamaIntegration" not in item.nodeid:
             continue
         for prefix, reason in MODEL_QUALITY_XFAILS.items():

@@ -819,3 +819,46 @@ def make_family(name: str, out: Path, size: str = "tiny", seed: int = 0, device:
 
 
 __all__ = ["EXPECTED", "EXPECTED_TEXT", "FAMILIES", "TOOLS", "Family", "history", "make_family", "make_tokenizer"]
+
+
+@dataclass
+class _TokenizerFiles:
+    """A tokenizer-only model directory, as NativeTokenizer reads one."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def tokenizer_json(self) -> Path:
+        return self.path / "tokenizer.json"
+
+    @property
+    def tokenizer_model(self) -> None:
+        return None
+
+    @property
+    def tokenizer_config(self) -> dict[str, Any]:
+        return dict(json.loads((self.path / "tokenizer_config.json").read_text()))
+
+    @property
+    def generation_config(self) -> dict[str, Any]:
+        return dict(json.loads((self.path / "generation_config.json").read_text()))
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.tokenizer_config.get("chat_template")
+
+
+def family_tokenizer(name: str, out: Path) -> Any:
+    """``name``'s tokenizer (a NativeTokenizer) without weights, its files written to ``out``."""
+    from exllama_integrations.model.tokenizer import NativeTokenizer
+
+    make_tokenizer(name, out)
+    return NativeTokenizer(_TokenizerFiles(out))

@@ -9,8 +9,10 @@ assistant's turn and results as ``<tool_response>`` user turns, the last of them
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +20,8 @@ if TYPE_CHECKING:
     from ..contract.api import Runtime
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-RESPONSE_OPEN = "<tool_response>"
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+_ALNUM = string.ascii_letters + string.digits
 ANSWER_NOTE = "Now answer the question in plain words using these results."
 """What follows the tool results that end a fallback-format history: the model's turn is to answer."""
 
@@ -30,7 +33,7 @@ def tool_call_text(name: str, arguments: Mapping[str, Any]) -> str:
 
 def tool_response_text(content: str) -> str:
     """A tool result as the fallback format shows it to the model (in a user turn)."""
-    return f"{RESPONSE_OPEN}\n{content}\n</tool_response>"
+    return f"{RESPONSE_OPEN}\n{content}\n{RESPONSE_CLOSE}"
 
 
 def add_system_note(messages: Sequence[Mapping[str, Any]], note: str) -> list[dict[str, Any]]:
@@ -73,6 +76,30 @@ def _arguments(function: Mapping[str, Any]) -> dict[str, Any]:
     except (json.JSONDecodeError, TypeError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def family_ids(messages: Sequence[Mapping[str, Any]], style: str) -> list[dict[str, Any]]:
+    """The history with its call ids in the family's style (``alnum9``: Mistral's templates refuse any other).
+
+    An id another client made (``call_...``) becomes 9 letters and digits derived from it, the same in the
+    assistant's call and in the tool result that answers it, so the pair still matches.
+    """
+    out = [dict(m) for m in messages]
+    if style != "alnum9":
+        return out
+
+    def nine(cid: Any) -> Any:
+        if not isinstance(cid, str) or (len(cid) == 9 and cid.isalnum()):
+            return cid
+        digest = hashlib.sha256(cid.encode("utf-8", "surrogatepass")).digest()
+        return "".join(_ALNUM[b % len(_ALNUM)] for b in digest[:9])
+
+    for d in out:
+        if d.get("tool_calls"):
+            d["tool_calls"] = [{**c, "id": nine(c.get("id"))} for c in d["tool_calls"]]
+        if d.get("role") == "tool" and "tool_call_id" in d:
+            d["tool_call_id"] = nine(d["tool_call_id"])
+    return out
 
 
 def native_history(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

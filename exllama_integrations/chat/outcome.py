@@ -10,9 +10,6 @@ thinking before it. Metadata and finish names are :mod:`exllama_integrations.con
 
 from __future__ import annotations
 
-import json
-import re
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,60 +17,30 @@ from typing import TYPE_CHECKING, Any
 from ..contract.api import StreamChunk, Timings, TokenLogprob, Usage
 from ..contract.shapes import metadata
 from ..errors import ConstraintViolationError
-from ..model.detokenizer import StopStringMatcher
-from .history import TOOL_CLOSE, TOOL_OPEN
+from .formats import FALLBACK, FORMATS, ParsedToolCall, ReplyReader, ToolFormat, read_reply
 from .prepare import PreparedChat, with_incremental
 
 if TYPE_CHECKING:
     from ..contract.api import Runtime
 
-_CALL_RE = re.compile(re.escape(TOOL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(TOOL_CLOSE) + r"|$)", re.S)
-
-
-@dataclass(frozen=True)
-class ParsedToolCall:
-    """A tool call found in model output; ``error`` is set when it could not be parsed (an invalid call)."""
-
-    id: str
-    name: str | None
-    arguments: dict[str, Any] | None
-    raw: str
-    error: str | None = None
-
-    @property
-    def arguments_text(self) -> str:
-        """The arguments as JSON text (a malformed call keeps what the model wrote)."""
-        return self.raw if self.error else json.dumps(self.arguments, ensure_ascii=False)
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[ParsedToolCall]]:
-    """Split model output into its text and the ``<tool_call>`` blocks in it; every call gets an id."""
-    calls = []
-    for raw in _CALL_RE.findall(text):
-        cid = f"call_{uuid.uuid4().hex[:24]}"
-        try:
-            obj = json.loads(raw)
-            name = obj["name"]
-            args = obj.get("arguments", obj.get("parameters", {}))
-            if isinstance(args, str):
-                args = json.loads(args) if args.strip() else {}
-            if not isinstance(name, str) or not isinstance(args, dict):
-                raise TypeError("name must be a string and arguments an object")
-            calls.append(ParsedToolCall(cid, name, args, raw))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, RecursionError) as e:
-            m = re.search(r'"name"\s*:\s*"([^"]+)"', raw)
-            calls.append(ParsedToolCall(cid, m.group(1) if m else None, None, raw, f"{type(e).__name__}: {e}"))
-    # The content is what a reader saw: the text around the calls, as written (not stripped).
-    return (_CALL_RE.sub("", text) if calls else text), calls
+def parse_tool_calls(text: str, fmt: ToolFormat | None = None) -> tuple[str, list[ParsedToolCall]]:
+    """Split finished model output into its text and its calls in ``fmt`` (default: Hermes ``<tool_call>``)."""
+    return read_reply(fmt or FORMATS[FALLBACK], text)
 
 
 @dataclass(frozen=True)
 class ChatDelta:
-    """New reply text (tool-call text held back), new reasoning text, and the tokens' logprobs."""
+    """New reply text (tool-call markup held back), new reasoning text, logprobs, and the calls just completed.
+
+    A call's id here is the one it keeps in the outcome.
+    """
 
     text: str
     logprobs: tuple[TokenLogprob, ...] | None = None
     reasoning: str = ""
+    tool_calls: tuple[ParsedToolCall, ...] = ()
+    calls_before: int = 0
+    """How many calls of the reply came before these (a call's index in the reply is ``calls_before + i``)."""
 
 
 @dataclass(frozen=True)
@@ -85,23 +52,37 @@ class ChatOutcome:
     tail: str
     """Content not yet sent in deltas (a false start of the tool tag, released at the end)."""
     tool_calls: tuple[ParsedToolCall, ...]
+    """Every call of the reply, those that did not read (``error`` set) included; see :attr:`valid_tool_calls`."""
     finish_reason: str
     native_finish_reason: str
     usage: Usage
     timings: Timings
     metadata: dict[str, Any]
     raw: str
-    """Everything the model wrote after its thinking, tool-call blocks included."""
+    """Everything the model wrote after its thinking, tool-call markup included."""
     logprobs: tuple[TokenLogprob, ...] | None = None
     reasoning: str = ""
     """The model's thinking, apart from the answer (empty for a model that does not reason)."""
     reasoning_tail: str = ""
     """Reasoning not yet sent in deltas."""
 
+    streamed_calls: int = 0
+    """How many of ``tool_calls`` were already handed out in deltas."""
+
     @property
     def invalid_tool_calls(self) -> list[ParsedToolCall]:
         """The calls that did not parse (their raw text kept)."""
         return [c for c in self.tool_calls if c.error is not None]
+
+    @property
+    def valid_tool_calls(self) -> list[ParsedToolCall]:
+        """The calls that read whole: what an agent runs."""
+        return [c for c in self.tool_calls if c.error is None]
+
+    @property
+    def invalid_text(self) -> str:
+        """The raw text of the calls that did not read, for a client with no place for invalid calls."""
+        return "".join(c.raw for c in self.invalid_tool_calls)
 
 
 class ChatStreamer:
@@ -113,12 +94,22 @@ class ChatStreamer:
         self.settings = prepared.request.settings
         self.model_name, self.backend = model_name, backend
         self._raw: list[str] = []
-        self._shown: list[str] = []
         self._reasoning: list[str] = []
         self._lps: list[TokenLogprob] = []
-        # With tools bound, text from "<tool_call>" on is held back; the stop-string matcher holds a partial
-        # tag across chunks exactly as it holds a partial stop string.
-        self._tag = StopStringMatcher([TOOL_OPEN]) if prepared.tools_active else None
+        self._calls: list[ParsedToolCall] = []
+        # With tools bound, the reply is read in the family's format: markup is held back (a partial tag across
+        # chunks too), calls come out as they complete.
+        self._reader = ReplyReader(prepared.format, prepared.tools) if prepared.tools_active else None
+
+    def _keep(self, calls: list[ParsedToolCall]) -> tuple[ParsedToolCall, ...]:
+        """The calls to hand out: with ``parallel_tool_calls=False`` only the reply's first valid one."""
+        out = []
+        for c in calls:
+            if c.error is None and not self.prepared.parallel and any(k.error is None for k in self._calls):
+                c = ParsedToolCall(c.id, c.name, None, c.raw, "parallel_tool_calls is false: only the first call runs")
+            self._calls.append(c)
+            out.append(c)
+        return tuple(out)
 
     def feed(self, chunk: StreamChunk) -> ChatDelta | ChatOutcome | None:
         """The delta for ``chunk`` (None when nothing is to be shown yet), or the outcome for the last one."""
@@ -127,11 +118,12 @@ class ChatStreamer:
         if chunk.logprobs:
             self._lps.extend(chunk.logprobs)
         if chunk.finish_reason is None:
-            text = chunk.text if self._tag is None else self._tag.push(chunk.text)
-            if not text and not chunk.logprobs and not chunk.reasoning:
+            text, calls = (chunk.text, []) if self._reader is None else self._reader.feed(chunk.text)
+            before = len(self._calls)
+            kept = self._keep(calls)
+            if not text and not chunk.logprobs and not chunk.reasoning and not kept:
                 return None
-            self._shown.append(text)
-            return ChatDelta(text, chunk.logprobs, chunk.reasoning)
+            return ChatDelta(text, chunk.logprobs, chunk.reasoning, kept, before)
         return self._outcome(chunk)
 
     def _outcome(self, chunk: StreamChunk) -> ChatOutcome:
@@ -139,15 +131,23 @@ class ChatStreamer:
         raw = "".join(self._raw)
         if self.strict and self.prepared.grammar is not None and chunk.constraint_complete is False:
             raise ConstraintViolationError(self._cut_message(raw, chunk))
-        content, calls = parse_tool_calls(raw) if self.prepared.tools_active else (raw, [])
-        shown = "".join(self._shown)
-        tail = content[len(shown) :] if content.startswith(shown) else ""
+        streamed = len(self._calls)
+        if self._reader is None:
+            tail, content = chunk.text, raw
+        else:
+            tail, last = self._reader.feed(chunk.text)
+            more, final = self._reader.finish(cut=chunk.finish_reason == "length")
+            tail += more
+            self._keep(last + final)
+            content = "".join(self._reader.text)
+        calls = tuple(self._calls)
+        valid = any(c.error is None for c in calls) and chunk.finish_reason != "length"
         lps = tuple(self._lps) if self.settings.logprobs is not None else None
-        md = metadata(chunk, model_name=self.model_name, backend=self.backend, tool_calls=bool(calls))
+        md = metadata(chunk, model_name=self.model_name, backend=self.backend, tool_calls=valid)
         return ChatOutcome(
             content=content,
             tail=tail,
-            tool_calls=tuple(calls),
+            tool_calls=calls,
             finish_reason=md["finish_reason"],
             native_finish_reason=chunk.finish_reason,
             usage=chunk.usage,
@@ -157,6 +157,7 @@ class ChatStreamer:
             logprobs=lps,
             reasoning="".join(self._reasoning),
             reasoning_tail=chunk.reasoning,
+            streamed_calls=streamed,
         )
 
     def _cut_message(self, raw: str, chunk: StreamChunk) -> str:

@@ -23,13 +23,15 @@ from typing import TYPE_CHECKING, Any
 from ..contract.api import GenerationRequest, Grammar, Media, Reasoning, check_depth
 from ..contract.settings import GenerationSettings
 from ..errors import ConstraintError, InvalidSettingsError, MediaError
-from .grammars import strict_schema, tool_call_grammar
+from .formats import FALLBACK, FORMATS, ToolFormat, find_format, forced_call_grammar, strict_schema
 from .history import (
+    RESPONSE_CLOSE,
     RESPONSE_OPEN,
     TOOL_CLOSE,
     TOOL_OPEN,
     add_system_note,
     fallback_history,
+    family_ids,
     literal_prompt_ids,
     native_history,
 )
@@ -73,6 +75,10 @@ class ChatRequest:
     """A reasoning model's delimiters, where its template does not show them (default: found in the template)."""
     media: Sequence[Media] = ()
     """Images the messages refer to, in order."""
+    tool_format: str | None = None
+    """The family's tool-call format by name (``chat.formats.FORMATS``), where the template does not show it."""
+    parallel_tool_calls: bool | None = None
+    """False: at most one call in a reply (in the forced grammar and in what is read back)."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,11 @@ class PreparedChat:
 
     request: GenerationRequest
     tools: tuple[Mapping[str, Any], ...] = ()
-    """The tools shown to the model; when any are, ``<tool_call>`` output becomes tool calls."""
+    """The tools shown to the model; when any are, its output is read for calls in ``format``."""
+    format: ToolFormat = FORMATS[FALLBACK]
+    """The family's tool-call format the reply is read in."""
+    parallel: bool = True
+    """Whether several calls of one reply are all kept (``parallel_tool_calls``)."""
 
     @property
     def prompt(self) -> str | tuple[int, ...]:
@@ -187,15 +197,29 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
     messages: list[dict[str, Any]] = [dict(m) for m in request.messages]
     check_depth(tools, "the tools' schemas")
     check_depth(schema)
+    info = runtime.model_info()
+    native = info.renders_tools if request.chat_template is None else "tools" in request.chat_template
+    if request.tool_format is not None:
+        fmt = find_format(None, request.tool_format)
+    elif not native:
+        fmt = FORMATS[FALLBACK]  # the fallback prompt asks for this format
+    elif request.chat_template is not None:
+        fmt = find_format(request.chat_template)
+    else:
+        fmt = find_format(None, info.tool_format) if info.tool_format else FORMATS[FALLBACK]
+    parallel = request.parallel_tool_calls is not False
     try:
         if forced:
-            grammar = Grammar.lark(tool_call_grammar(forced, TOOL_OPEN, TOOL_CLOSE))
+            # a named tool is one call; "required" may be several where the family and parallel_tool_calls allow
+            several = parallel and request.tool_choice in ("any", "required", True)
+            grammar = Grammar.lark(
+                forced_call_grammar(fmt, forced, _token_of(runtime), several, runtime.model_info().eos_token_ids)
+            )
         elif wants_json:
             grammar = Grammar.json_schema(strict_schema(schema) if schema is not None else {"type": "object"})
             messages = add_system_note(messages, _schema_instructions(schema))
     except RecursionError:
         raise ConstraintError("the schema is nested too deeply to compile; flatten it.") from None
-    info = runtime.model_info()
     if request.media and not info.accepts_images:  # before rendering: a text model's template reads text only
         why = info.details.get("vision") or "it has no vision component"
         raise MediaError(f"{info.name!r} takes no images: {why}; send text only.")
@@ -206,17 +230,17 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
     if grammar is not None and settings.stop:
         settings = settings.model_copy(update={"stop": []})  # with a grammar, the grammar decides where output ends
     media = tuple(request.media)
+    reply = _Reply(tuple(shown), fmt, parallel)
     if request.prompt is not None:
         turn = turn_reasoning(reasoning, request.prompt[-256:], settings.max_reasoning_tokens)
-        return _prepared(request.prompt, settings, grammar, turn, media, shown)
-    native = info.renders_tools if request.chat_template is None else "tools" in request.chat_template
-    messages = native_history(messages) if native else fallback_history(messages)
+        return _prepared(request.prompt, settings, grammar, turn, media, reply)
+    messages = native_history(family_ids(messages, fmt.ids)) if native else fallback_history(messages)
     if shown and not native:
         specs = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in shown)
         messages = add_system_note(messages, FALLBACK_TOOL_PROMPT.replace("{tools}", specs))
     if not native and grammar is None and (shown or any(m.get("role") == "tool" for m in request.messages)):
         # in the fallback format tool results are our markup: the model must never write one itself
-        settings = settings.model_copy(update={"stop": [*settings.stop, RESPONSE_OPEN]})
+        settings = settings.model_copy(update={"stop": [*settings.stop, RESPONSE_OPEN, RESPONSE_CLOSE]})
 
     def render(msgs: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         return runtime.chat_prompt(
@@ -239,8 +263,27 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
         ids = literal_prompt_ids(runtime, messages, render)
         if ids is not None:
             ids += runtime.encode(opening) if opening else []
-            return _prepared(ids, settings, grammar, turn, media, shown)
-    return _prepared(text + opening, settings, grammar, turn, media, shown)
+            return _prepared(ids, settings, grammar, turn, media, reply)
+    return _prepared(text + opening, settings, grammar, turn, media, reply)
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """What a prepared chat's reply is read for: the tools shown, their family's format, parallel calls."""
+
+    tools: tuple[Mapping[str, Any], ...]
+    format: ToolFormat
+    parallel: bool
+
+
+def _token_of(runtime: Runtime) -> Any:
+    """The id of a text that is one token of the model (a family's markup token), else None."""
+
+    def token_of(text: str) -> int | None:
+        ids = runtime.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    return token_of
 
 
 def _prepared(
@@ -249,8 +292,12 @@ def _prepared(
     grammar: Grammar | None,
     reasoning: Reasoning | None,
     media: tuple[Media, ...],
-    shown: list[Mapping[str, Any]],
+    reply: _Reply,
 ) -> PreparedChat:
+    # the family's markup and thinking delimiters show in the output even where they are special tokens
+    show = reply.format.markup if reply.tools else ()
+    if reasoning is not None:
+        show = tuple(dict.fromkeys((*show, reasoning.start, reasoning.end)))
     request = GenerationRequest(
         prompt if isinstance(prompt, str) else tuple(prompt),
         settings,
@@ -258,8 +305,9 @@ def _prepared(
         add_special_tokens=False,  # a template's text carries its own BOS
         reasoning=reasoning,
         media=media,
+        show_tokens=show,
     )
-    return PreparedChat(request, tuple(shown))
+    return PreparedChat(request, reply.tools, reply.format, reply.parallel)
 
 
 _RENDERERS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="exllama-render")

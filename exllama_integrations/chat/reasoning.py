@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from ..contract.api import Reasoning
+from .formats import find_format
 
 KNOWN_TAGS: tuple[tuple[str, str], ...] = (
     ("<think>", "</think>"),
@@ -22,6 +23,7 @@ KNOWN_TAGS: tuple[tuple[str, str], ...] = (
     ("<seed:think>", "</seed:think>"),
     ("<|begin_of_thought|>", "<|end_of_thought|>"),
     ("◁think▷", "◁/think▷"),
+    ("[THINK]", "[/THINK]"),
 )
 """Delimiter pairs reasoning models use, in the order they are looked for in a chat template."""
 
@@ -30,6 +32,9 @@ def find_reasoning(template: str | None) -> Reasoning | None:
     """The reasoning delimiters a chat template uses, or None when it shows no sign of reasoning."""
     if not template:
         return None
+    family = find_format(template).thinking  # harmony's analysis channel: a pair no other template shows
+    if family is not None and family[0] in template:
+        return Reasoning(*family)
     for start, end in KNOWN_TAGS:
         if end in template or start in template:
             return Reasoning(start, end)

@@ -164,6 +164,9 @@ class GenerationRequest:
     media: tuple[Media, ...] = ()
     messages: tuple[Mapping[str, Any], ...] = ()
     incremental: bool = True
+    show_tokens: tuple[str, ...] = ()
+    """Special tokens decoded as their text in the output all the same (a model family's tool-call markup,
+    such as Mistral's ``[TOOL_CALLS]`` or harmony's ``<|channel|>``); other special tokens stay hidden."""
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt, (bytes, bytearray)):
@@ -174,6 +177,8 @@ class GenerationRequest:
             object.__setattr__(self, "messages", tuple(self.messages))
         if not isinstance(self.media, tuple):
             object.__setattr__(self, "media", tuple(self.media))
+        if not isinstance(self.show_tokens, tuple):
+            object.__setattr__(self, "show_tokens", tuple(self.show_tokens))
         if self.messages and self.prompt:
             raise InvalidSettingsError("a request has a prompt or messages, not both.")
         if not isinstance(self.settings, GenerationSettings):
@@ -284,6 +289,9 @@ class ModelInfo:
     has_chat_template: bool = False
     renders_tools: bool = False
     """Whether the chat template renders ``tools`` itself (else the documented fallback is used)."""
+    tool_format: str | None = None
+    """The family's tool-call format found in the chat template (a name of ``chat.formats.FORMATS``; None: not
+    known, read as the Hermes ``<tool_call>`` format)."""
     max_batch_size: int = 1
     """How many generations decode together (1: one at a time, interleaved step by step)."""
     unsupported_settings: Mapping[str, str] = field(default_factory=dict)

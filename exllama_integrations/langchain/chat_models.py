@@ -112,7 +112,7 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
     def _chat_request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ChatRequest:
         """The chat call as a plain value: messages, bound tools and formats, template variables, settings."""
         kwargs = dict(kwargs)
-        bound = {k: kwargs.pop(k, None) for k in ("tools", "tool_choice", "response_format")}
+        bound = {k: kwargs.pop(k, None) for k in ("tools", "tool_choice", "response_format", "parallel_tool_calls")}
         kwargs.pop("ls_structured_output_format", None)
         template_kwargs = self._template_kwargs(kwargs.pop("chat_template_kwargs", None))
         media: list[Media] = []
@@ -127,6 +127,8 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
             split_special_tokens=self.split_special_tokens,
             reasoning_tags=self.reasoning_tags,
             media=media,
+            tool_format=self.tool_format,
+            parallel_tool_calls=bound.get("parallel_tool_calls"),
         )
 
     def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> PreparedChat:
@@ -255,15 +257,18 @@ class ChatExLlama(ExLlamaLangChainMixin, BaseChatModel):
         tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
         *,
         tool_choice: dict[str, Any] | str | bool | None = None,
+        parallel_tool_calls: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
-        """Bind tools; forced calls are grammar-constrained, so always well-formed JSON for the tool's schema.
+        """Bind tools; calls are read in the model family's own format, and forced calls are grammar-constrained.
 
         ``tool_choice``: "auto" (model decides), "any"/"required" (must call one), a tool name (must
-        call that one), or "none".
+        call that one), or "none". ``parallel_tool_calls=False``: at most one call a reply.
         """
         specs = [convert_to_openai_tool(t) for t in tools]
         forced_tools(specs, tool_choice)  # validate the choice now, not at the first call
+        if parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = parallel_tool_calls
         return super().bind(tools=specs, tool_choice=tool_choice, **kwargs)
 
     def with_structured_output(

@@ -8,6 +8,7 @@ thinking comes back in ``additional_kwargs["reasoning_content"]`` (streamed as d
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,10 +23,10 @@ from langchain_core.messages import (
 )
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk
+from langchain_core.utils.json import parse_partial_json
 
 from ..chat.content import content_of
-from ..chat.history import TOOL_OPEN
-from ..chat.outcome import ChatDelta, ChatOutcome
+from ..chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall
 from ..contract.api import Media, Usage
 from ..contract.shapes import logprobs_content
 from ..errors import InvalidSettingsError, MediaError
@@ -152,29 +153,51 @@ def usage_metadata(usage: Usage) -> UsageMetadata:
     )
 
 
+def _tool_call_chunks(calls: Sequence[ParsedToolCall], first_index: int) -> list[dict[str, Any]]:
+    """Calls as LangChain tool-call chunks; one that did not read keeps its raw text (``invalid_tool_calls``).
+
+    LangChain re-reads chunk args as partial JSON: raw text that would pass as a cut-off JSON object is quoted,
+    so it is never "repaired" into a call with missing arguments.
+    """
+    out = []
+    for i, c in enumerate(calls, first_index):
+        args = c.arguments_text
+        if c.error is not None:
+            try:
+                repairable = isinstance(parse_partial_json(c.raw), dict)
+            except Exception:  # noqa: BLE001 - any failure to read means it stays invalid, as wanted
+                repairable = False
+            args = json.dumps(c.raw, ensure_ascii=False) if repairable else c.raw
+        out.append({"name": c.name, "args": args, "id": c.id, "index": i, "type": "tool_call_chunk"})
+    return out
+
+
 def lc_chat_chunk(item: ChatDelta | ChatOutcome, wants_logprobs: bool) -> ChatGenerationChunk:
-    """A chat delta or the final outcome as a LangChain chunk (the outcome carries usage and tool calls)."""
+    """A chat delta or the final outcome as a LangChain chunk (the outcome carries usage and the last calls).
+
+    Each call's chunk index is its place in the reply, so calls streamed early and late add up.
+    """
     if isinstance(item, ChatDelta):
         lp: dict[str, Any] = {"logprobs": {"content": logprobs_content(item.logprobs)}} if item.logprobs else {}
         extra = {"reasoning_content": item.reasoning} if item.reasoning else {}
         return ChatGenerationChunk(
-            message=AIMessageChunk(content=item.text, response_metadata=lp, additional_kwargs=extra)
+            message=AIMessageChunk(
+                content=item.text,
+                response_metadata=lp,
+                additional_kwargs=extra,
+                tool_call_chunks=_tool_call_chunks(item.tool_calls, item.calls_before),  # type: ignore[arg-type]
+            )
         )
-    tool_chunks = []
-    for i, c in enumerate(item.tool_calls):
-        # A malformed call keeps its raw text, tag included: LangChain's partial-JSON parse of chunk args
-        # would otherwise "repair" it into a valid-looking call with missing arguments.
-        args = TOOL_OPEN + c.raw if c.error else c.arguments_text
-        tool_chunks.append({"name": c.name, "args": args, "id": c.id, "index": i, "type": "tool_call_chunk"})
     md: dict[str, Any] = {**item.metadata, "model_provider": "exllama"}
     if wants_logprobs:
         md["logprobs"] = {"content": []}  # the streamed chunks' logprobs concatenate into this
+    last = item.tool_calls[item.streamed_calls :]
     msg = AIMessageChunk(
         content=item.tail,
         additional_kwargs={"reasoning_content": item.reasoning_tail} if item.reasoning_tail else {},
         usage_metadata=usage_metadata(item.usage),
         response_metadata=md,
-        tool_call_chunks=tool_chunks,  # type: ignore[arg-type]  # dicts of ToolCallChunk's shape
+        tool_call_chunks=_tool_call_chunks(last, item.streamed_calls),  # type: ignore[arg-type]
         chunk_position="last",
     )
     return ChatGenerationChunk(message=msg, generation_info={"finish_reason": item.finish_reason})

@@ -28,7 +28,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from .._adapter import ExLlamaConfig
-from ..chat.outcome import ChatDelta, ChatOutcome, astream_chat, stream_chat
+from ..chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall, astream_chat, stream_chat
 from ..chat.prepare import ChatRequest, PreparedChat, aprepare_chat, prepare_chat
 from ..contract.api import GenerationRequest, Media, StreamChunk
 from ..contract.settings import GenerationSettings
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
 # What LlamaIndex itself passes through chat(**kwargs) that is not a generation setting.
-_CHAT_KWARGS = ("tools", "tool_choice", "json_schema")
+_CHAT_KWARGS = ("tools", "tool_choice", "json_schema", "parallel_tool_calls")
 
 
 class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
@@ -197,25 +197,38 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
             split_special_tokens=self.split_special_tokens,
             reasoning_tags=self.reasoning_tags,
             media=media,
+            tool_format=self.tool_format,
+            parallel_tool_calls=bound["parallel_tool_calls"],
         )
 
     def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> PreparedChat:
         return prepare_chat(self._runtime, self._chat_request(messages, kwargs))
 
     @staticmethod
-    def _chat_response(acc: str, item: ChatDelta | ChatOutcome) -> ChatResponse:
+    def _chat_response(acc: str, item: ChatDelta | ChatOutcome, calls: list[ParsedToolCall]) -> ChatResponse:
+        """One response of a chat stream; ``calls``: the reply's calls so far (this item's added to it).
+
+        Every response carries the valid calls so far in ``additional_kwargs["tool_calls"]`` (OpenAI's shape, as
+        LlamaIndex's agents read them); a call that did not read is never among them: it is kept with its raw
+        text and the reason in ``additional_kwargs["invalid_tool_calls"]``.
+        """
+        calls.extend(item.tool_calls if isinstance(item, ChatDelta) else item.tool_calls[len(calls) :])
+        kwargs: dict[str, Any] = {}
+        valid = [c for c in calls if c.error is None]
+        if valid:
+            kwargs["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_text}}
+                for c in valid
+            ]
+        invalid = [{"id": c.id, "name": c.name, "raw": c.raw, "error": c.error} for c in calls if c.error is not None]
+        if invalid:
+            kwargs["invalid_tool_calls"] = invalid
         if isinstance(item, ChatDelta):
-            msg = ChatMessage(role=MessageRole.ASSISTANT, content=acc)
+            msg = ChatMessage(role=MessageRole.ASSISTANT, content=acc, additional_kwargs=kwargs)
             extra = {"thinking_delta": item.reasoning} if item.reasoning else {}
             return ChatResponse(
                 message=msg, delta=item.text, logprobs=li_logprobs(item.logprobs), additional_kwargs=extra
             )
-        kwargs: dict[str, Any] = {}
-        if item.tool_calls:
-            kwargs["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_text}}
-                for c in item.tool_calls
-            ]
         blocks: list[Any] = [TextBlock(text=item.content)]
         if item.reasoning:
             blocks.insert(0, ThinkingBlock(content=item.reasoning, num_tokens=item.usage.reasoning_tokens))
@@ -232,7 +245,8 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Chat through the model's own template (not through complete); ``raw["usage"]`` is exact."""
-        return last_response(self._stream_chat(messages, kwargs, incremental=False))
+        *_, outcome = self._stream_chat(messages, kwargs, incremental=False)
+        return outcome  # it carries every token's logprobs already (gathering the deltas' too counted each twice)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -245,17 +259,19 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
         prepared = self._prepare(messages, kwargs)
 
         def gen() -> ChatResponseGen:
-            acc = ""
+            acc, calls = "", list[ParsedToolCall]()
             for item in stream_chat(self._runtime, prepared, incremental=incremental):
                 acc += item.text if isinstance(item, ChatDelta) else ""
-                yield self._chat_response(acc, item)
+                yield self._chat_response(acc, item, calls)
 
         return gen()
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async :meth:`chat`; rendering and decoding run off the event loop."""
-        return await alast_response(self._astream_chat(messages, kwargs, incremental=False))
+        async for outcome in self._astream_chat(messages, kwargs, incremental=False):  # noqa: B007 - the last
+            pass
+        return outcome  # every token's logprobs, once (as in chat)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
@@ -269,10 +285,10 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
 
         async def gen() -> ChatResponseAsyncGen:
             prepared = await aprepare_chat(self._runtime, request)
-            acc = ""
+            acc, calls = "", list[ParsedToolCall]()
             async for item in astream_chat(self._runtime, prepared, incremental=incremental):
                 acc += item.text if isinstance(item, ChatDelta) else ""
-                yield self._chat_response(acc, item)
+                yield self._chat_response(acc, item, calls)
 
         return gen()
 
@@ -298,7 +314,13 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
             )
         if tool_choice is None:
             tool_choice = "required" if tool_required else "auto"
-        return {"messages": messages, "tools": specs or None, "tool_choice": tool_choice, **kwargs}
+        return {
+            "messages": messages,
+            "tools": specs or None,
+            "tool_choice": tool_choice,
+            "parallel_tool_calls": allow_parallel_tool_calls,
+            **kwargs,
+        }
 
     def get_tool_calls_from_response(
         self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any

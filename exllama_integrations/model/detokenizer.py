@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 
@@ -35,16 +35,34 @@ class IncrementalDetokenizer:
         'Hi!'
     """
 
-    def __init__(self, tokenizer: _Decoder, skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self, tokenizer: _Decoder, skip_special_tokens: bool = True, shown: Mapping[int, str] | None = None
+    ) -> None:
+        """``shown``: special tokens decoded as their text all the same (a family's tool-call markup)."""
         self._tok = tokenizer
         self._skip = skip_special_tokens
+        self._shown = dict(shown or {})
         self.ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
         self._emitted: list[str] = []
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=self._skip)
+        if not self._shown or not any(i in self._shown for i in ids):
+            return self._tok.decode(ids, skip_special_tokens=self._skip)
+        parts: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            if i in self._shown:
+                if run:
+                    parts.append(self._tok.decode(run, skip_special_tokens=self._skip))
+                    run = []
+                parts.append(self._shown[i])
+            else:
+                run.append(i)
+        if run:
+            parts.append(self._tok.decode(run, skip_special_tokens=self._skip))
+        return "".join(parts)
 
     def add(self, token_ids: Iterable[int]) -> str:
         """Append tokens and return the new text that is safe to show (may be empty)."""

@@ -86,3 +86,16 @@ class TestChatExLlamaIntegrationServed(TestChatExLlamaIntegration):
         from servers import demo_server
 
         return {"base_url": demo_server(), "temperature": 0, "max_tokens": 100}
+
+
+class TestChatExLlamaIntegrationLlama3Tools(TestChatExLlamaIntegration):
+    """The standard suite's tool-calling tests for a model whose format is not Hermes: the demo model's weights
+    with a Llama 3.1-shaped template (tools in the first user turn, calls written as bare JSON with
+    ``"parameters"``, results in the ``ipython`` role), so forced calls are written and read in Llama 3's syntax.
+    Only the tool tests run (``tests/conftest.py`` keeps those of this class)."""
+
+    @property
+    def chat_model_params(self) -> dict:
+        from tool_families import FAMILIES
+
+        return {**super().chat_model_params, "chat_template": FAMILIES["llama3"].template}

@@ -105,9 +105,18 @@ def test_openai_tools_and_json_response_format_go_through_the_grammar(client):
     )
     assert set(json.loads(r.choices[0].message.content)) == {"capital"}
     short = client.chat.completions.create(
-        model=MODEL, messages=messages, tools=tools, tool_choice="required", max_tokens=3
+        model=MODEL, messages=messages, tools=tools, tool_choice="required", max_tokens=6
     )
     assert short.choices[0].finish_reason == "length"  # cut short: reported as OpenAI does, not an error
+    # a call cut off is no call (an agent must not run it): what the model wrote stays visible as text
+    assert short.choices[0].message.tool_calls is None
+    assert (short.choices[0].message.content or "").startswith("<tool_call>")
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=tools, tool_choice="required", max_tokens=6, stream=True
+    )
+    chunks = [c.choices[0] for c in streamed if c.choices]
+    assert not any(c.delta.tool_calls for c in chunks) and chunks[-1].finish_reason == "length"
+    assert "".join(c.delta.content or "" for c in chunks).startswith("<tool_call>")
 
 
 def test_langchain_chat_openai_against_the_server(url, demo_runtime):

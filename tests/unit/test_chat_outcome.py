@@ -32,7 +32,7 @@ def _langchain(items):
     full = chunks[0].message
     for c in chunks[1:]:
         full = full + c.message
-    shown = [c.message.content for c in chunks[:-1]]
+    shown = [c.message.content for c in chunks[:-1] if c.message.content]
     calls = [(c["name"], c["args"]) for c in full.tool_calls]
     invalid = [(c["name"], c["args"]) for c in full.invalid_tool_calls]
     return shown, full.content, calls, invalid, full.response_metadata["finish_reason"]
@@ -43,18 +43,17 @@ def _llama_index(items):
 
     from exllama_integrations.llama_index.llms import ExLlamaLLM
 
-    acc, responses = "", []
+    acc, responses, seen = "", [], []
     for i in items:
         acc += i.text if isinstance(i, ChatDelta) else ""
-        responses.append(ExLlamaLLM._chat_response(acc, i))
-    shown = [r.delta for r in responses[:-1]]
+        responses.append(ExLlamaLLM._chat_response(acc, i, seen))
+    shown = [r.delta for r in responses[:-1] if r.delta]
     last = responses[-1]
-    calls, invalid = [], []
-    for c in last.message.additional_kwargs.get("tool_calls", []):
-        try:
-            calls.append((c["function"]["name"], json.loads(c["function"]["arguments"])))
-        except json.JSONDecodeError:
-            invalid.append((c["function"]["name"], c["function"]["arguments"]))
+    calls = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in last.message.additional_kwargs.get("tool_calls", [])
+    ]
+    invalid = [(c["name"], c["raw"]) for c in last.message.additional_kwargs.get("invalid_tool_calls", [])]
     return shown, last.message.content, calls, invalid, last.raw["finish_reason"]
 
 

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...backends.base import BackendRequest, RawLogprob, TokenStep
@@ -46,12 +46,13 @@ class Run:
         matcher: ConstraintMatcher | None,
         backend: str,
         control: ReasoningControl | None = None,
+        shown: Mapping[int, str] | None = None,
     ) -> None:
         self.tokenizer, self.settings, self.matcher, self.backend = tokenizer, settings, matcher, backend
         self.prompt_len = len(prompt_ids)
         self.stop_token_ids = stop_token_ids
         self.control = control
-        self._detok = IncrementalDetokenizer(tokenizer)
+        self._detok = IncrementalDetokenizer(tokenizer, shown=shown)
         self._stops = StopStringMatcher(settings.stop)
         self._split = ReasoningSplitter(control.reasoning) if control is not None else None
         self._cached = 0

@@ -15,6 +15,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ...backends import BackendRequest
+from ...chat.formats import find_format
 from ...chat.reasoning import find_reasoning
 from ...contract.api import GenerationRequest, Grammar, ModelInfo, StreamChunk
 from ...contract.settings import GenerationSettings
@@ -230,6 +231,7 @@ class ExLlamaRuntime(RuntimeBase):
             bos_token_id=self.tokenizer.bos_token_id,
             has_chat_template=template is not None,
             renders_tools="tools" in (template or ""),
+            tool_format=find_format(template).name,
             max_batch_size=backend.max_batch_size,
             unsupported_settings=self._refused,
             reasoning=find_reasoning(template),
@@ -288,6 +290,15 @@ class ExLlamaRuntime(RuntimeBase):
 
     # ----------------------------------------------------------------- requests
 
+    def _shown(self, request: GenerationRequest) -> dict[int, str]:
+        """The special tokens a request shows as text (a family's tool-call markup), by id."""
+        out = {}
+        for text in request.show_tokens:
+            tid = self.tokenizer.token_to_id(text)
+            if tid is not None and tid in self.tokenizer.special_ids:
+                out[tid] = text
+        return out
+
     def _compile(self, grammar: Grammar) -> TokenConstraint:
         return TokenConstraint.compile(self.tokenizer, grammar)
 
@@ -312,7 +323,7 @@ class ExLlamaRuntime(RuntimeBase):
         stop_ids = frozenset(s.stop_token_ids) | (
             frozenset() if s.ignore_eos else frozenset(self.tokenizer.eos_token_ids)
         )
-        run = Run(self.tokenizer, s, ids, stop_ids, matcher, self.backend_name, control)
+        run = Run(self.tokenizer, s, ids, stop_ids, matcher, self.backend_name, control, self._shown(request))
         backend_request = BackendRequest(
             ids,
             s,

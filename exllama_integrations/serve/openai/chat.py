@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ...chat.outcome import ChatDelta, ChatOutcome, astream_chat
+from ...chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall, astream_chat
 from ...chat.prepare import PreparedChat, aprepare_chat
 from ...contract.shapes import chat_logprobs, usage_dict
 from ..state import ServeState, record, state_of
@@ -37,9 +37,12 @@ from .sse import framed, sse
 router = APIRouter(tags=["openai"])
 
 
-def tool_calls_out(outcome: ChatOutcome, with_index: bool = False) -> list[ToolCallOut] | None:
-    """Parsed calls as OpenAI tool calls; a malformed call keeps its raw text as the arguments."""
-    if not outcome.tool_calls:
+def tool_calls_out(
+    calls: Sequence[ParsedToolCall], with_index: bool = False, first: int = 0
+) -> list[ToolCallOut] | None:
+    """The calls that read whole, as OpenAI tool calls (``first``: the index of the first among the reply's)."""
+    valid = [c for c in calls if c.error is None]
+    if not valid:
         return None
     return [
         ToolCallOut(
@@ -47,15 +50,16 @@ def tool_calls_out(outcome: ChatOutcome, with_index: bool = False) -> list[ToolC
             function={"name": c.name or "", "arguments": c.arguments_text},
             index=i if with_index else None,
         )
-        for i, c in enumerate(outcome.tool_calls)
+        for i, c in enumerate(valid, first)
     ]
 
 
 def message_of(outcome: ChatOutcome) -> AssistantMessage:
-    """The assistant message of a finished chat."""
-    calls = tool_calls_out(outcome)
+    """The assistant message of a finished chat: a call that did not read is not a call, its raw text stays text."""
+    calls = tool_calls_out(outcome.tool_calls)
     thought = outcome.reasoning or None
-    content: str | None = outcome.content if not calls else (outcome.content or None)
+    text = outcome.content + outcome.invalid_text
+    content: str | None = text if not calls else (text or None)
     return AssistantMessage(content=content, reasoning_content=thought, reasoning=thought, tool_calls=calls)
 
 
@@ -67,16 +71,28 @@ def _events(state: ServeState, items: Any, rid: str, include_usage: bool, scope_
     def delta(content: str | None, thought: str) -> ChatDeltaWire:
         return ChatDeltaWire(content=content, reasoning_content=thought or None, reasoning=thought or None)
 
+    sent = [0]  # valid calls streamed so far (each call's index is its place among them)
+
     def render(item: ChatDelta | ChatOutcome) -> Iterator[bytes]:
         if isinstance(item, ChatDelta):
-            content = item.text if item.text or not item.reasoning else None
-            yield chunk(delta(content, item.reasoning), logprobs=chat_logprobs(item.logprobs))
+            if item.text or item.reasoning or item.logprobs or not item.tool_calls:
+                content = item.text if item.text or not item.reasoning else None
+                yield chunk(delta(content, item.reasoning), logprobs=chat_logprobs(item.logprobs))
+            streamed = tool_calls_out(item.tool_calls, with_index=True, first=sent[0])
+            if streamed:  # a call goes out as soon as it is complete
+                sent[0] += len(streamed)
+                yield chunk(ChatDeltaWire(tool_calls=streamed))
+            invalid = "".join(c.raw for c in item.tool_calls if c.error is not None)
+            if invalid:
+                yield chunk(delta(invalid, ""))
             return
         check_finish(item.native_finish_reason)
         record(state, scope_state, item.usage, item.timings, item.native_finish_reason)
-        if item.tail or item.reasoning_tail:
-            yield chunk(delta(item.tail or None, item.reasoning_tail))
-        calls = tool_calls_out(item, with_index=True)
+        last = item.tool_calls[item.streamed_calls :]
+        tail = item.tail + "".join(c.raw for c in last if c.error is not None)
+        if tail or item.reasoning_tail:
+            yield chunk(delta(tail or None, item.reasoning_tail))
+        calls = tool_calls_out(last, with_index=True, first=sent[0])
         if calls:
             yield chunk(ChatDeltaWire(tool_calls=calls))
         yield chunk(ChatDeltaWire(), item.finish_reason)

@@ -225,6 +225,7 @@ class ChatCompletionRequest(CommonRequest):
             chat_template=chat_template,
             split_special_tokens=self.split_special_tokens,
             media=media,
+            parallel_tool_calls=self.parallel_tool_calls,
         )
 
     def has_images(self) -> bool:

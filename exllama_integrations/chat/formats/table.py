@@ -1,0 +1,243 @@
+"""Each model family's tool-call format, as data: one table entry a family.
+
+An entry says how a reply of that family is read (what opens and closes a call, what the body between them
+holds, which markup is neither text nor call) and how one call is written (``call``: the same text is the
+forced-call grammar, with the tool's name and its argument schema in the slots, and what the fallback history
+writes). It is the declarative shape of transformers' ``response_template`` (regions that open and close on
+literals, a content kind for the body) reduced to what a stream can be read with literal markers, plus the
+writing side that a response template does not carry. A new family is a new entry; the reader
+(:mod:`.reader`) and the grammar (:mod:`.grammar`) are the same for all.
+
+Body kinds (how the text between ``opens`` and ``closes`` becomes calls):
+
+- ``json``: one ``{"name": ..., "arguments"|"parameters": {...}}`` object (Hermes, Qwen);
+- ``json-list``: a JSON list of such objects, or one (Mistral v3, Phi-4-mini, Granite);
+- ``json-seq``: such objects separated by ``;`` (Llama 3.x);
+- ``pattern``: a regular expression with the groups ``name`` and ``arguments`` (a JSON object): Mistral v11's
+  ``NAME[ARGS]{...}``, DeepSeek's ``function<｜tool▁sep｜>NAME ```json ...````, harmony's ``to=functions.NAME``;
+- ``xml``: ``<function=NAME><parameter=KEY>VALUE</parameter>...</function>`` (Qwen3-Coder), values read by the
+  tool's schema;
+- ``python``: ``[f(a=1), g(b="x")]`` (Llama 4, Llama 3.2 pythonic).
+
+``call`` is a string with slots: ``{name}`` (the bare name), ``{name_json}`` (the name as a JSON string),
+``{arguments}`` (the arguments as a JSON object), ``{xml_parameters}``, ``{python_arguments}``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import InvalidSettingsError
+
+SPECIAL_SHAPE = re.compile(r"(<\|[^|<>]{1,40}\|>|<｜[^｜]{1,40}｜>|\[[A-Z_/]{2,30}\])")
+"""What a control token of these families looks like (``<|message|>``, ``<｜tool▁sep｜>``, ``[ARGS]``)."""
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How one family writes tool calls: read (opens, closes, body, strip) and written (call, between)."""
+
+    name: str
+    markers: tuple[str, ...]
+    """All of these in a chat template pick this format (entries are tried in table order)."""
+    opens: tuple[str, ...]
+    """Literals that open a call region."""
+    body: str
+    """How the region's text becomes calls (see the module docstring)."""
+    call: str
+    """One call as the family writes it, with slots (see the module docstring)."""
+    closes: tuple[str, ...] = ()
+    """Literals that close a region; none: the region runs to the next open or the end of the reply."""
+    at_start: bool = False
+    """The opens count only at the start of the reply (a bare JSON or list reply); later they are text."""
+    looks_like: str | None = None
+    """For ``at_start`` formats: a reply is read as calls only if its start matches this regex."""
+    strip: tuple[str, ...] = ()
+    """Markup that is neither text nor call (harmony's channel headers): dropped from the text."""
+    body_args: Mapping[str, Any] = field(default_factory=dict)
+    """The body's parameters: ``pattern`` (for ``pattern``), ``keys`` (argument keys for the JSON bodies),
+    ``text`` (a regex: a region whose body matches it is answer text, its group ``text``)."""
+    before: str = ""
+    """Written once before the calls (Mistral's ``[TOOL_CALLS][``)."""
+    between: str = ""
+    """Written between two calls."""
+    after: str = ""
+    """Written once after the calls."""
+    parallel: bool = True
+    """Whether a reply may hold several calls."""
+    ids: str = "openai"
+    """Call ids: ``openai`` (``call_`` + 24 hex) or ``alnum9`` (9 letters and digits, which Mistral checks)."""
+    thinking: tuple[str, str] | None = None
+    """The family's own thinking delimiters, where they are not a ``<think>`` pair found in the template."""
+
+    @property
+    def markup(self) -> tuple[str, ...]:
+        """Every literal of the format and the control tokens inside them: what a reply must show as text."""
+        parts = [*self.opens, *self.closes, *self.strip, self.before, self.between, self.after]
+        if self.thinking:
+            parts += list(self.thinking)
+        pieces = [p for part in [*parts, self.call] for p in SPECIAL_SHAPE.findall(part)]
+        return tuple(p for p in dict.fromkeys([*parts, *pieces]) if p)
+
+
+_JSON_CALL = '{{"name": {name_json}, "arguments": {arguments}}}'
+
+FORMATS: dict[str, ToolFormat] = {
+    f.name: f
+    for f in (
+        ToolFormat(
+            "harmony",
+            markers=("<|channel|>", "commentary"),
+            opens=("<|channel|>commentary",),
+            closes=("<|call|>", "<|end|>"),
+            body="pattern",
+            body_args={
+                "pattern": r"^\s*to=(?:functions\.)?(?P<name>[^\s<]+)\s*(?:<\|constrain\|>\s*\w*)?\s*"
+                r"<\|message\|>(?P<arguments>.*)$",
+                "text": r"^\s*<\|message\|>(?P<text>.*)$",  # a commentary preamble, addressed to no tool
+            },
+            strip=("<|start|>assistant", "<|channel|>final<|message|>", "<|end|>", "<|return|>"),
+            call="<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{arguments}"
+            "<|call|>",
+            parallel=False,
+            thinking=("<|channel|>analysis<|message|>", "<|end|>"),
+        ),
+        ToolFormat(
+            "qwen3_coder",
+            markers=("<tool_call>", "<function="),
+            opens=("<tool_call>",),
+            closes=("</tool_call>",),
+            body="xml",
+            call="<tool_call>\n<function={name}>\n{xml_parameters}</function>\n</tool_call>",
+            between="\n",
+        ),
+        ToolFormat(
+            "hermes",
+            markers=("<tool_call>",),
+            opens=("<tool_call>",),
+            closes=("</tool_call>",),
+            body="json",
+            call="<tool_call>\n" + _JSON_CALL + "\n</tool_call>",
+            between="\n",
+        ),
+        ToolFormat(
+            "mistral_v11",
+            markers=("[TOOL_CALLS]", "[ARGS]"),
+            opens=("[TOOL_CALLS]",),
+            body="pattern",
+            body_args={"pattern": r"^\s*(?P<name>[^\s\[]+)\s*\[ARGS\](?P<arguments>.*)$"},
+            call="[TOOL_CALLS]{name}[ARGS]{arguments}",
+            thinking=("[THINK]", "[/THINK]"),
+        ),
+        ToolFormat(
+            "mistral",
+            markers=("[TOOL_CALLS]",),
+            opens=("[TOOL_CALLS]",),
+            body="json-list",
+            call=_JSON_CALL,
+            before="[TOOL_CALLS][",
+            between=", ",
+            after="]",
+            ids="alnum9",
+        ),
+        ToolFormat(
+            "phi4_mini",
+            markers=("<|tool_call|>", "<|/tool_call|>"),
+            opens=("<|tool_call|>",),
+            closes=("<|/tool_call|>",),
+            body="json-list",
+            call=_JSON_CALL,
+            before="<|tool_call|>[",
+            between=", ",
+            after="]<|/tool_call|>",
+        ),
+        ToolFormat(
+            "granite",
+            markers=("<|tool_call|>",),
+            opens=("<|tool_call|>",),
+            body="json-list",
+            call=_JSON_CALL,
+            before="<|tool_call|>[",
+            between=", ",
+            after="]",
+        ),
+        ToolFormat(
+            "deepseek_v3",
+            markers=("<｜tool▁calls▁begin｜>",),
+            opens=("<｜tool▁call▁begin｜>",),
+            closes=("<｜tool▁call▁end｜>",),
+            body="pattern",
+            body_args={
+                "pattern": r"^\s*(?:\w+)?<｜tool▁sep｜>(?P<name>[^\n]+?)\s*\n```(?:json)?\s*"
+                r"(?P<arguments>.*?)\s*```\s*$"
+            },
+            strip=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+            call="<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{arguments}\n```<｜tool▁call▁end｜>",
+            before="<｜tool▁calls▁begin｜>",
+            after="<｜tool▁calls▁end｜>",
+        ),
+        ToolFormat(
+            "pythonic",
+            markers=("[func_name1(",),
+            opens=("[",),
+            at_start=True,
+            looks_like=r"^\s*\[\s*[A-Za-z_][\w.-]*\(",
+            body="python",
+            call="{name}({python_arguments})",
+            before="[",
+            between=", ",
+            after="]",
+        ),
+        ToolFormat(
+            "fallback",
+            markers=(),
+            opens=("<tool_call>",),
+            closes=("</tool_call>",),
+            body="json",
+            call="<tool_call>" + _JSON_CALL + "</tool_call>",
+            parallel=False,  # the fallback prompt asks for one call ("reply with only ...")
+        ),
+        ToolFormat(
+            "llama3_json",
+            markers=("<|start_header_id|>", '"parameters"'),
+            opens=("<|python_tag|>", "{"),
+            at_start=True,
+            looks_like=r'^\s*(?:<\|python_tag\|>\s*)?\{\s*"(?:name|type)"',
+            body="json-seq",
+            body_args={"keys": ("parameters", "arguments")},
+            call='{{"name": {name_json}, "parameters": {arguments}}}',
+            between="; ",
+        ),
+    )
+}
+"""The table, in the order a chat template is matched against ``markers``."""
+
+FALLBACK = "fallback"
+"""The format a model without one of its own is asked to write (the documented fallback prompt: Hermes'
+``<tool_call>`` without its newlines, as the prompt shows it)."""
+
+
+def find_format(template: str | None, override: str | None = None) -> ToolFormat:
+    """The tool-call format of a chat template (``override``: a name from :data:`FORMATS`).
+
+    A template that shows none of the families' markers gets :data:`FALLBACK`.
+
+    Raises:
+        InvalidSettingsError: ``override`` names no format.
+    """
+    if override is not None:
+        if override not in FORMATS:
+            raise InvalidSettingsError(
+                f"tool_format {override!r} is not one of {', '.join(FORMATS)}.", param="tool_format"
+            )
+        return FORMATS[override]
+    for fmt in FORMATS.values():
+        if template and fmt.markers and all(m in template for m in fmt.markers):
+            return fmt
+    return FORMATS[FALLBACK]
+
+
+__all__ = ["FALLBACK", "FORMATS", "ToolFormat", "find_format"]

@@ -1,0 +1,138 @@
+"""Each family's reply format, read from its own chat template: detection, reading, streaming, forced grammar.
+
+The replies are the families' own text (tests/tool_families.py, written from their templates and parsers, not
+from ours). Reading is checked whole and at every split of the reply into two chunks, and token by token through
+the family's own tokenizer with its markup tokens shown; the forced-call grammar is compiled against that
+tokenizer and must accept the family's own writing of a call (and refuse other syntax).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from tool_families import EXPECTED, EXPECTED_TEXT, FAMILIES, TOOLS, family_tokenizer
+
+from exllama_integrations.chat.formats import FORMATS, ReplyReader, find_format, forced_call_grammar, read_reply
+from exllama_integrations.chat.formats.grammar import write_calls
+from exllama_integrations.chat.reasoning import find_reasoning
+from exllama_integrations.model.detokenizer import IncrementalDetokenizer
+
+CASES = [(f, k) for f, fam in FAMILIES.items() for k in fam.replies]
+
+
+def _answer(family: str, reply: str) -> str:
+    """The reply less its thinking, as the runtime's reasoning split hands it on."""
+    r = find_reasoning(FAMILIES[family].template)
+    if r is not None and r.end in reply and (reply.lstrip().startswith(r.start) or family == "deepseek_v3"):
+        return reply[reply.find(r.end) + len(r.end) :]
+    return reply
+
+
+def _calls(calls):
+    return [(c.name, c.arguments) for c in calls if c.error is None]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_format_is_found_from_the_family_template(family):
+    assert find_format(FAMILIES[family].template).name == FAMILIES[family].tool_format
+
+
+@pytest.mark.parametrize(("family", "key"), CASES)
+def test_a_reply_reads_to_its_calls_and_text_at_every_split(family, key):
+    fmt = find_format(FAMILIES[family].template)
+    text = _answer(family, FAMILIES[family].replies[key])
+    content, calls = read_reply(fmt, text, TOOLS)
+    assert _calls(calls) == EXPECTED[key] and all(c.error is None for c in calls)
+    assert content.strip() == (EXPECTED_TEXT[key][1] or "")
+    markup = [m for m in (*fmt.opens, *fmt.closes, *fmt.strip) if len(m) > 1]
+    for i in range(len(text) + 1):
+        reader = ReplyReader(fmt, TOOLS)
+        a, first = reader.feed(text[:i])
+        b, second = reader.feed(text[i:])
+        c, last = reader.finish()
+        assert a + b + c == content
+        assert _calls(first + second + last) == EXPECTED[key]
+        for shown in (a, b):  # never a whole or partial piece of markup in streamed text
+            assert not any(m in shown for m in markup)
+            assert not any(shown.endswith(m[:j]) for m in markup for j in range(2, len(m))), (i, shown)
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tok")
+    return {name: family_tokenizer(name, root / name) for name in FAMILIES}
+
+
+@pytest.mark.parametrize(("family", "key"), CASES)
+def test_token_by_token_through_the_family_tokenizer(family, key, tokenizers):
+    """Decoded as the runtime decodes (its markup tokens shown, other specials hidden), token by token."""
+    tok = _tokenizer(tokenizers, family)
+    fmt = find_format(FAMILIES[family].template)
+    text = _answer(family, FAMILIES[family].replies[key])
+    shown = {tok.token_to_id(m): m for m in fmt.markup if tok.token_to_id(m) in tok.special_ids}
+    detok = IncrementalDetokenizer(tok, shown=shown)
+    reader = ReplyReader(fmt, TOOLS)
+    streamed, calls = [], []
+    for tid in tok.encode(text, add_special_tokens=False):
+        piece, done = reader.feed(detok.add([tid]))
+        streamed.append(piece)
+        calls += done
+    piece, done = reader.finish()
+    streamed.append(piece)
+    calls += done
+    assert _calls(calls) == EXPECTED[key]
+    assert "".join(streamed).strip() == (EXPECTED_TEXT[key][1] or "")
+
+
+def _tokenizer(tokenizers, family):
+    return tokenizers[family]
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if FAMILIES[f].tool_format != "fallback"])
+def test_the_forced_grammar_admits_the_family_syntax_and_nothing_else(family, tokenizers):
+    """The grammar compiles against the family's tokenizer and accepts its own writing of one and two calls."""
+    from exllama_integrations.contract.api import Grammar
+    from exllama_integrations.model.grammar import TokenConstraint
+
+    tok = _tokenizer(tokenizers, family)
+    fmt = FORMATS[FAMILIES[family].tool_format]
+
+    def token_of(text):
+        ids = tok.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    ends = set(tok.eos_token_ids)
+
+    def accepts(grammar: str, text: str) -> bool:
+        matcher = TokenConstraint.compile(tok, Grammar.lark(grammar)).matcher()
+        ids = tok.encode(text, add_special_tokens=False)
+        while ids and ids[-1] in ends:  # the turn's end token is the model's to write once the grammar accepts
+            ids = ids[:-1]
+        return matcher._matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+    one = [("get_weather", {"city": "Paris"})]
+    two = [("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", {"timezone": "Europe/Paris"})]
+    several = forced_call_grammar(fmt, TOOLS, token_of, parallel=True, ends=ends)
+    single = forced_call_grammar(fmt, TOOLS, token_of, parallel=False, ends=ends)
+    assert accepts(several, write_calls(fmt, one)) and accepts(single, write_calls(fmt, one))
+    assert accepts(several, write_calls(fmt, two)) == fmt.parallel
+    assert not accepts(single, write_calls(fmt, two))
+    other = FORMATS["fallback"] if fmt.name != "fallback" else FORMATS["mistral"]
+    assert not accepts(several, write_calls(other, one))  # another family's syntax is refused
+    assert not accepts(several, write_calls(fmt, [("get_time", {})]))  # get_time's timezone is required
+    # and what the grammar admits reads back as the calls
+    assert _calls(read_reply(fmt, write_calls(fmt, two if fmt.parallel else one), TOOLS)[1]) == (
+        two if fmt.parallel else one
+    )
+
+
+def test_the_readme_table_names_every_format_and_each_is_a_tested_family():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("#### Tool calls in each family's own format", 1)[1].split("Checked how:", 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith(("| family", "| ---"))]
+    named = [re.search(r"\| `(\w+)` \|", r).group(1) for r in rows]
+    assert sorted(named) == sorted(FORMATS)  # every format the package reads is in the table, once
+    assert {f.tool_format for f in FAMILIES.values()} == set(FORMATS)  # each has a tested family
