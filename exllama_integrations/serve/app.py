@@ -28,6 +28,8 @@ except ImportError:  # pragma: no cover - exercised by the missing-extra test
 from ..contract import wire
 from ..contract.api import Runtime
 from . import metrics, native
+from .anthropic import errors as anthropic_errors
+from .anthropic import messages as anthropic_messages
 from .guard import Guard, error_body, error_response, validation_response
 from .openai import chat, completions, models, tokenize
 from .openai.protocol import ALL_FIELDS
@@ -110,7 +112,11 @@ def create_app(
         return error_response(exc)  # logged with its traceback; the client gets OpenAI's error object, 500
 
     app.add_middleware(
-        Guard, api_key=api_key, max_body_bytes=state.limits.max_body_bytes, body_timeout=state.limits.body_timeout
+        Guard,
+        api_key=api_key,
+        max_body_bytes=state.limits.max_body_bytes,
+        body_timeout=state.limits.body_timeout,
+        shapes={"/v1/messages": anthropic_errors.error_body},  # what the guard refuses there, in Anthropic's shape
     )
 
     @app.get("/health", tags=["server"])
@@ -137,4 +143,5 @@ def create_app(
 
     for router in (models.router, completions.router, chat.router, tokenize.router, native.router, metrics.router):
         app.include_router(router)
+    app.include_router(anthropic_messages.router)
     return app

@@ -1,10 +1,12 @@
 """What every request passes before the endpoints, and how errors become OpenAI's error objects.
 
-A pure ASGI middleware (streaming-safe, unlike Starlette's BaseHTTPMiddleware): the bearer key on every
-path but ``/health`` (the API docs included), compared in constant time; the body cap (Content-Length,
+A pure ASGI middleware (streaming-safe, unlike Starlette's BaseHTTPMiddleware): the key on every path but
+``/health`` (the API docs included), as ``Authorization: Bearer`` or else Anthropic's ``x-api-key``, compared in
+constant time; the body cap (Content-Length,
 and counted while read, chunked bodies too: over it is a 413 before any endpoint runs); a deadline on reading
 the body (a client that trickles it gets a 408 and its connection back); a request id; and
-one log line per request with its tokens and timings (the path quoted, so it cannot forge a line).
+one log line per request with its tokens and timings (the path quoted, so it cannot forge a line). What it
+refuses is answered in OpenAI's error shape, or in the shape of the API a path belongs to (``shapes``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hmac
 import logging
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -25,6 +28,9 @@ logger = logging.getLogger("exllama_integrations.serve")
 
 OPEN_PATHS = frozenset({"/health"})
 """Paths that answer without the key (a load balancer's health check)."""
+
+ErrorShape = Callable[[int, str], dict[str, Any]]
+"""An API's own error object for ``(status, message)``, for the paths under its prefix (``Guard``'s ``shapes``)."""
 
 
 def error_body(message: str, kind: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -75,8 +81,25 @@ def validation_response(errors: list[Any], fields: list[str]) -> JSONResponse:
 class Guard:
     """Pure ASGI middleware (see the module docstring)."""
 
-    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int, body_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        app: Any,
+        api_key: str | None,
+        max_body_bytes: int,
+        body_timeout: float = 30.0,
+        shapes: Mapping[str, ErrorShape] | None = None,
+    ) -> None:
+        """``shapes``: path prefix -> that API's error shape (other paths: OpenAI's)."""
         self.app, self.api_key, self.max_body, self.body_timeout = app, api_key, max_body_bytes, body_timeout
+        self.shapes = dict(shapes or {})
+
+    def _refusal(
+        self, path: str, status: int, message: str, code: str, headers: dict[str, str] | None = None
+    ) -> JSONResponse:
+        for prefix, shape in self.shapes.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return JSONResponse(shape(status, message), status, headers=headers)
+        return JSONResponse(error_body(message, "invalid_request_error", code=code), status, headers=headers)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -86,37 +109,29 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         if self.api_key is not None and path not in OPEN_PATHS:
             given = headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else ""
+            # one key, one comparison: the bearer token when one is sent, else Anthropic's header
+            token = given[7:] if given.lower().startswith("bearer ") else headers.get("x-api-key", "")
             if not hmac.compare_digest(token.encode(), self.api_key.encode()):
-                body = error_body(
-                    "invalid or missing API key (Authorization: Bearer ...)",
-                    "invalid_request_error",
-                    code="invalid_api_key",
-                )
-                await JSONResponse(body, 401)(scope, receive, send)
+                why = "invalid or missing API key (Authorization: Bearer ..., or x-api-key: ...)"
+                await self._refusal(path, 401, why, "invalid_api_key")(scope, receive, send)
                 return
-        too_big = error_body(
-            f"the body is larger than the {self.max_body} bytes this server accepts",
-            "invalid_request_error",
-            code="request_too_large",
-        )
+        too_big = f"the body is larger than the {self.max_body} bytes this server accepts"
         size = headers.get("content-length", "")
         if size.isdigit() and int(size) > self.max_body:
-            await JSONResponse(too_big, 413)(scope, receive, send)
+            await self._refusal(path, 413, too_big, "request_too_large")(scope, receive, send)
             return
         if scope.get("method") in ("POST", "PUT", "PATCH"):
             try:
                 payload, complete = await asyncio.wait_for(_read_body(receive, self.max_body), self.body_timeout)
             except asyncio.TimeoutError:
-                slow = error_body(
-                    f"the body did not arrive within {self.body_timeout:g} s; send it whole, then wait for the answer",
-                    "invalid_request_error",
-                    code="request_timeout",
+                slow = (
+                    f"the body did not arrive within {self.body_timeout:g} s; send it whole, then wait for the answer"
                 )
-                await JSONResponse(slow, 408, headers={"Connection": "close"})(scope, receive, send)
+                closing = {"Connection": "close"}
+                await self._refusal(path, 408, slow, "request_timeout", closing)(scope, receive, send)
                 return
             if payload is None:
-                await JSONResponse(too_big, 413)(scope, receive, send)
+                await self._refusal(path, 413, too_big, "request_too_large")(scope, receive, send)
                 return
             if complete:
                 receive = _replay(payload, receive)
