@@ -314,3 +314,33 @@ async def test_a_llama_index_function_agent_streams_llama3_calls(scripted):
     assert [(r.tool_name, r.tool_kwargs) for r in results] == [("get_weather", {"city": "Paris"})]
     assert "Sunny, 21C in Paris" in str(results[0].tool_output)
     assert str(response).strip() == EXPECTED_TEXT["answer"][1]
+
+
+def test_the_fallback_markup_never_ends_an_answer(scripted):
+    """A fallback-format model that echoes our ``</tool_response>`` after a result stops there (issue 34, item 9)."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from exllama_integrations.langchain import ChatExLlama
+
+    rt = scripted["phi3"]
+    rt.reply = "Sunny, 21C\n</tool_response>\nMore text"
+    call = {"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1"}
+    messages = [HumanMessage(QUESTION[0]["content"]), AIMessage("", tool_calls=[call])]
+    messages.append(ToolMessage("Sunny, 21C", tool_call_id="call_1"))
+    reply = ChatExLlama(runtime=rt, temperature=0, max_tokens=60).bind_tools(TOOLS).invoke(messages)
+    assert reply.content.strip() == "Sunny, 21C" and reply.response_metadata["stop_string"] == "</tool_response>"
+
+
+async def test_astream_events_carry_the_family_calls(scripted):
+    """LangChain's astream_events: the model's stream events add up to the Mistral reply's two calls."""
+    from exllama_integrations.langchain import ChatExLlama
+
+    rt = scripted["mistral"]
+    rt.reply = FAMILIES["mistral"].replies["two"]
+    chat = ChatExLlama(runtime=rt, temperature=0, max_tokens=400).bind_tools(TOOLS)
+    events = [e async for e in chat.astream_events(QUESTION, version="v2")]
+    end = next(e for e in events if e["event"] == "on_chat_model_end")["data"]["output"]
+    assert [(c["name"], c["args"]) for c in end.tool_calls] == EXPECTED["two"]
+    chunks = [e["data"]["chunk"] for e in events if e["event"] == "on_chat_model_stream"]
+    assert sum(len(c.tool_call_chunks) for c in chunks) == 2
+    assert not any("[TOOL_CALLS]" in c.content for c in chunks)
