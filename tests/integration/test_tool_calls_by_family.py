@@ -344,3 +344,14 @@ async def test_astream_events_carry_the_family_calls(scripted):
     chunks = [e["data"]["chunk"] for e in events if e["event"] == "on_chat_model_stream"]
     assert sum(len(c.tool_call_chunks) for c in chunks) == 2
     assert not any("[TOOL_CALLS]" in c.content for c in chunks)
+
+
+def test_a_remote_runtime_reads_the_family_format_over_the_wire(scripted, servers):
+    """ChatExLlama(base_url=): the server's model info names the format, the request asks its markup shown."""
+    from exllama_integrations.langchain import ChatExLlama
+
+    rt = scripted["magistral"]
+    rt.reply = answer_of("magistral", "two")
+    chat = ChatExLlama(base_url=servers("magistral"), temperature=0, max_tokens=400).bind_tools(TOOLS)
+    msg = chat.invoke(QUESTION)
+    assert [(c["name"], c["args"]) for c in msg.tool_calls] == EXPECTED["two"] and not msg.invalid_tool_calls
