@@ -822,7 +822,7 @@ __all__ = ["EXPECTED", "EXPECTED_TEXT", "FAMILIES", "TOOLS", "Family", "history"
 
 
 @dataclass
-class _TokenizerFiles:
+class TokenizerFiles:
     """A tokenizer-only model directory, as NativeTokenizer reads one."""
 
     path: Path
@@ -861,4 +861,4 @@ def family_tokenizer(name: str, out: Path) -> Any:
     from exllama_integrations.model.tokenizer import NativeTokenizer
 
     make_tokenizer(name, out)
-    return NativeTokenizer(_TokenizerFiles(out))
+    return NativeTokenizer(TokenizerFiles(out))

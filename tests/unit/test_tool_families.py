@@ -6,55 +6,17 @@ Tokenizers only (no weights): each family's tokenizer files are written once for
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tokenizers import Tokenizer
-from tool_families import EXPECTED, EXPECTED_TEXT, FAMILIES, TOOLS, Family, history, make_tokenizer
+from tool_families import EXPECTED, EXPECTED_TEXT, FAMILIES, TOOLS, Family, TokenizerFiles, history, make_tokenizer
 
 from exllama_integrations.chat.history import fallback_history, native_history
 from exllama_integrations.errors import ChatTemplateError
 from exllama_integrations.model.tokenizer import NativeTokenizer
 
 NAMES = sorted(FAMILIES)
-
-
-@dataclass
-class _Files:
-    """A tokenizer-only model directory, as NativeTokenizer reads one."""
-
-    path: Path
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    @property
-    def tokenizer_json(self) -> Path:
-        return self.path / "tokenizer.json"
-
-    @property
-    def tokenizer_model(self) -> None:
-        return None
-
-    @property
-    def tokenizer_config(self) -> dict[str, Any]:
-        return dict(json.loads((self.path / "tokenizer_config.json").read_text()))
-
-    @property
-    def generation_config(self) -> dict[str, Any]:
-        return dict(json.loads((self.path / "generation_config.json").read_text()))
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return {}
-
-    @property
-    def chat_template(self) -> str | None:
-        return self.tokenizer_config.get("chat_template")
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +32,7 @@ def _native(family: Family) -> bool:
 @pytest.mark.parametrize("name", NAMES)
 def test_template_renders_tools_and_an_agent_history(dirs: dict[str, Path], name: str) -> None:
     family = FAMILIES[name]
-    tok = NativeTokenizer(_Files(dirs[name]))
+    tok = NativeTokenizer(TokenizerFiles(dirs[name]))
     # the runtime hands templates histories as native_history / fallback_history leave them, from OpenAI's form
     shape = native_history if _native(family) else fallback_history
     messages = shape(history(family, json_arguments=True))
@@ -115,7 +77,7 @@ def test_replies_are_the_familys_tokens_and_round_trip(dirs: dict[str, Path], na
 def test_eos_and_stops_end_a_turn(dirs: dict[str, Path]) -> None:
     for name in NAMES:
         family = FAMILIES[name]
-        tok = NativeTokenizer(_Files(dirs[name]))
+        tok = NativeTokenizer(TokenizerFiles(dirs[name]))
         ends = [tok.token_to_id(t) for t in (family.eos, *family.stops)]
         assert tok.eos_token_ids[: len(ends)] == ends, name
 
@@ -126,7 +88,7 @@ def test_mistral_ids_are_nine_alphanumerics(dirs: dict[str, Path], name: str) ->
     assert len(family.call_id) == 9 and family.call_id.isalnum()
     if name == "magistral":
         return  # its template writes no ids
-    tok = NativeTokenizer(_Files(dirs[name]))
+    tok = NativeTokenizer(TokenizerFiles(dirs[name]))
     for bad in ("call_abc123", "abc12345", "abc-12345"):
         messages = history(family)
         messages[1]["tool_calls"][0]["id"] = bad
@@ -139,7 +101,7 @@ def test_mistral_ids_are_nine_alphanumerics(dirs: dict[str, Path], name: str) ->
 
 
 def test_llama3_refuses_two_calls_in_one_earlier_turn(dirs: dict[str, Path]) -> None:
-    tok = NativeTokenizer(_Files(dirs["llama3"]))
+    tok = NativeTokenizer(TokenizerFiles(dirs["llama3"]))
     messages = history("llama3")
     messages[1]["tool_calls"] = messages[1]["tool_calls"] * 2
     with pytest.raises(ChatTemplateError, match="single tool-calls"):
