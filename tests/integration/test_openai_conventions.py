@@ -8,6 +8,8 @@ of prompts is answered as one batch (what lm-evaluation-harness's ``local-comple
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from servers import demo_server
@@ -193,8 +195,6 @@ def test_a_list_of_prompts_and_n_choices_answer_in_one_response(url):
 
 
 def test_n_choices_are_sampled_apart_and_stream_with_their_index(url):
-    import json
-
     body = {"prompt": "Once upon a time", "n": 3, "max_tokens": 8, "temperature": 1.0, "seed": 7, "stream": True}
     body["stream_options"] = {"include_usage": True}
     texts, usage = {0: "", 1: "", 2: ""}, None
@@ -219,6 +219,17 @@ def test_n_chat_choices_carry_their_index_and_summed_usage(url):
     assert [c["message"]["content"] for c in r["choices"]] == [one["choices"][0]["message"]["content"]] * 2
     assert r["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
     assert r["usage"]["completion_tokens"] == 2 * one["usage"]["completion_tokens"]
+    texts, usage = {0: "", 1: ""}, None
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=stream, timeout=120) as events:
+        for line in events.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                for c in event["choices"]:
+                    texts[c["index"]] += c["delta"].get("content") or ""
+                usage = event.get("usage") or usage
+    assert list(texts.values()) == [c["message"]["content"] for c in r["choices"]]
+    assert usage["completion_tokens"] == r["usage"]["completion_tokens"]
 
 
 def test_lm_eval_local_completions_scores_a_multiple_choice_task(url, tmp_path, monkeypatch):
@@ -253,3 +264,13 @@ def test_a_prompts_scores_cross_the_engine_wire():
     assert step_from_wire(step_to_wire(1, step, "transformers")) == (1, step)
     plain = TokenStep((3,), None, "length")
     assert step_from_wire(step_to_wire(2, plain, "transformers")) == (2, plain)
+
+
+def test_backends_that_cannot_score_a_prompt_refuse_it_typed():
+    from exllama_integrations import GenerationSettings
+    from exllama_integrations.backends.exllamav3.backend import ExLlamaV3Backend
+    from exllama_integrations.contract.settings import check_supported
+    from exllama_integrations.errors import InvalidSettingsError
+
+    with pytest.raises(InvalidSettingsError, match="transformers"):
+        check_supported(GenerationSettings(prompt_logprobs=1), ExLlamaV3Backend.unsupported_settings)

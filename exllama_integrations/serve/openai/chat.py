@@ -19,7 +19,7 @@ from ...chat.prepare import PreparedChat, aprepare_chat
 from ...contract.shapes import chat_logprobs, usage_dict
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
-from .choices import announce, per_choice, summed_usage
+from .choices import announce, merged, per_choice, summed_usage
 from .completions import ERRORS, check_finish, new_id
 from .protocol.chat import (
     AssistantMessage,
@@ -31,7 +31,7 @@ from .protocol.chat import (
     ChatDeltaWire,
     ToolCallOut,
 )
-from .protocol.common import UsageWire, refuse
+from .protocol.common import UsageWire
 from .sse import framed, sse
 
 router = APIRouter(tags=["openai"])
@@ -63,44 +63,50 @@ def message_of(outcome: ChatOutcome) -> AssistantMessage:
     return AssistantMessage(content=content, reasoning_content=thought, reasoning=thought, tool_calls=calls)
 
 
-def _events(state: ServeState, items: Any, rid: str, include_usage: bool, scope_state: Any) -> Any:
-    def chunk(delta: ChatDeltaWire, finish: str | None = None, logprobs: Any = None) -> bytes:
-        choice = ChatChunkChoice(delta=delta, logprobs=logprobs, finish_reason=finish)
+def _events(state: ServeState, sources: list[Any], rid: str, include_usage: bool, scope_state: Any, n: int) -> Any:
+    """The stream of one or more choices (each chunk with its choice's index), usage summed once all have ended."""
+
+    def chunk(i: int, delta: ChatDeltaWire, finish: str | None = None, logprobs: Any = None) -> bytes:
+        choice = ChatChunkChoice(index=i, delta=delta, logprobs=logprobs, finish_reason=finish)
         return sse(ChatCompletionChunk(id=rid, model=state.name, choices=[choice]))
 
     def delta(content: str | None, thought: str) -> ChatDeltaWire:
         return ChatDeltaWire(content=content, reasoning_content=thought or None, reasoning=thought or None)
 
-    sent = [0]  # valid calls streamed so far (each call's index is its place among them)
+    sent = [0] * len(sources)  # valid calls streamed so far, per choice (each call's index is its place among them)
+    usages: dict[int, Any] = {}
 
-    def render(item: ChatDelta | ChatOutcome) -> Iterator[bytes]:
+    def render(indexed: tuple[int, ChatDelta | ChatOutcome]) -> Iterator[bytes]:
+        i, item = indexed
         if isinstance(item, ChatDelta):
             if item.text or item.reasoning or item.logprobs or not item.tool_calls:
                 content = item.text if item.text or not item.reasoning else None
-                yield chunk(delta(content, item.reasoning), logprobs=chat_logprobs(item.logprobs))
-            streamed = tool_calls_out(item.tool_calls, with_index=True, first=sent[0])
+                yield chunk(i, delta(content, item.reasoning), logprobs=chat_logprobs(item.logprobs))
+            streamed = tool_calls_out(item.tool_calls, with_index=True, first=sent[i])
             if streamed:  # a call goes out as soon as it is complete
-                sent[0] += len(streamed)
-                yield chunk(ChatDeltaWire(tool_calls=streamed))
+                sent[i] += len(streamed)
+                yield chunk(i, ChatDeltaWire(tool_calls=streamed))
             invalid = "".join(c.raw for c in item.tool_calls if c.error is not None)
             if invalid:
-                yield chunk(delta(invalid, ""))
+                yield chunk(i, delta(invalid, ""))
             return
         check_finish(item.native_finish_reason)
         record(state, scope_state, item.usage, item.timings, item.native_finish_reason)
         last = item.tool_calls[item.streamed_calls :]
         tail = item.tail + "".join(c.raw for c in last if c.error is not None)
         if tail or item.reasoning_tail:
-            yield chunk(delta(tail or None, item.reasoning_tail))
-        calls = tool_calls_out(last, with_index=True, first=sent[0])
+            yield chunk(i, delta(tail or None, item.reasoning_tail))
+        calls = tool_calls_out(last, with_index=True, first=sent[i])
         if calls:
-            yield chunk(ChatDeltaWire(tool_calls=calls))
-        yield chunk(ChatDeltaWire(), item.finish_reason)
-        if include_usage:
-            usage = UsageWire(**usage_dict(item.usage))
+            yield chunk(i, ChatDeltaWire(tool_calls=calls))
+        yield chunk(i, ChatDeltaWire(), item.finish_reason)
+        usages[i] = item.usage
+        if include_usage and len(usages) == len(sources):
+            usage = UsageWire(**usage_dict(summed_usage([usages[k] for k in range(len(sources))], n)))
             yield sse(ChatCompletionChunk(id=rid, model=state.name, choices=[], usage=usage))
 
-    return framed(items, render, preamble=[chunk(ChatDeltaWire(role="assistant", content=""))])
+    roles = [chunk(i, ChatDeltaWire(role="assistant", content="")) for i in range(len(sources))]
+    return framed(merged(sources), render, preamble=roles)
 
 
 def _switch(state: ServeState) -> bool:
@@ -123,12 +129,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         chat = body.to_chat(*args)
     prepared = await aprepare_chat(state.runtime, chat)
     rid = new_id("chatcmpl")
-    if body.stream and body.n > 1:
-        raise refuse("n", "n > 1 is answered whole on this endpoint: send stream false (or stream n=1 requests).")
+    choices = [dataclasses.replace(prepared, request=r) for r in per_choice(prepared.request, body.n)]
+    announce(state.runtime, len(choices))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        items = astream_chat(state.runtime, prepared, strict=False, incremental=True)
-        return await start_stream(state, _events(state, items, rid, include_usage, request.state), "text/event-stream")
+        sources = [astream_chat(state.runtime, one, strict=False, incremental=True) for one in choices]
+        events = _events(state, sources, rid, include_usage, request.state, body.n)
+        return await start_stream(state, events, "text/event-stream")
 
     async def outcome(one: PreparedChat) -> ChatOutcome:
         last: Any = None
@@ -136,9 +143,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             pass
         assert isinstance(last, ChatOutcome)
         return last
-
-    choices = [dataclasses.replace(prepared, request=r) for r in per_choice(prepared.request, body.n)]
-    announce(state.runtime, len(choices))
 
     async def outcomes() -> list[ChatOutcome]:
         return list(await asyncio.gather(*(outcome(one) for one in choices)))
