@@ -33,6 +33,7 @@ from .anthropic import messages as anthropic_messages
 from .guard import Guard, error_body, error_response, validation_response
 from .openai import chat, completions, models, tokenize
 from .openai.protocol import ALL_FIELDS
+from .responses import endpoint as responses
 from .state import ServeLimits, ServeState, state_of
 from .streaming import ClientGone
 
@@ -144,4 +145,5 @@ def create_app(
     for router in (models.router, completions.router, chat.router, tokenize.router, native.router, metrics.router):
         app.include_router(router)
     app.include_router(anthropic_messages.router)
+    app.include_router(responses.router)
     return app

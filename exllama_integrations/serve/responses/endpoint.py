@@ -1,0 +1,77 @@
+"""``POST /v1/responses``: a chat call prepared and finished by the chat layer, in the Responses API's shapes.
+
+Streamed (``stream: true``) as the Responses API's events (:mod:`.events`), or whole as one response object
+built by the same events, so both agree. Admission, disconnects and typed errors are the server's own
+(:mod:`..streaming`, :mod:`..guard`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+
+from ...chat.outcome import ChatOutcome, astream_chat
+from ...chat.prepare import aprepare_chat
+from ..guard import validation_response
+from ..openai.completions import ERRORS, check_finish
+from ..state import record, state_of
+from ..streaming import start_stream, whole
+from .events import ResponseEvents, framed
+from .request import ALL_FIELDS, ResponsesRequest, plain_errors
+from .response import ResponseObject
+
+
+class ResponsesRoute(APIRoute):
+    """A route that refuses a body not fitting its schema as every endpoint does, with "did you mean" its own fields."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """The route's handler, its validation errors made typed."""
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as e:
+                return validation_response(plain_errors(e.errors()), ALL_FIELDS)
+
+        return handle
+
+
+router = APIRouter(tags=["responses"], route_class=ResponsesRoute)
+
+
+@router.post("/v1/responses", response_model=ResponseObject, responses=ERRORS)
+async def create_response(body: ResponsesRequest, request: Request) -> Any:
+    """A reply through the model's own template, as a response object; ``stream: true`` for its events."""
+    state = state_of(request.app)
+    state.check_model(body.model)
+    info = state.info
+    args = (state.defaults, info.unsupported_settings, state.limits.max_tokens, state.chat_template, state.limits.media)
+    if body.has_images():  # images are decoded (or fetched, where allowed) off the event loop
+        chat = await asyncio.to_thread(body.to_chat, *args)
+    else:
+        chat = body.to_chat(*args)
+    prepared = await aprepare_chat(state.runtime, chat)
+    events = ResponseEvents(ResponseObject.draft(body, state.name))
+
+    def finished(outcome: ChatOutcome) -> None:
+        check_finish(outcome.native_finish_reason)
+        record(state, request.state, outcome.usage, outcome.timings, outcome.native_finish_reason)
+
+    if body.stream:
+        items = astream_chat(state.runtime, prepared, strict=False, incremental=True)
+        return await start_stream(state, framed(items, events, finished), "text/event-stream")
+
+    async def outcome() -> ResponseObject:
+        async for item in astream_chat(state.runtime, prepared, strict=False, incremental=False):
+            if isinstance(item, ChatOutcome):
+                finished(item)
+            events.feed(item)
+        return events.response
+
+    return await whole(state, request, outcome)

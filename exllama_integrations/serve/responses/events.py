@@ -1,0 +1,236 @@
+"""A reply as the Responses API's stream of events, and the finished response they build.
+
+:class:`ResponseEvents` turns the chat layer's deltas and outcome into the documented sequence:
+``response.created``, ``response.in_progress``; for each output item ``response.output_item.added``, then
+for a message ``response.content_part.added``, ``response.output_text.delta``..., ``response.output_text.done``,
+``response.content_part.done`` (a reasoning item the same with ``reasoning_text``; a function call
+``response.function_call_arguments.delta`` and ``.done``), ``response.output_item.done``; last
+``response.completed`` (or ``response.incomplete``) with the whole response and its usage. Every event has a
+``sequence_number``. A call is emitted when it is complete; a call that did not read is no call: its text goes to
+the answer. The non-streamed answer is the same builder's final response, so both agree item for item.
+
+:func:`framed` writes the events as server-sent events (``event: <type>`` and ``data: {...}``, no ``[DONE]``);
+a typed error after the first event becomes an ``error`` event.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ...chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall
+from ...errors import ExLlamaIntegrationsError
+from .response import (
+    FunctionCallOut,
+    IncompleteDetails,
+    MessageOut,
+    OutputTextPart,
+    ReasoningOut,
+    ReasoningTextPart,
+    ResponseObject,
+    ResponseUsage,
+    new_id,
+)
+
+Event = dict[str, Any]
+
+
+@dataclass
+class _Open:
+    """The output item being written: a message or a reasoning item."""
+
+    kind: str  # "message" | "reasoning"
+    id: str
+    index: int
+    text: list[str] = field(default_factory=list)
+
+
+class ResponseEvents:
+    """Deltas and an outcome in, events out; :attr:`response` is the response they built."""
+
+    def __init__(self, response: ResponseObject) -> None:
+        """``response``: the draft (:meth:`ResponseObject.draft`), filled in as the reply arrives."""
+        self.response = response
+        self._seq = 0
+        self._open: _Open | None = None
+
+    def _event(self, kind: str, **fields: Any) -> Event:
+        event = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return event
+
+    def start(self) -> list[Event]:
+        """The lifecycle's first two events."""
+        snapshot = self.response.wire()
+        return [
+            self._event("response.created", response=snapshot),
+            self._event("response.in_progress", response=snapshot),
+        ]
+
+    def feed(self, item: ChatDelta | ChatOutcome) -> list[Event]:
+        """The events for one delta, or the last ones for the outcome."""
+        if isinstance(item, ChatOutcome):
+            return self._finish(item)
+        events = self._reasoning(item.reasoning) + self._text(item.text)
+        for call in item.tool_calls:
+            events += self._call(call)
+        return events
+
+    # ---------------------------------------------------------------- items
+
+    def _reasoning(self, delta: str) -> list[Event]:
+        if not delta:
+            return []
+        events = self._ensure("reasoning")
+        assert self._open is not None
+        self._open.text.append(delta)
+        where = {"item_id": self._open.id, "output_index": self._open.index, "content_index": 0}
+        return [*events, self._event("response.reasoning_text.delta", **where, delta=delta)]
+
+    def _text(self, delta: str) -> list[Event]:
+        if not delta:
+            return []
+        events = self._ensure("message")
+        assert self._open is not None
+        self._open.text.append(delta)
+        where = {"item_id": self._open.id, "output_index": self._open.index, "content_index": 0}
+        return [*events, self._event("response.output_text.delta", **where, delta=delta, logprobs=[])]
+
+    def _ensure(self, kind: str) -> list[Event]:
+        """Open an item of ``kind`` unless one is open (closing an item of the other kind first)."""
+        if self._open is not None and self._open.kind == kind:
+            return []
+        events = self._close("completed")
+        prefix = "msg" if kind == "message" else "rs"
+        self._open = _Open(kind, new_id(prefix), len(self.response.output))
+        item = self._item(self._open, "in_progress")
+        self.response.output.append(item)
+        part = OutputTextPart(text="") if kind == "message" else ReasoningTextPart(text="")
+        where = {"item_id": self._open.id, "output_index": self._open.index, "content_index": 0}
+        return [
+            *events,
+            self._event("response.output_item.added", output_index=self._open.index, item=_empty(item)),
+            self._event("response.content_part.added", **where, part=part.model_dump(mode="json")),
+        ]
+
+    def _item(self, open_: _Open, status: str) -> MessageOut | ReasoningOut:
+        text = "".join(open_.text)
+        if open_.kind == "message":
+            return MessageOut(id=open_.id, status=status, content=[OutputTextPart(text=text)])  # type: ignore[arg-type]
+        return ReasoningOut(id=open_.id, status=status, content=[ReasoningTextPart(text=text)])  # type: ignore[arg-type]
+
+    def _close(self, status: str) -> list[Event]:
+        open_, self._open = self._open, None
+        if open_ is None:
+            return []
+        item = self._item(open_, status)
+        self.response.output[open_.index] = item
+        text = "".join(open_.text)
+        where = {"item_id": open_.id, "output_index": open_.index, "content_index": 0}
+        if isinstance(item, MessageOut):
+            done = self._event("response.output_text.done", **where, text=text, logprobs=[])
+        else:
+            done = self._event("response.reasoning_text.done", **where, text=text)
+        return [
+            done,
+            self._event("response.content_part.done", **where, part=item.content[0].model_dump(mode="json")),
+            self._event("response.output_item.done", output_index=open_.index, item=item.model_dump(mode="json")),
+        ]
+
+    def _call(self, call: ParsedToolCall) -> list[Event]:
+        """A complete call's events (a call that did not read is no call: its text goes to the answer)."""
+        if call.error is not None or call.name is None:
+            return []
+        events = self._close("completed")
+        index = len(self.response.output)
+        item = FunctionCallOut(
+            id=new_id("fc"), status="completed", call_id=call.id, name=call.name, arguments=call.arguments_text
+        )
+        self.response.output.append(item)
+        where = {"item_id": item.id, "output_index": index}
+        return [
+            *events,
+            self._event("response.output_item.added", output_index=index, item=_empty(item)),
+            self._event("response.function_call_arguments.delta", **where, delta=item.arguments),
+            self._event("response.function_call_arguments.done", **where, name=item.name, arguments=item.arguments),
+            self._event("response.output_item.done", output_index=index, item=item.model_dump(mode="json")),
+        ]
+
+    # ---------------------------------------------------------------- the end
+
+    def _finish(self, outcome: ChatOutcome) -> list[Event]:
+        cut = outcome.finish_reason == "length"
+        events = self._reasoning(outcome.reasoning_tail)
+        events += self._text(outcome.tail + outcome.invalid_text)
+        for call in outcome.tool_calls[outcome.streamed_calls :]:
+            events += self._call(call)
+        if not any(isinstance(i, (MessageOut, FunctionCallOut)) for i in self.response.output):
+            events += self._ensure("message")  # an empty answer is still a message, as OpenAI's are
+        events += self._close("incomplete" if cut else "completed")
+        r = self.response
+        r.usage = ResponseUsage.of(outcome.usage)
+        if cut:
+            r.status, r.incomplete_details = "incomplete", IncompleteDetails(reason="max_output_tokens")
+        else:
+            r.status, r.completed_at = "completed", int(time.time())
+        return [*events, self._event(f"response.{r.status}", response=r.wire())]
+
+    def failed(self, error: ExLlamaIntegrationsError) -> Event:
+        """The ``error`` event for a typed error after the stream started."""
+        code = getattr(error, "reason", None) or type(error).code
+        return self._event("error", code=code, message=str(error), param=error.param)
+
+
+def _empty(item: MessageOut | ReasoningOut | FunctionCallOut) -> dict[str, Any]:
+    """An item as ``response.output_item.added`` shows it: in progress, with nothing written yet."""
+    data = item.model_dump(mode="json")
+    data["status"] = "in_progress"
+    if isinstance(item, FunctionCallOut):
+        data["arguments"] = ""
+    else:
+        data["content"] = []
+    return data
+
+
+def sse(event: Event) -> bytes:
+    """One server-sent event, named by its type."""
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+
+async def framed(
+    source: AsyncIterator[ChatDelta | ChatOutcome],
+    events: ResponseEvents,
+    on_outcome: Callable[[ChatOutcome], None],
+) -> AsyncIterator[bytes]:
+    """``source``'s items as server-sent events (see the module docstring); ``on_outcome`` sees the outcome first.
+
+    The first item is awaited before anything is yielded, outside the error handling: an error there
+    reaches the endpoint, which answers with its status. The source is closed at the end, shielded from a
+    disconnect's cancellation, so its generation stops.
+    """
+
+    def render(item: ChatDelta | ChatOutcome) -> Iterable[bytes]:
+        if isinstance(item, ChatOutcome):
+            on_outcome(item)
+        return [sse(e) for e in events.feed(item)]
+
+    try:
+        first = await source.__anext__()
+    except StopAsyncIteration:
+        return
+    try:
+        for b in [*(sse(e) for e in events.start()), *render(first)]:
+            yield b
+        async for item in source:
+            for b in render(item):
+                yield b
+    except ExLlamaIntegrationsError as e:
+        yield sse(events.failed(e))
+    finally:
+        with anyio.CancelScope(shield=True):
+            await source.aclose()  # type: ignore[attr-defined]
