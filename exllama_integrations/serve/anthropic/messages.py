@@ -32,7 +32,7 @@ from .protocol import (
     ToolUseOut,
     UsageOut,
 )
-from .reply import calls_of, not_calls_text, stop_of, tool_use_id, usage_out
+from .reply import stop_of, tool_use_id, usage_out
 from .sse import Blocks, event, framed
 
 router = APIRouter(tags=["anthropic"], route_class=AnthropicRoute)
@@ -81,9 +81,9 @@ def _events(state: ServeState, items: Any, mid: str, input_tokens: int, body: Me
             return
         check_finish(item.native_finish_reason)
         record(state, scope_state, item.usage, item.timings, item.native_finish_reason)
-        calls = calls_of(item, body.parallel_calls)
+        calls = item.valid_tool_calls
         yield from blocks.thinking(item.reasoning_tail)
-        yield from blocks.text(item.tail + not_calls_text(item))
+        yield from blocks.text(item.tail + item.invalid_text)
         for c in calls:
             yield from blocks.tool_use(tool_use_id(c.id), c.name or "", c.arguments_text)
         yield from blocks.end()
@@ -97,11 +97,11 @@ def _events(state: ServeState, items: Any, mid: str, input_tokens: int, body: Me
 
 def message_of(outcome: ChatOutcome, mid: str, model: str, body: MessagesRequest) -> MessageOut:
     """The whole reply as Anthropic's message: thinking, text, tool_use blocks."""
-    calls = calls_of(outcome, body.parallel_calls)
+    calls = outcome.valid_tool_calls
     content: list[ContentOut] = []
     if outcome.reasoning:
         content.append(ThinkingOut(thinking=outcome.reasoning))
-    text = outcome.content + not_calls_text(outcome)
+    text = outcome.content + outcome.invalid_text
     if text:
         content.append(TextOut(text=text))
     content += [ToolUseOut(id=tool_use_id(c.id), name=c.name or "", input=c.arguments or {}) for c in calls]

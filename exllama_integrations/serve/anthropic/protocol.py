@@ -204,11 +204,6 @@ class MessagesRequest(_Wire):
         """Whether any turn has image blocks."""
         return any(m.has_images() for m in self.messages)
 
-    @property
-    def parallel_calls(self) -> bool:
-        """Whether the reply may hold more than one tool call (``disable_parallel_tool_use`` says no)."""
-        return not (self.tool_choice and self.tool_choice.disable_parallel_tool_use)
-
     def to_settings(
         self, defaults: GenerationSettings, refused: Mapping[str, str], max_tokens_cap: int | None
     ) -> GenerationSettings:
@@ -270,11 +265,13 @@ class MessagesRequest(_Wire):
             kwargs["enable_thinking"] = self.thinking.type == "enabled"
         tools = [t.to_openai() for t in self.tools or ()]
         choice = self.tool_choice.to_openai() if self.tool_choice is not None and tools else None
+        single = self.tool_choice is not None and self.tool_choice.disable_parallel_tool_use
         return ChatRequest(
             messages=messages,
             settings=self.to_settings(defaults, refused, max_tokens_cap),
             tools=tools,
             tool_choice=choice,
+            parallel_tool_calls=False if single else None,
             template_kwargs=kwargs,
             chat_template=chat_template,
             media=media,

@@ -1,7 +1,7 @@
 """A finished chat reply in the Messages API's terms: its tool_use calls, stop reason and usage.
 
-Decided once for the whole answer and the stream. Calls are the outcome's valid calls (with
-``disable_parallel_tool_use``, the first); a call that did not parse is not a call, its raw text stays text.
+Decided once for the whole answer and the stream. Calls are the outcome's valid calls (the chat layer keeps only
+the first with ``disable_parallel_tool_use``); a call that did not read is not a call, its raw text stays text.
 ``stop_reason``: ``max_tokens`` when the reply was cut, ``tool_use`` when it holds calls, ``stop_sequence``
 when one of the request's ``stop_sequences`` ended it, else ``end_turn``. ``input_tokens`` are the prompt tokens
 computed, ``cache_read_input_tokens`` those reused from the prefix cache (Anthropic counts the two apart).
@@ -19,17 +19,6 @@ from .protocol import StopReason, UsageOut
 def tool_use_id(call_id: str) -> str:
     """A call's id as Anthropic's clients expect it (``toolu_...``); it comes back in the tool_result as is."""
     return "toolu_" + call_id.removeprefix("call_")
-
-
-def calls_of(outcome: ChatOutcome, parallel: bool) -> list[ParsedToolCall]:
-    """The reply's tool calls: the valid ones (only the first when parallel calls are disabled)."""
-    valid = [c for c in outcome.tool_calls if c.error is None and c.name and c.arguments is not None]
-    return valid if parallel else valid[:1]
-
-
-def not_calls_text(outcome: ChatOutcome) -> str:
-    """The raw text of calls that did not parse (kept as text, so the client sees what the model wrote)."""
-    return "".join(c.raw for c in outcome.tool_calls if c.error is not None)
 
 
 def stop_of(
@@ -55,4 +44,4 @@ def usage_out(usage: Usage) -> UsageOut:
     )
 
 
-__all__ = ["calls_of", "not_calls_text", "stop_of", "tool_use_id", "usage_out"]
+__all__ = ["stop_of", "tool_use_id", "usage_out"]
