@@ -14,6 +14,7 @@ openai = pytest.importorskip("openai")
 
 from langchain_tests.integration_tests import ChatModelIntegrationTests  # noqa: E402
 
+from exllama_integrations.errors import MediaError  # noqa: E402
 from exllama_integrations.model.media import MediaLimits  # noqa: E402
 from exllama_integrations.serve.responses.request import ResponsesRequest  # noqa: E402
 
@@ -27,6 +28,10 @@ ADD = {
         "required": ["a", "b"],
     },
 }
+PNG = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR4nGNgAAAAAgABSK+kcQAAAABJRU5ErkJggg=="
+)
+"""A 1x1 grey PNG."""
 THINKS_UNLESS_OFF = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
@@ -92,6 +97,28 @@ def test_input_items_become_one_conversation() -> None:
         {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a":2}'}}
     ]
     assert messages[4] == {"role": "tool", "content": "5", "tool_call_id": "call_1"}
+
+
+def test_an_input_image_takes_its_place_in_the_user_turn() -> None:
+    from exllama_integrations.contract.settings import GenerationSettings
+
+    parts = [
+        {"type": "input_text", "text": "What is in "},
+        {"type": "input_image", "image_url": PNG, "detail": "auto"},
+        {"type": "input_text", "text": "?"},
+    ]
+    chat = ResponsesRequest.model_validate({"input": [{"role": "user", "content": parts}]}).to_chat(
+        GenerationSettings(), {}
+    )
+    assert chat.messages[0]["content"] == [
+        {"type": "text", "text": "What is in "},
+        {"type": "image"},
+        {"type": "text", "text": "?"},
+    ]
+    assert len(chat.media) == 1 and chat.media[0].data.startswith(b"\x89PNG")
+    assistant = [{"role": "assistant", "content": [{"type": "input_image", "image_url": PNG}]}]
+    with pytest.raises(MediaError):  # only a user turn holds images
+        ResponsesRequest.model_validate({"input": assistant}).to_chat(GenerationSettings(), {})
 
 
 # --------------------------------------------------------------------------- the openai client
@@ -212,11 +239,7 @@ def test_stateless_and_bad_requests_are_400(client, model: str) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=model, input="Hi", max_output_tokens=0)
     assert e.value.body["param"] == "max_output_tokens"
-    png = (
-        "data:image/png;base64,"
-        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR4nGNgAAAAAgABSK+kcQAAAABJRU5ErkJggg=="
-    )
-    image = [{"type": "input_text", "text": "What is this?"}, {"type": "input_image", "image_url": png}]
+    image = [{"type": "input_text", "text": "What is this?"}, {"type": "input_image", "image_url": PNG}]
     with pytest.raises(openai.BadRequestError) as e:  # the image was read, and the text model says it takes none
         client.responses.create(model=model, input=[{"role": "user", "content": image}])
     assert e.value.body["code"] == "invalid_media" and "takes no images" in e.value.body["message"]
