@@ -192,9 +192,9 @@ class _Refused(Exception):
 
 
 def _allowed(host: str, address: str, allow: tuple[str, ...]) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if getattr(ip, "ipv4_mapped", None) is not None:
-        ip = ip.ipv4_mapped  # type: ignore[union-attr]
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is loopback
     if ip.is_global and not ip.is_multicast:
         return True
     for entry in allow:
@@ -333,7 +333,7 @@ def open_images(media: tuple[Media, ...] | list[Media], limits: MediaLimits | No
             f"a request's images hold {total} bytes, more than the {limits.max_total_bytes} taken in one request; "
             "send fewer or smaller images."
         )
-    opened = []
+    opened: list[Any] = []
     try:
         for n, m in enumerate(media, 1):
             media_from_bytes(m.data, m.mime, limits)  # its size and declared type, before Pillow reads it
@@ -361,10 +361,13 @@ def open_images(media: tuple[Media, ...] | list[Media], limits: MediaLimits | No
                 )
             with _readable(n):
                 out.append(_decode(PILImage, img, limits.decode_pixels))
+            img.close()  # its full-size pixels go now, not after the last image
+            opened[n - 1] = None
         return out
     finally:
-        for img in opened:
-            img.close()
+        for each in opened:
+            if each is not None:
+                each.close()
 
 
 def _readable(n: int) -> Any:

@@ -6,7 +6,9 @@ local HTTP server on 127.0.0.1 that the limits' allow-list lets through where a 
 
 from __future__ import annotations
 
+import gc
 import io
+import os
 import struct
 import threading
 import time
@@ -20,7 +22,7 @@ from exllama_integrations.errors import MediaError
 from exllama_integrations.model.media import MediaLimits, in_process_limits, media_from_url, open_images
 
 PIL = pytest.importorskip("PIL")
-from PIL import Image, ImageOps  # noqa: E402
+from PIL import Image, ImageDraw, ImageOps  # noqa: E402
 
 
 def encoded(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:
@@ -65,6 +67,31 @@ def test_a_large_image_is_decoded_straight_to_the_bounded_size_with_its_aspect(f
     assert img.mode == "RGB"
     assert 120_000 < img.width * img.height <= 150_000
     assert abs(img.width / img.height - 1.5) < 0.01
+
+
+def _rss_mb(field: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) // 1024
+    raise AssertionError(f"no {field}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="peak memory is read from Linux's /proc")
+def test_sixteen_large_images_hold_one_full_size_image_at_a_time(record_property):
+    big = Image.new("RGB", (2000, 2000), (30, 160, 90))
+    ImageDraw.Draw(big).rectangle((500, 500, 1000, 1000), fill=(20, 20, 220))
+    data = encoded(big)  # 16 MB of pixels each, decoded (Pillow keeps RGB in 4 bytes)
+    del big
+    gc.collect()
+    base = _rss_mb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak starts again from here
+    images = open_images([Media(data, "image/png")] * 16, MediaLimits(decode_pixels=250_000))
+    grew = _rss_mb("VmHWM") - base
+    record_property("sixteen_images_peak_mb", grew)
+    print(f"16 images of 2000x2000 decoded to 500x500: peak +{grew} MB")
+    assert all(img.size == (500, 500) for img in images)
+    assert grew < 120, f"the peak grew {grew} MB: full-size images were held together (16 would be 256 MB)"
 
 
 def test_a_small_image_is_decoded_as_it_is():
