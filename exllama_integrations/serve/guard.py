@@ -4,7 +4,9 @@ A pure ASGI middleware (streaming-safe, unlike Starlette's BaseHTTPMiddleware): 
 ``/health`` (the API docs included), as ``Authorization: Bearer`` or else Anthropic's ``x-api-key``, compared in
 constant time; the body cap (Content-Length,
 and counted while read, chunked bodies too: over it is a 413 before any endpoint runs); a deadline on reading
-the body (a client that trickles it gets a 408 and its connection back); a request id; and
+the body (a client that trickles it gets a 408 and its connection back); the one wire rule for text (a JSON
+body whose strings hold a lone surrogate escape, U+D800 to U+DFFF without its pair, is a 400 here, so no text
+field of any endpoint carries one inward, where it could not be encoded); a request id; and
 one log line per request with its tokens and timings (the path quoted, so it cannot forge a line). What it
 refuses is answered in OpenAI's error shape, or in the shape of the API a path belongs to (``shapes``).
 """
@@ -15,6 +17,7 @@ import asyncio
 import difflib
 import hmac
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -28,6 +31,30 @@ logger = logging.getLogger("exllama_integrations.serve")
 
 OPEN_PATHS = frozenset({"/health"})
 """Paths that answer without the key (a load balancer's health check)."""
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+_PAIR = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"  # a high one without its low one
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"  # a low one without its high one
+)
+
+
+def lone_surrogate(body: bytes) -> int | None:
+    r"""Where a JSON body's text holds a lone surrogate escape, or None.
+
+    A lone one is a high surrogate escape not followed by a low one, or a low one alone: valid JSON, but no
+    Unicode text, and it cannot be encoded anywhere after. UTF-8 bytes cannot hold a surrogate (an invalid body
+    fails as JSON), so only ``\u`` escapes are read, once escaped backslashes are blanked (``\\u`` is text).
+    """
+    if not _SURROGATE.search(body):
+        return None
+    text = body.replace(b"\\\\", b"  ")  # escaped backslashes, paired from the left as JSON reads them
+    if not _SURROGATE.search(_PAIR.sub(b"", text)):  # the common case (emoji) at C speed
+        return None
+    found = _LONE_SURROGATE.search(text)
+    return None if found is None else found.start()
+
 
 ErrorShape = Callable[[int, str], dict[str, Any]]
 """An API's own error object for ``(status, message)``, for the paths under its prefix (``Guard``'s ``shapes``)."""
@@ -132,6 +159,15 @@ class Guard:
                 return
             if payload is None:
                 await self._refusal(path, 413, too_big, "request_too_large")(scope, receive, send)
+                return
+            where = lone_surrogate(payload) if complete else None
+            if where is not None:
+                bad = (
+                    f"the body's text holds a lone surrogate escape ({payload[where : where + 6].decode()!r} at byte "
+                    f"{where}), which is no character; send valid Unicode (a pair of escapes for one character "
+                    "beyond U+FFFF)"
+                )
+                await self._refusal(path, 400, bad, "invalid_text")(scope, receive, send)
                 return
             if complete:
                 receive = _replay(payload, receive)

@@ -135,10 +135,14 @@ class ReasoningSplitter:
         return answer, reasoning
 
     def flush(self) -> tuple[str, str]:
-        """End of output: whatever is held goes where it was heading."""
+        """End of output: whatever is held goes where it was heading, less a cut-short end delimiter.
+
+        Output that ends inside the end delimiter (``max_tokens`` cut the ``</think>`` the budget forced, after
+        ``</thi``) ends the reasoning without that piece: it is our markup, not the model's thought.
+        """
         held, self._held = self._held, ""
         if self._state == "reasoning":
-            return "", held
+            return "", held[: len(held) - _partial_suffix(held, self.end)].rstrip()
         if self._state == "maybe":
             return held, ""
         return "", ""
