@@ -222,6 +222,8 @@ def test_reasoning_effort(url: str, client, model: str) -> None:
         final = events[-1].response
         assert final.output[0].type == "reasoning" and final.output[0].content[0].text
         assert final.usage.output_tokens_details.reasoning_tokens > 0
+        if not final.output_text:  # cut while thinking: the thinking is what was cut
+            assert final.status == "incomplete" and final.output[0].status == "incomplete"
         off = thinker.responses.create(reasoning={"effort": "none"}, **ask)
         assert [i.type for i in off.output] == ["message"] and off.usage.output_tokens_details.reasoning_tokens == 0
     finally:

@@ -169,9 +169,11 @@ class ResponseEvents:
         events += self._text(outcome.tail + outcome.invalid_text)
         for call in outcome.tool_calls[outcome.streamed_calls :]:
             events += self._call(call)
+        status = "incomplete" if cut else "completed"
         if not any(isinstance(i, (MessageOut, FunctionCallOut)) for i in self.response.output):
+            events += self._close(status)  # thinking cut by max_output_tokens is incomplete too
             events += self._ensure("message")  # an empty answer is still a message, as OpenAI's are
-        events += self._close("incomplete" if cut else "completed")
+        events += self._close(status)
         r = self.response
         r.usage = ResponseUsage.of(outcome.usage)
         if cut:
