@@ -59,8 +59,11 @@ async def merged(sources: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int
     Closing it (or an error) cancels every source, so their generations stop.
     """
     if len(sources) == 1:
-        async for item in sources[0]:
-            yield 0, item
+        try:
+            async for item in sources[0]:
+                yield 0, item
+        finally:  # a reader that stops (a client gone) stops the generation now, not when this is collected
+            await sources[0].aclose()  # type: ignore[attr-defined]
         return
     queue: asyncio.Queue[tuple[int, Any, BaseException | None]] = asyncio.Queue()
 
