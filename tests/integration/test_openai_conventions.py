@@ -235,11 +235,11 @@ def test_n_chat_choices_carry_their_index_and_summed_usage(url):
 def test_lm_eval_local_completions_scores_a_multiple_choice_task(url, tmp_path, monkeypatch):
     from pathlib import Path
 
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # before datasets is imported: it reads them once
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     data = Path(__file__).parent.parent / "data" / "lm_eval"
     (tmp_path / "tiny_capitals.yaml").write_text(
         (data / "tiny_capitals.yaml").read_text().replace("DATA_FILE", str(data / "tiny_capitals.jsonl"))
@@ -252,7 +252,7 @@ def test_lm_eval_local_completions_scores_a_multiple_choice_task(url, tmp_path, 
         batch_size=2,
     )
     acc = out["results"]["tiny_capitals"]["acc,none"]
-    assert 0.0 <= acc <= 1.0
+    assert 0.0 <= acc <= 1.0 and out["n-samples"]["tiny_capitals"]["effective"] == 4
 
 
 def test_a_prompts_scores_cross_the_engine_wire():
