@@ -24,6 +24,8 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..logits import is_greedy
+
 if TYPE_CHECKING:
     import torch
 
@@ -72,7 +74,7 @@ def row_settings(settings: Any) -> RowSettings:
         presence_penalty=float(settings.presence_penalty),
         frequency_penalty=float(settings.frequency_penalty),
         logit_bias=tuple(sorted((int(t), float(b)) for t, b in dict(settings.logit_bias).items())),
-        greedy=bool(settings.greedy),
+        greedy=is_greedy(settings),
         seed=int(seed) & MASK32,
     )
 
