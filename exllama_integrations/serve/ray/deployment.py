@@ -93,7 +93,8 @@ def build_app(args: dict[str, Any]) -> Any:
     ``num_replicas`` (an int or ``"auto"``), ``autoscaling_config`` (Ray's), ``num_gpus`` per model replica
     (default 1 where CUDA is visible, else 0; a fraction puts several on one GPU), ``num_cpus``,
     ``max_ongoing_requests`` (default 64), ``ingress_replicas`` (default 1), ``served_model_name``, ``api_key``,
-    ``limits`` (``max_tokens``, ``max_pending``, ``max_body_bytes``).
+    ``limits`` (``max_tokens``, ``max_pending``, ``max_body_bytes``, ``allow_image_urls`` and ``image_url_allow``: the
+    hosts and networks an image fetch may reach although they are not global).
     """
     serve = _serve()
     from ray.serve.config import RequestRouterConfig

@@ -156,10 +156,11 @@ def app_over(runtime: Any, c: dict[str, Any], freeze_gc: bool) -> Any:
     from ..app import ServeLimits, create_app
 
     given = {k: v for k, v in (c.get("limits") or {}).items() if v is not None}
+    allow = tuple(given.pop("image_url_allow", None) or ())  # hosts and networks a fetch may reach though not global
     if given.pop("allow_image_urls", False):
         from ...model.media import MediaLimits
 
-        given["media"] = MediaLimits(fetch_urls=True)
+        given["media"] = MediaLimits(fetch_urls=True, fetch_allow=allow)
     return create_app(
         runtime,
         served_model_name=c.get("served_model_name"),
