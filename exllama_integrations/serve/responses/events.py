@@ -26,11 +26,11 @@ import anyio
 from ...chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall
 from ...errors import ExLlamaIntegrationsError
 from .response import (
-    FunctionCallOut,
     IncompleteDetails,
-    MessageOut,
+    OutputFunctionCall,
+    OutputMessage,
+    OutputReasoning,
     OutputTextPart,
-    ReasoningOut,
     ReasoningTextPart,
     ResponseObject,
     ResponseUsage,
@@ -118,11 +118,11 @@ class ResponseEvents:
             self._event("response.content_part.added", **where, part=part.model_dump(mode="json")),
         ]
 
-    def _item(self, open_: _Open, status: str) -> MessageOut | ReasoningOut:
+    def _item(self, open_: _Open, status: str) -> OutputMessage | OutputReasoning:
         text = "".join(open_.text)
         if open_.kind == "message":
-            return MessageOut(id=open_.id, status=status, content=[OutputTextPart(text=text)])  # type: ignore[arg-type]
-        return ReasoningOut(id=open_.id, status=status, content=[ReasoningTextPart(text=text)])  # type: ignore[arg-type]
+            return OutputMessage(id=open_.id, status=status, content=[OutputTextPart(text=text)])  # type: ignore[arg-type]
+        return OutputReasoning(id=open_.id, status=status, content=[ReasoningTextPart(text=text)])  # type: ignore[arg-type]
 
     def _close(self, status: str) -> list[Event]:
         open_, self._open = self._open, None
@@ -132,7 +132,7 @@ class ResponseEvents:
         self.response.output[open_.index] = item
         text = "".join(open_.text)
         where = {"item_id": open_.id, "output_index": open_.index, "content_index": 0}
-        if isinstance(item, MessageOut):
+        if isinstance(item, OutputMessage):
             done = self._event("response.output_text.done", **where, text=text, logprobs=[])
         else:
             done = self._event("response.reasoning_text.done", **where, text=text)
@@ -148,7 +148,7 @@ class ResponseEvents:
             return []
         events = self._close("completed")
         index = len(self.response.output)
-        item = FunctionCallOut(
+        item = OutputFunctionCall(
             id=new_id("fc"), status="completed", call_id=call.id, name=call.name, arguments=call.arguments_text
         )
         self.response.output.append(item)
@@ -170,7 +170,7 @@ class ResponseEvents:
         for call in outcome.tool_calls[outcome.streamed_calls :]:
             events += self._call(call)
         status = "incomplete" if cut else "completed"
-        if not any(isinstance(i, (MessageOut, FunctionCallOut)) for i in self.response.output):
+        if not any(isinstance(i, (OutputMessage, OutputFunctionCall)) for i in self.response.output):
             events += self._close(status)  # thinking cut by max_output_tokens is incomplete too
             events += self._ensure("message")  # an empty answer is still a message, as OpenAI's are
         events += self._close(status)
@@ -188,11 +188,11 @@ class ResponseEvents:
         return self._event("error", code=code, message=str(error), param=error.param)
 
 
-def _empty(item: MessageOut | ReasoningOut | FunctionCallOut) -> dict[str, Any]:
+def _empty(item: OutputMessage | OutputReasoning | OutputFunctionCall) -> dict[str, Any]:
     """An item as ``response.output_item.added`` shows it: in progress, with nothing written yet."""
     data = item.model_dump(mode="json")
     data["status"] = "in_progress"
-    if isinstance(item, FunctionCallOut):
+    if isinstance(item, OutputFunctionCall):
         data["arguments"] = ""
     else:
         data["content"] = []

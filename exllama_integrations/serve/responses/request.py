@@ -245,7 +245,7 @@ class ReasoningConfig(Strict):
         return kwargs
 
 
-class StreamOptions(Strict):
+class ResponsesStreamOptions(Strict):
     """``stream_options`` (``include_obfuscation`` is accepted; no obfuscation is added)."""
 
     include_obfuscation: bool | None = None
@@ -274,7 +274,7 @@ class ResponsesRequest(Strict):
     temperature: float | None = None
     top_p: float | None = None
     stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream_options: ResponsesStreamOptions | None = None
     # OpenAI fields that change nothing here
     store: bool | None = None
     metadata: dict[str, str] | None = None

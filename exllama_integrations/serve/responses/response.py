@@ -49,7 +49,7 @@ class ReasoningTextPart(BaseModel):
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
-class MessageOut(BaseModel):
+class OutputMessage(BaseModel):
     """The assistant's answer."""
 
     type: Literal["message"] = "message"
@@ -59,7 +59,7 @@ class MessageOut(BaseModel):
     content: list[OutputTextPart]
 
 
-class ReasoningOut(BaseModel):
+class OutputReasoning(BaseModel):
     """The model's thinking before its answer (``summary`` stays empty: the text itself is in ``content``)."""
 
     type: Literal["reasoning"] = "reasoning"
@@ -69,7 +69,7 @@ class ReasoningOut(BaseModel):
     content: list[ReasoningTextPart]
 
 
-class FunctionCallOut(BaseModel):
+class OutputFunctionCall(BaseModel):
     """A call the model made; run it and send its result back as a ``function_call_output`` with this ``call_id``."""
 
     type: Literal["function_call"] = "function_call"
@@ -80,7 +80,7 @@ class FunctionCallOut(BaseModel):
     arguments: str
 
 
-OutputItem = Annotated[MessageOut | ReasoningOut | FunctionCallOut, Field(discriminator="type")]
+OutputItem = Annotated[OutputMessage | OutputReasoning | OutputFunctionCall, Field(discriminator="type")]
 
 
 class InputTokensDetails(BaseModel):
