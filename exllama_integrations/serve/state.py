@@ -6,6 +6,7 @@ past ``max_pending`` a request is refused with 503 and ``Retry-After`` before an
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -14,6 +15,7 @@ from typing import Any
 
 import anyio
 
+from ..chat.prepare import PreparedChat, aprepare_chat
 from ..contract.api import ModelInfo, Runtime
 from ..contract.settings import GenerationSettings
 from ..errors import ExLlamaIntegrationsError, ModelNotFoundError, ServerBusyError
@@ -84,6 +86,29 @@ class ServeState:
     def defaults(self) -> GenerationSettings:
         """The settings a request starts from."""
         return defaults_of(self.runtime)
+
+    async def prepare(self, body: Any, *extra: Any) -> PreparedChat:
+        """A chat endpoint's body as its prepared chat, every API alike.
+
+        The model is checked, the body turned into the one chat request (``body.to_chat(defaults, refused,
+        max_tokens, chat_template, media limits, *extra)``; images decoded, or fetched where allowed, off the event
+        loop) and rendered off it.
+
+        Raises:
+            ModelNotFoundError: (404) the body names another model; and whatever the body or the chat refuses.
+        """
+        self.check_model(body.model)
+        limits = self.limits
+        args: tuple[Any, ...] = (
+            self.defaults,
+            self.info.unsupported_settings,
+            limits.max_tokens,
+            self.chat_template,
+            limits.media,
+            *extra,
+        )
+        chat = (await asyncio.to_thread(body.to_chat, *args)) if body.has_images() else body.to_chat(*args)
+        return await aprepare_chat(self.runtime, chat)
 
     def check_model(self, model: str | None) -> None:
         """Refuse a request for a model this server does not serve (None: the served one).

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 
 from ...chat.outcome import ChatDelta, ChatOutcome, astream_chat
-from ...chat.prepare import PreparedChat, aprepare_chat
+from ...chat.prepare import PreparedChat
 from ...contract.api import Runtime
 from ..openai.completions import check_finish
 from ..state import ServeState, record, state_of
@@ -43,17 +43,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorOut, "description": "a body over the server's limit"},
     529: {"model": ErrorOut, "description": "the server is full or cannot take requests now"},
 }
-
-
-async def _prepare(state: ServeState, body: MessagesRequest) -> PreparedChat:
-    state.check_model(body.model)
-    info = state.info
-    args = (state.defaults, info.unsupported_settings, state.limits.max_tokens, state.chat_template, state.limits.media)
-    if body.has_images():  # images are decoded (or fetched, where allowed) off the event loop
-        chat = await asyncio.to_thread(body.to_chat, *args)
-    else:
-        chat = body.to_chat(*args)
-    return await aprepare_chat(state.runtime, chat)
 
 
 async def _prompt_tokens(runtime: Runtime, prepared: PreparedChat) -> int:
@@ -117,7 +106,7 @@ def message_of(outcome: ChatOutcome, mid: str, model: str, body: MessagesRequest
 async def messages(body: MessagesRequest, request: Request) -> Any:
     """A reply through the model's own template; ``stream: true`` for Anthropic's server-sent events."""
     state = state_of(request.app)
-    prepared = await _prepare(state, body)
+    prepared = await state.prepare(body)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
         input_tokens = await _prompt_tokens(state.runtime, prepared)
@@ -142,7 +131,7 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
 async def count_tokens(body: CountTokensRequest, request: Request) -> Any:
     """The prompt's tokens for these messages, system, tools and thinking settings (nothing is generated)."""
     state = state_of(request.app)
-    prepared = await _prepare(state, body.to_messages_request())
+    prepared = await state.prepare(body.to_messages_request())
     return CountTokensOut(input_tokens=await _prompt_tokens(state.runtime, prepared))
 
 

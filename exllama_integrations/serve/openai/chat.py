@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from ...chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall, astream_chat
-from ...chat.prepare import PreparedChat, aprepare_chat
+from ...chat.prepare import PreparedChat
 from ...contract.shapes import chat_logprobs, usage_dict
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
@@ -119,15 +119,7 @@ def _switch(state: ServeState) -> bool:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     """A chat reply through the model's own template; ``stream: true`` for server-sent events."""
     state = state_of(request.app)
-    state.check_model(body.model)
-    info = state.info
-    limits, template = state.limits, state.chat_template
-    args = (state.defaults, info.unsupported_settings, limits.max_tokens, template, limits.media, _switch(state))
-    if body.has_images():  # images are decoded (or fetched, where allowed) off the event loop
-        chat = await asyncio.to_thread(body.to_chat, *args)
-    else:
-        chat = body.to_chat(*args)
-    prepared = await aprepare_chat(state.runtime, chat)
+    prepared = await state.prepare(body, _switch(state))
     rid = new_id("chatcmpl")
     choices = [dataclasses.replace(prepared, request=r) for r in per_choice(prepared.request, body.n)]
     announce(state.runtime, len(choices))

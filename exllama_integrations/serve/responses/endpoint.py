@@ -7,7 +7,6 @@ built by the same events, so both agree. Admission, disconnects and typed errors
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -16,7 +15,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
 from ...chat.outcome import ChatOutcome, astream_chat
-from ...chat.prepare import aprepare_chat
 from ..guard import validation_response
 from ..openai.completions import ERRORS, check_finish
 from ..state import record, state_of
@@ -49,14 +47,7 @@ router = APIRouter(tags=["responses"], route_class=ResponsesRoute)
 async def create_response(body: ResponsesRequest, request: Request) -> Any:
     """A reply through the model's own template, as a response object; ``stream: true`` for its events."""
     state = state_of(request.app)
-    state.check_model(body.model)
-    info = state.info
-    args = (state.defaults, info.unsupported_settings, state.limits.max_tokens, state.chat_template, state.limits.media)
-    if body.has_images():  # images are decoded (or fetched, where allowed) off the event loop
-        chat = await asyncio.to_thread(body.to_chat, *args)
-    else:
-        chat = body.to_chat(*args)
-    prepared = await aprepare_chat(state.runtime, chat)
+    prepared = await state.prepare(body)
     events = ResponseEvents(ResponseObject.draft(body, state.name))
 
     def finished(outcome: ChatOutcome) -> None:
