@@ -144,6 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "max_body_bytes": args.max_body_bytes,
                 "body_timeout": args.body_timeout,
                 "allow_image_urls": args.allow_image_urls or None,
+                "image_url_allow": args.image_url_allow or None,
             },
         )
     import uvicorn
@@ -168,7 +169,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         max_pending=args.max_pending,
         body_timeout=args.body_timeout,
-        media=MediaLimits(fetch_urls=args.allow_image_urls),
+        media=MediaLimits(fetch_urls=args.allow_image_urls, fetch_allow=tuple(args.image_url_allow)),
     )
     app = create_app(
         rt,
@@ -260,7 +261,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sv.add_argument(
         "--allow-image-urls",
         action="store_true",
-        help="fetch http(s) image URLs in chat requests (10 s, 20 MB, no redirects); off: data: URLs only",
+        help="fetch http(s) image URLs in chat requests (10 s in all, 20 MB, no redirects), from global addresses "
+        "only (not loopback, private or link-local) unless --image-url-allow lists them; off: data: URLs only",
+    )
+    sv.add_argument(
+        "--image-url-allow",
+        action="append",
+        default=[],
+        metavar="HOST_OR_NETWORK",
+        help="with --allow-image-urls: a host name or network (10.0.0.0/8) an image may be fetched from although it "
+        "is not a global address (repeatable)",
     )
     sv.add_argument(
         "--option",

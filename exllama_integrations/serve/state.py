@@ -19,9 +19,25 @@ from ..chat.prepare import PreparedChat, aprepare_chat
 from ..contract.api import ModelInfo, Runtime
 from ..contract.settings import GenerationSettings
 from ..errors import ExLlamaIntegrationsError, ModelNotFoundError, ServerBusyError
-from ..model.media import MediaLimits
+from ..model.media import MediaLimits, check_image_count
 from ..runtime.base import defaults_of
 from .metrics import Metrics
+
+IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
+"""The content-part types that carry an image in the APIs served (chat completions, Messages, Responses)."""
+
+
+def _image_parts(value: Any) -> int:
+    """How many image parts a request body holds, at any depth (without recursion)."""
+    n, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            n += item.get("type") in IMAGE_PARTS
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return n
 
 
 @dataclass(frozen=True)
@@ -99,6 +115,8 @@ class ServeState:
         """
         self.check_model(body.model)
         limits = self.limits
+        if body.has_images():  # counted before any is fetched or decoded
+            check_image_count(_image_parts(body.model_dump()), limits.media)
         args: tuple[Any, ...] = (
             self.defaults,
             self.info.unsupported_settings,

@@ -101,7 +101,8 @@ def test_serve_drains_a_stream_in_flight_on_sigterm(demo_dir):
 def test_serve_closes_connections_whose_headers_never_come(demo_dir):
     """Slow-header clients (one that sends nothing, one that trickles its head) lose their connection after
     ``--header-timeout``; a normal request on the same server is answered. ``--allow-image-urls`` reaches the
-    server: an http image URL is fetched (then refused by this text-only model), where by default it is not."""
+    server: an http image URL on a host ``--image-url-allow`` lists is fetched (then refused by this text-only
+    model), where by default it is not (a loopback host is not a global address)."""
     import http.server
     import threading
 
@@ -123,7 +124,8 @@ def test_serve_closes_connections_whose_headers_never_come(demo_dir):
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "exllama_integrations", "serve", "--model-dir", str(demo_dir), "--backend"]
-        + ["transformers", "--port", str(port), "--header-timeout", "1.5", "--allow-image-urls"],
+        + ["transformers", "--port", str(port), "--header-timeout", "1.5", "--allow-image-urls"]
+        + ["--image-url-allow", "127.0.0.1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

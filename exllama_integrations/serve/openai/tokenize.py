@@ -110,17 +110,25 @@ def _ids(state: Any, body: TokenizeRequest) -> list[int]:
 
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
-    """Token ids of a prompt or of chat messages as the served model reads them (vLLM's shape)."""
+    """Token ids of a prompt or of chat messages as the served model reads them (vLLM's shape).
+
+    It counts in admission like a generation (a template or images may cost as much), and its work, the token
+    strings included, runs off the event loop.
+    """
     state = state_of(request.app)
     state.check_model(body.model)
-    ids = await asyncio.to_thread(_ids, state, body)  # a template or an image may take a while: not on the loop
     tok = getattr(state.runtime, "tokenizer", None)
-    piece = (
-        (lambda i: tok.decode([i], skip_special_tokens=False))
-        if tok is not None
-        else (lambda i: state.runtime.decode([i]))
-    )
-    strs = [piece(i) for i in ids] if body.return_token_strs else None
+
+    def work() -> tuple[list[int], list[str] | None]:
+        ids = _ids(state, body)
+        if not body.return_token_strs:
+            return ids, None
+        if tok is not None:
+            return ids, [tok.decode([i], skip_special_tokens=False) for i in ids]
+        return ids, [state.runtime.decode([i]) for i in ids]
+
+    with state.in_flight():
+        ids, strs = await asyncio.to_thread(work)
     return TokenizeResponse(count=len(ids), max_model_len=state.info.context_length, tokens=ids, token_strs=strs)
 
 
