@@ -1,7 +1,9 @@
-"""The README's Python examples run as written on CPU, and each one's claims are asserted.
+"""The README's and docs pages' Python examples run as written on CPU, and each one's claims are asserted.
 
-Blocks run in order in one namespace; every block must have a check below (a new example without
-one fails), keyed by a line that only that block has.
+Blocks run in order in one namespace: the README's first, then each page of docs/ in name order (a page's
+examples continue from the README's); every block must have a check below (a new example without one fails),
+keyed by a line that only that block has. The README stays within the house's size, and every relative link
+in these pages leads to a file and a heading that exist.
 """
 
 import re
@@ -9,8 +11,14 @@ from pathlib import Path
 
 import pytest
 
-README = (Path(__file__).parents[1] / "README.md").read_text()
-BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
+ROOT = Path(__file__).parents[1]
+README = (ROOT / "README.md").read_text()
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCKS = [
+    (str(page.relative_to(ROOT)), block)
+    for page in PAGES
+    for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+]
 
 
 def _model_dir(ns, out):
@@ -90,25 +98,69 @@ CHECKS = {
 
 def _check_for(block: str):
     found = [check for key, check in CHECKS.items() if key in block]
-    assert len(found) == 1, f"README block without exactly one check:\n{block}"
+    assert len(found) == 1, f"example without exactly one check:\n{block}"
     return found[0]
 
 
-def test_every_readme_example_has_a_check():
-    assert len(BLOCKS) >= 6
-    for block in BLOCKS:
+def test_every_example_has_a_check():
+    assert len(BLOCKS) >= 8
+    assert sum(page == "README.md" for page, _ in BLOCKS) >= 5  # the README keeps its minimal usage
+    for _, block in BLOCKS:
         _check_for(block)
 
 
-def test_readme_python_blocks_run_in_order_and_do_what_they_say(demo_dir, capsys):
+def test_python_blocks_run_in_order_and_do_what_they_say(demo_dir, capsys):
     namespace: dict = {}
-    for i, block in enumerate(BLOCKS):
+    for i, (page, block) in enumerate(BLOCKS):
         try:
-            exec(compile(block, f"README.md python block {i + 1}", "exec"), namespace)
+            exec(compile(block, f"{page} python block {i + 1}", "exec"), namespace)
         except Exception as e:  # pragma: no cover - the message is what matters
-            raise AssertionError(f"README python block {i + 1} failed: {type(e).__name__}: {e}\n{block}") from e
+            raise AssertionError(f"{page} python block {i + 1} failed: {type(e).__name__}: {e}\n{block}") from e
         out = capsys.readouterr().out
         try:
             _check_for(block)(namespace, out)
         except AssertionError as e:
-            pytest.fail(f"README python block {i + 1} does not do what it says: {e}\noutput: {out!r}")
+            pytest.fail(f"{page} python block {i + 1} does not do what it says: {e}\noutput: {out!r}")
+
+
+def test_the_readme_stays_within_the_house_limit():
+    size = len(README.encode())
+    assert size <= 35_000, f"README.md is {size} bytes; the house asks for at most 35 KB: move detail into docs/"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(text: str) -> set[str]:
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)  # a "# comment" in a code block is no heading
+    return {_anchor(m) for m in re.findall(r"^#{1,6} (.+)$", prose, re.M)}
+
+
+def test_every_relative_link_leads_to_a_page_and_heading_that_exist():
+    checked = 0
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s), mailto: not ours to check
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.name} links to {target}, which does not exist"
+            if anchor:
+                assert anchor in _anchors(linked.read_text()), f"{page.name} links to {target}: no such heading"
+            checked += 1
+    assert checked >= 15
+
+
+def test_the_errors_the_pages_name_are_typed_errors():
+    """Each error the README's Troubleshooting and docs/troubleshooting.md name is an ExLlamaIntegrationsError."""
+    from exllama_integrations import errors
+
+    named = set()
+    for text in (README[README.index("## Troubleshooting") :], (ROOT / "docs" / "troubleshooting.md").read_text()):
+        named |= set(re.findall(r"`(\w+Error)`", text.split("\n## ", 1)[0]))
+    assert len(named) >= 15
+    for name in named:
+        cls = getattr(errors, name, None)
+        assert isinstance(cls, type) and issubclass(cls, errors.ExLlamaIntegrationsError), name

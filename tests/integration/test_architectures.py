@@ -2,7 +2,7 @@
 by our loop exactly as transformers decodes them, and chatted with through LangChain and LlamaIndex.
 
 The same families are checked on the GPU backends against a transformers fp32 oracle in tests/gpu (the
-architecture table in the README comes from those runs).
+architecture table in docs/backends.md comes from those runs).
 """
 
 from __future__ import annotations

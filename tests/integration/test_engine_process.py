@@ -369,7 +369,7 @@ def test_the_framework_classes_take_engine_process(demo_dir, demo_runtime):
 
 
 def test_the_router_prefers_the_prefix_unless_that_engine_is_much_busier():
-    router = PrefixRouter(2, block=4)  # the default slack: 4 requests, as the README says
+    router = PrefixRouter(2, block=4)  # the default slack: 4 requests, as docs/serving.md says
     convo = list(range(40))
     assert block_hashes(convo, 4)[:3] == block_hashes(convo[:12], 4)
     assert block_hashes([1, 2, 3], 4) == []

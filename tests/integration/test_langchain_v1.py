@@ -1,8 +1,8 @@
 """What a LangChain v1 / LlamaIndex user reaches for first works as they spell it (issue 33 8-13, issue 34 7).
 
 Configurable fields by any name the constructor takes, ``model_kwargs``, ``init_chat_model`` and ``ChatOpenAI`` with
-streamed usage against the server (the README's lines, run), ``json_mode`` held to its schema, transformers' load bar
-by our rule, and one setting under two names refused the same way at every door.
+streamed usage against the server (the lines of the README and docs/langchain.md, run), ``json_mode`` held to its
+schema, transformers' load bar by our rule, and one setting under two names refused the same way at every door.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from exllama_integrations.errors import InvalidSettingsError, ModelNotFoundError
 from exllama_integrations.langchain import ChatExLlama, ExLlamaLLM
 from exllama_integrations.llama_index import ExLlamaLLM as LlamaIndexExLlama
 
-README = (Path(__file__).parents[2] / "README.md").read_text()
+ROOT = Path(__file__).parents[2]
+DOCS = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
 MODEL = "SmolLM2-135M-Instruct"
 Q = "What is the capital of France?"
 
@@ -151,17 +152,17 @@ def test_json_mode_with_a_schema_is_held_to_it(chat):
     assert set(out) == {"city", "is_capital"} and isinstance(out["is_capital"], bool)
 
 
-# ----------------------------------------------------------------- items 10 and 13: the README's routes, run
+# ------------------------------------------------- items 10 and 13: the routes the README and docs/ show, run
 
 
 def _readme_code(pattern: str, url: str) -> str:
-    found = re.findall(pattern, README)
+    found = re.findall(pattern, DOCS)
     assert len(found) == 1, pattern
     return found[0].replace("http://127.0.0.1:8000", url).replace("<served name>", MODEL)
 
 
 def test_readme_routes_to_the_server_stream_usage(demo_runtime, chat):
-    from langchain.chat_models import init_chat_model  # noqa: F401  (the README's line uses it)
+    from langchain.chat_models import init_chat_model  # noqa: F401  (docs/langchain.md's line uses it)
     from langchain_openai import ChatOpenAI  # noqa: F401
     from servers import demo_server
 
@@ -171,7 +172,7 @@ def test_readme_routes_to_the_server_stream_usage(demo_runtime, chat):
         r"`(init_chat_model\(\"openai:[^`]*stream_usage=True\))`",
         r"`(ChatOpenAI\([^`]*stream_usage=True\))`",
     ):
-        model = eval(_readme_code(pattern, url))  # the README's own line
+        model = eval(_readme_code(pattern, url))  # the docs' own line (README or docs/)
         model = model.bind(temperature=0, max_tokens=12)
         chunks = list(model.stream(Q))
         assert "".join(c.content for c in chunks) == direct.content  # the same model and template either way

@@ -311,7 +311,7 @@ def test_structured_output_streams_only_complete_objects(demo_dir):
 
 
 def test_a_langchain_agent_whose_first_step_is_forced_answers_after_its_tool(demo_dir):
-    """The README's ``create_agent`` example: a 135M model does not pick a tool by itself, so a middleware sets
+    """docs/tool-calls.md's ``create_agent`` example: a 135M model does not pick a tool by itself, so a middleware sets
     ``tool_choice`` for the first model call; the tool runs and the agent's last message is an answer in words."""
     from langchain.agents import create_agent
     from langchain.agents.middleware import wrap_model_call
