@@ -120,6 +120,10 @@ def _serve(args: argparse.Namespace) -> int:
 
         model_dir = str(demo_model_dir())
     options = {"max_seq_len": args.max_seq_len, "dtype": args.dtype, **_options(args.option)}
+    if args.tool_format is not None:
+        from .chat.formats import find_format
+
+        find_format(None, args.tool_format)  # a name that is no format is refused before the model loads
     template = None
     if args.chat_template is not None:
         from ._adapter import _read_template
@@ -137,6 +141,7 @@ def _serve(args: argparse.Namespace) -> int:
             num_gpus=args.num_gpus,
             api_key=key,
             served_model_name=args.served_model_name,
+            tool_format=args.tool_format,
             runtime_options={k: v for k, v in options.items() if v is not None},
             limits={
                 "max_tokens": args.max_tokens,
@@ -179,6 +184,7 @@ def _serve(args: argparse.Namespace) -> int:
         on_shutdown=rt.close,
         freeze_gc=True,
         chat_template=template,
+        tool_format=args.tool_format,
     )
     print(f"serving {rt.model_name} ({rt.backend_name}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(
@@ -193,6 +199,12 @@ def _serve(args: argparse.Namespace) -> int:
         log_level="info" if args.verbose else "warning",
     )
     return 0
+
+
+def _format_names() -> str:
+    from .chat.formats import FORMATS
+
+    return ", ".join(FORMATS)
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -251,6 +263,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sv.add_argument("--max-seq-len", "--max-model-len", type=int, help="context/cache length to allocate")
     sv.add_argument("--dtype", help="weights dtype, for backends that take one (CPU reference: float32)")
     sv.add_argument("--chat-template", help="a chat template (a file, or jinja text) instead of the model's own")
+    sv.add_argument(
+        "--tool-format",
+        metavar="NAME",
+        help="read and write tool calls in this family's format instead of the one found in the chat template "
+        "(as tool_format= does in process): one of " + _format_names(),
+    )
     sv.add_argument("--timeout-keep-alive", type=float, default=5.0, help="seconds an idle connection stays open")
     sv.add_argument("--max-connections", type=int, default=1024, help="connections at once; more get 503")
     sv.add_argument("--max-tokens", type=int, help="largest max_tokens a request may ask for")

@@ -206,7 +206,9 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
     elif request.chat_template is not None:
         fmt = find_format(request.chat_template)
     else:
-        fmt = find_format(None, info.tool_format) if info.tool_format else FORMATS[FALLBACK]
+        # the model's own response_template, where it ships one, reads the reply (its family's entry writes calls)
+        spec = info.details.get("response_template")
+        fmt = find_format(None, info.tool_format, spec) if info.tool_format else FORMATS[FALLBACK]
     parallel = request.parallel_tool_calls is not False
     try:
         if forced:

@@ -25,6 +25,7 @@ try:
 except ImportError:  # pragma: no cover - exercised by the missing-extra test
     raise MissingDependencyError("fastapi", "serve", "the HTTP server") from None
 
+from ..chat.formats import find_format
 from ..contract import wire
 from ..contract.api import Runtime
 from . import metrics, native
@@ -55,6 +56,7 @@ def create_app(
     on_shutdown: Callable[[], None] | None = None,
     freeze_gc: bool = False,
     chat_template: str | None = None,
+    tool_format: str | None = None,
 ) -> FastAPI:
     """The HTTP app serving ``runtime`` (which it does not close unless ``on_shutdown`` does).
 
@@ -64,13 +66,21 @@ def create_app(
     holds the GIL for a quarter of a second or more, pausing every generation in flight (seen on the H200
     under load: 239 and 309 ms). ``exllama-integrations serve`` and the Ray replicas turn it on.
     ``chat_template``: a template that replaces the model's own on the chat endpoint.
+    ``tool_format``: the tool-call format every chat request is read and written in (a name of
+    ``chat.formats.FORMATS``), instead of the one found in the model, as ``tool_format=`` does in process.
+
+    Raises:
+        InvalidSettingsError: ``tool_format`` names no format (the message lists those there are).
     """
+    if tool_format is not None:
+        find_format(None, tool_format)
     info = runtime.model_info()
     state = ServeState(
         runtime,
         served_model_name or info.name,
         limits or ServeLimits(),
         chat_template=chat_template,
+        tool_format=tool_format,
         created=int(time.time()),
     )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -15,7 +16,8 @@ from typing import Any
 
 import anyio
 
-from ..chat.prepare import PreparedChat, aprepare_chat
+from ..chat.formats import without_template
+from ..chat.prepare import ChatRequest, PreparedChat, aprepare_chat
 from ..contract.api import ModelInfo, Runtime
 from ..contract.settings import GenerationSettings
 from ..errors import ExLlamaIntegrationsError, ModelNotFoundError, ServerBusyError
@@ -66,6 +68,8 @@ class ServeState:
     limits: ServeLimits = field(default_factory=ServeLimits)
     chat_template: str | None = None
     """A template that replaces the model's own on the OpenAI chat endpoint (``serve --chat-template``)."""
+    tool_format: str | None = None
+    """The tool-call format of every chat request, instead of the model's (``serve --tool-format``)."""
     created: int = 0
     """When the model was loaded (``/v1/models``'s ``created``)."""
     pending: int = 0
@@ -95,8 +99,12 @@ class ServeState:
 
     @property
     def info(self) -> ModelInfo:
-        """The served model's facts."""
-        return self.runtime.model_info()
+        """The served model's facts (``tool_format``: the one this server reads and writes calls in)."""
+        info = self.runtime.model_info()
+        if self.tool_format is None:
+            return info
+        details = {**without_template(info.details), "tool_format_from": "serve --tool-format"}
+        return dataclasses.replace(info, tool_format=self.tool_format, details=details)
 
     @property
     def defaults(self) -> GenerationSettings:
@@ -126,7 +134,13 @@ class ServeState:
             *extra,
         )
         chat = (await asyncio.to_thread(body.to_chat, *args)) if body.has_images() else body.to_chat(*args)
-        return await aprepare_chat(self.runtime, chat)
+        return await aprepare_chat(self.runtime, self.with_tool_format(chat))
+
+    def with_tool_format(self, chat: ChatRequest) -> ChatRequest:
+        """``chat`` in this server's tool-call format (``--tool-format``), where it names none itself."""
+        if self.tool_format is None or chat.tool_format is not None:
+            return chat
+        return dataclasses.replace(chat, tool_format=self.tool_format)
 
     def check_model(self, model: str | None) -> None:
         """Refuse a request for a model this server does not serve (None: the served one).

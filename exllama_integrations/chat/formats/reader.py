@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .response_template import FoundCall, TemplateReader
 from .table import ToolFormat
 
 _NAME_RE = re.compile(r'"name"\s*:\s*"([^"]+)"|<function=([^>\n]+)>|to=(?:functions\.)?([^\s<]+)')
@@ -67,11 +68,15 @@ class ReplyReader:
         self._markers = tuple(dict.fromkeys((*fmt.opens, *fmt.strip)))
         self.text: list[str] = []
         self.calls: list[ParsedToolCall] = []
+        # the model's own response template, where it ships one, reads the reply instead (transformers' parser)
+        self._template = TemplateReader(fmt.response_template) if fmt.response_template is not None else None
 
     # ------------------------------------------------------------------ reading
 
     def feed(self, text: str) -> tuple[str, list[ParsedToolCall]]:
         """Take more reply text; return the answer text now safe to show and the calls completed by it."""
+        if self._template is not None:
+            return self._keep(*self._template.feed(text))
         self._buf += text
         before_text, before_calls = len(self.text), len(self.calls)
         self._run(final=False)
@@ -79,6 +84,8 @@ class ReplyReader:
 
     def finish(self, cut: bool = False) -> tuple[str, list[ParsedToolCall]]:
         """End of the reply (``cut``: by ``max_tokens``): the rest of the text and the last calls."""
+        if self._template is not None:
+            return self._keep(*self._template.finish(cut))
         before_text, before_calls = len(self.text), len(self.calls)
         self._run(final=True)
         if self._region is not None:
@@ -87,6 +94,18 @@ class ReplyReader:
             self.text.append(self._buf)
         self._buf = ""
         return "".join(self.text[before_text:]), self.calls[before_calls:]
+
+    def _keep(self, text: str, found: list[FoundCall]) -> tuple[str, list[ParsedToolCall]]:
+        """What the response template read, kept as this reader keeps its own (ids, arguments typed by schema)."""
+        calls = []
+        for name, args, raw, error in found:
+            if args is not None and name is not None:
+                props = (self._schemas.get(name) or {}).get("properties") or {}
+                args = {k: _typed(v, props[k]) if isinstance(v, str) and k in props else v for k, v in args.items()}
+            calls.append(ParsedToolCall(new_call_id(self.fmt), name, args, raw, error))
+        self.text.append(text)
+        self.calls += calls
+        return text, calls
 
     def _run(self, final: bool) -> None:
         while True:

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...errors import InvalidSettingsError
+from .response_template import parser_available, template_markup
 
 SPECIAL_SHAPE = re.compile(r"(<\|[^|<>]{1,40}\|>|<｜[^｜]{1,40}｜>|\[[A-Z_/]{2,30}\])")
 """What a control token of these families looks like (``<|message|>``, ``<｜tool▁sep｜>``, ``[ARGS]``)."""
@@ -72,6 +73,9 @@ class ToolFormat:
     """Call ids: ``openai`` (``call_`` + 24 hex) or ``alnum9`` (9 letters and digits, which Mistral checks)."""
     thinking: tuple[str, str] | None = None
     """The family's own thinking delimiters, where they are not a ``<think>`` pair found in the template."""
+    response_template: Mapping[str, Any] | None = None
+    """The checkpoint's own ``response_template`` (tokenizer_config.json): replies are read with transformers'
+    parser over it (:mod:`.response_template`); the rest of the entry still writes calls."""
 
     @property
     def markup(self) -> tuple[str, ...]:
@@ -79,6 +83,8 @@ class ToolFormat:
         parts = [*self.opens, *self.closes, *self.strip, self.before, self.between, self.after]
         if self.thinking:
             parts += list(self.thinking)
+        if self.response_template is not None:
+            parts += list(template_markup(self.response_template))
         pieces = [p for part in [*parts, self.call] for p in SPECIAL_SHAPE.findall(part)]
         return tuple(p for p in dict.fromkeys([*parts, *pieces]) if p)
 
@@ -220,14 +226,25 @@ FALLBACK = "fallback"
 ``<tool_call>`` without its newlines, as the prompt shows it)."""
 
 
-def find_format(template: str | None, override: str | None = None) -> ToolFormat:
+def find_format(
+    template: str | None, override: str | None = None, response_template: Mapping[str, Any] | None = None
+) -> ToolFormat:
     """The tool-call format of a chat template (``override``: a name from :data:`FORMATS`).
 
-    A template that shows none of the families' markers gets :data:`FALLBACK`.
+    A template that shows none of the families' markers gets :data:`FALLBACK`. ``response_template``: the
+    model's own (:func:`~.response_template.response_template_of`): its replies are read with it, where
+    transformers' parser is installed here.
 
     Raises:
         InvalidSettingsError: ``override`` names no format.
     """
+    fmt = _find(template, override)
+    if response_template is None or not parser_available():
+        return fmt
+    return replace(fmt, response_template=response_template)
+
+
+def _find(template: str | None, override: str | None) -> ToolFormat:
     if override is not None:
         if override not in FORMATS:
             raise InvalidSettingsError(

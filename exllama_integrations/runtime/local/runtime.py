@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ...backends import BackendRequest
-from ...chat.formats import find_format
+from ...chat.formats import find_format, response_template_of, template_details
 from ...chat.reasoning import find_reasoning
 from ...contract.api import GenerationRequest, Grammar, ModelInfo, StreamChunk
 from ...contract.settings import GenerationSettings
@@ -236,7 +236,12 @@ class ExLlamaRuntime(RuntimeBase):
             unsupported_settings=self._refused,
             reasoning=find_reasoning(template),
             accepts_images=backend.vision is None,
-            details={"model_dir": str(self.model.path), "load_seconds": round(self.load_seconds, 3), **backend.info()},
+            details={
+                "model_dir": str(self.model.path),
+                "load_seconds": round(self.load_seconds, 3),
+                **template_details(response_template_of(self.model.tokenizer_config)),  # the model's own call parser
+                **backend.info(),
+            },
         )
 
     def model_info(self) -> ModelInfo:

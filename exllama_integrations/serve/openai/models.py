@@ -19,6 +19,7 @@ def card(state: ServeState) -> ModelCard:
         context_length=info.context_length,
         max_model_len=info.context_length,
         backend=info.backend,
+        tool_format=info.tool_format,
     )
 
 

@@ -97,6 +97,7 @@ def _ids(state: Any, body: TokenizeRequest) -> list[int]:
             template_kwargs=dict(body.chat_template_kwargs or {}),
             chat_template=state.chat_template,
             media=media,
+            tool_format=state.tool_format,
         )
         request = prepare_chat(runtime, chat).request
         if body.add_special_tokens:

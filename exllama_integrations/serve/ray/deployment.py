@@ -93,6 +93,7 @@ def build_app(args: dict[str, Any]) -> Any:
     ``num_replicas`` (an int or ``"auto"``), ``autoscaling_config`` (Ray's), ``num_gpus`` per model replica
     (default 1 where CUDA is visible, else 0; a fraction puts several on one GPU), ``num_cpus``,
     ``max_ongoing_requests`` (default 64), ``ingress_replicas`` (default 1), ``served_model_name``, ``api_key``,
+    ``tool_format`` (the tool-call format chat requests are read and written in, instead of the model's),
     ``limits`` (``max_tokens``, ``max_pending``, ``max_body_bytes``, ``allow_image_urls`` and ``image_url_allow``: the
     hosts and networks an image fetch may reach although they are not global).
     """
@@ -103,6 +104,10 @@ def build_app(args: dict[str, Any]) -> Any:
         from ...errors import InvalidSettingsError
 
         raise InvalidSettingsError("build_app needs model_dir (a model directory or Hub id).")
+    if args.get("tool_format") is not None:
+        from ...chat.formats import find_format
+
+        find_format(None, args["tool_format"])  # refused here, before any replica loads
     num_gpus = args.get("num_gpus")
     if num_gpus is None:
         from ...backends.base import cuda_available
@@ -128,6 +133,7 @@ def build_app(args: dict[str, Any]) -> Any:
         "runtime": dict(args.get("runtime") or {}),
         "served_model_name": args.get("served_model_name"),
         "api_key": args.get("api_key"),
+        "tool_format": args.get("tool_format"),
         "limits": dict(args.get("limits") or {}),
         "gpu_share": float(num_gpus) if 0 < float(num_gpus) < 1 else 1.0,
     }
@@ -156,6 +162,7 @@ def run_ray(
     served_model_name: str | None = None,
     runtime_options: dict[str, Any] | None = None,
     limits: dict[str, Any] | None = None,
+    tool_format: str | None = None,
 ) -> int:
     """Start (or join) Ray here, serve ``replicas`` replicas behind its proxy on ``host:port``, until interrupted."""
     if host in ("127.0.0.1", "localhost"):
@@ -174,6 +181,7 @@ def run_ray(
             "num_gpus": num_gpus,
             "api_key": api_key,
             "served_model_name": served_model_name,
+            "tool_format": tool_format,
             "runtime": runtime_options or {},
             "limits": limits or {},
         }

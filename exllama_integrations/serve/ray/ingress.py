@@ -152,7 +152,7 @@ class ExLlamaIngress:
 
 
 def app_over(runtime: Any, c: dict[str, Any], freeze_gc: bool) -> Any:
-    """The same HTTP app as ``exllama-integrations serve``, over ``runtime``, with the configured limits."""
+    """The same HTTP app as ``exllama-integrations serve``, over ``runtime``, with the configured options."""
     from ..app import ServeLimits, create_app
 
     given = {k: v for k, v in (c.get("limits") or {}).items() if v is not None}
@@ -168,4 +168,5 @@ def app_over(runtime: Any, c: dict[str, Any], freeze_gc: bool) -> Any:
         limits=ServeLimits(**given),
         on_shutdown=runtime.close,
         freeze_gc=freeze_gc,
+        tool_format=c.get("tool_format"),
     )

@@ -17,6 +17,9 @@ class ModelCard(BaseModel):
     context_length: int
     max_model_len: int
     backend: str
+    tool_format: str | None = None
+    """The tool-call format the server reads and writes calls in (a name of ``chat.formats.FORMATS``: the one
+    found in the model, or ``serve --tool-format``)."""
 
 
 class ModelList(BaseModel):
