@@ -58,7 +58,9 @@ class Prompts:
 class Raw:
     """exllamav3 alone (Config -> Model -> Cache -> Tokenizer -> Generator); ``fast``: the batched sampler on it."""
 
-    def __init__(self, model_dir: Path, fast: bool, cache_tokens: int = 40960, model: Any = None) -> None:
+    def __init__(
+        self, model_dir: Path, fast: bool, cache_tokens: int = 40960, model: Any = None, graphs: bool = True
+    ) -> None:
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
         config = Config.from_directory(str(model_dir))
@@ -74,7 +76,7 @@ class Raw:
         if fast:
             from exllama_integrations.backends.exllamav3.fast_decode import FastDecode
 
-            self.fast = FastDecode(self.generator)
+            self.fast = FastDecode(self.generator, graphs=graphs)
             assert self.fast.active, self.fast.report()
 
     def enqueue(self, prompts: list[list[int]], new: int, sampler: Any = None, settings: Any = None) -> list[Any]:
@@ -212,17 +214,20 @@ def profile_steps(raw: Raw, batch: int, prompts: Prompts, steps: int = 32) -> di
 
 
 def section_profile(args: Any, models: dict[str, Path]) -> None:
-    for name, path in models.items():
-        raw = Raw(path, fast=False)
-        prompts = Prompts(32000)
-        for batch in BATCHES:
-            profile_steps(raw, batch, prompts, steps=8)  # warm-up: kernels, autotuning at this batch
-            record(args.out, f"profile {name}", f"raw exllamav3, batch {batch}", [profile_steps(raw, batch, prompts)])
-        raw.close()
-        del raw
-        import torch
+    import torch
 
-        torch.cuda.empty_cache()
+    for name, path in models.items():
+        for label, fast in (("raw exllamav3", False), ('decode="fast"', True)):
+            raw = Raw(path, fast=fast)
+            prompts = Prompts(32000)
+            for batch in BATCHES:
+                profile_steps(raw, batch, prompts, steps=8)  # warm-up: kernels, autotuning, captures at this batch
+                record(args.out, f"profile {name}", f"{label}, batch {batch}", [profile_steps(raw, batch, prompts)])
+            if raw.fast is not None:
+                note(args.out, f"fast path report after the {name} profile", raw.fast.report())
+            raw.close()
+            del raw
+            torch.cuda.empty_cache()
 
 
 def section_greedy(args: Any, models: dict[str, Path]) -> None:
@@ -366,8 +371,9 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
     for name, path in models.items():
         raw = Raw(path, fast=False)
         fast = Raw(path, fast=True)  # a model of its own: no state shared with the raw one
+        sampler_only = Raw(path, fast=True, graphs=False)
         prompts = Prompts(32000)
-        for batch in (16, 64):
+        for batch in args.batches:
 
             def row(r: Raw, b: int = batch, p: Prompts = prompts) -> Callable[[], dict[str, float]]:
                 def go() -> dict[str, float]:
@@ -380,13 +386,16 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
             paths = {
                 f"raw exllamav3: {batch} Jobs together": row(raw),
                 f'decode="fast": {batch} Jobs together': row(fast),
+                f"batched sampler alone: {batch} Jobs together": row(sampler_only),
             }
             _interleave(RESULTS, args.out, section, paths, args.reps)
-            ratios(args.out, section, [(list(paths)[1], list(paths)[0])], more=("step_ms",))
+            names = list(paths)
+            ratios(args.out, section, [(names[1], names[0]), (names[2], names[0])], more=("step_ms",))
         note(args.out, f"bench {name} fast path report", fast.fast.report())  # type: ignore[union-attr]
         fast.close()
+        sampler_only.close()
         raw.close()
-        del raw, fast
+        del raw, fast, sampler_only
         torch.cuda.empty_cache()
 
 
@@ -395,6 +404,7 @@ def main() -> None:
     ap.add_argument("--sections", default="profile,greedy,sampled,bench")
     ap.add_argument("--models", default="exl3,fp16")
     ap.add_argument("--draws", type=int, default=4000)
+    ap.add_argument("--batches", type=lambda v: [int(b) for b in v.split(",")], default=[1, 16, 64])
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import torch

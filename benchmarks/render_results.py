@@ -86,7 +86,7 @@ RUNS = {
     "gpu_load_run22_exl3_256.json": "run 22 (the same GPU call: EXL3, batch16 at 256 new tokens, 9 repetitions)",
     "gpu_load_run23_fp16_256.json": "run 23 (the code of run 22, fp16 7B shape: batch16 at 256 new tokens, 7 "
     "repetitions)",
-    "gpu_load_run23_fp16_streams64.json": 'run 23 (the same GPU call: streams64 on the 7B shape at 128 new tokens, '
+    "gpu_load_run23_fp16_streams64.json": "run 23 (the same GPU call: streams64 on the 7B shape at 128 new tokens, "
     '`stream_interval="auto"` (`jobs // 8`) beside `stream_interval=1`, 5 repetitions)',
     "gpu_load_run24_exl3_128.json": "run 24 (chat templates rendered on threads that outlive the event loop: EXL3, "
     "batch16 at 128 new tokens, 7 repetitions; a noisier GPU call: the raw row's tok/s 1,472 against 1,850 in "
@@ -134,6 +134,13 @@ FAST_DECODE = {
     "gpu_fast_decode_run2.json": 'run 2, `decode="fast"` (the batched sampler) beside raw exllamav3: greedy tokens '
     "for 128 steps at batch 1, 16 and 64 compared job by job (notes), the sampled check again, then 16 and 64 jobs "
     "enqueued together, 7 interleaved repetitions (`--sections greedy,sampled,bench --reps 7`)",
+    "gpu_fast_decode_run3_greedy.json": 'run 3, `decode="fast"` with the captured decode step '
+    "(`backends/exllamav3/decode_graphs.py`: the forward after the embedding replayed from one CUDA graph per batch "
+    "shape, where exllamav3 graphs none itself): greedy tokens for 128 steps at batch 1, 16 and 64 compared job by "
+    "job, and the report of which forwards were replayed (`--sections greedy`)",
+    "gpu_fast_decode_run4_bench_profile.json": "run 4, the same beside raw exllamav3 and the batched sampler alone "
+    "(no graphs): 1, 16 and 64 jobs enqueued together, 5 interleaved repetitions, then the profile of raw and "
+    "fast steps (`--sections bench,profile --batches 1,16,64 --reps 5`)",
 }
 
 RAY = {
@@ -239,7 +246,8 @@ def _load_sections() -> list[str]:
         "",
         "Raw exllamav3 1.6.5 on a 1B-class Llama shape in 4-bit EXL3 (`exl3`) and the Llama-2-7B shape in fp16",
         '(`fp16`), random weights, fresh random 128-token prompts, greedy, 128 new tokens; `decode="fast"` is the',
-        "same Generator with every job's token drawn in one batched pass (`backends/exllamav3/fast_decode.py`).",
+        "same Generator with every job's token drawn in one batched pass (`backends/exllamav3/fast_decode.py`),",
+        "from run 3 on with the decode forward replayed from a CUDA graph (`backends/exllamav3/decode_graphs.py`).",
         "",
     ]
     lines += _runs(FAST_DECODE)

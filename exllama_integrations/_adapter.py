@@ -156,7 +156,7 @@ class ExLlamaConfig(SettingFields):
     not show them (they are found in the template otherwise)."""
     tool_format: str | None = None
     """A model family's tool-call format by name (``hermes``, ``llama3_json``, ``mistral``, ``harmony``, ...: see the
-    README's table), where the chat template does not show it; found from the template otherwise."""
+    table in docs/tool-calls.md), where the chat template does not show it; found from the template otherwise."""
     split_special_tokens: bool = False
     """Encode message text literally, so special-token strings a user types (``<|im_end|>``) stay text.
     Off by default, as in transformers: such strings become control tokens."""

@@ -1,7 +1,9 @@
-"""``decode="fast"`` (the batched sampler) against exllamav3's own loop, through the runtime.
+"""``decode="fast"`` (the batched sampler, the captured decode step) against exllamav3's own loop, through the runtime.
 
-Greedy tokens identical for a batch of 1 and of 16 (plain and with penalties and a logit bias), seeded sampling
-repeatable, and what it does not cover (a grammar, logprobs) sampled by exllamav3 and counted in the report.
+Greedy tokens identical for a batch of 1 and of 16 (plain and with penalties and a logit bias) with every decode
+forward after the first of its shape replayed from a CUDA graph (fp16 weights: exllamav3 graphs none of them
+itself), and as jobs end at different steps (a new shape each time); seeded sampling repeatable, and what the
+sampler does not cover (a grammar, logprobs) sampled by exllamav3 and counted in the report.
 The 128-step, batch 1/16/64 comparison on an EXL3 1B-class and the 7B fp16 shape is benchmarks/gpu_fast_decode.py
 (greedy section). Run on the lent GPU: ``pytest -m gpu tests/gpu``. Skipped without CUDA.
 """
@@ -25,7 +27,7 @@ def runtimes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, An
     from exllama_integrations import ExLlamaRuntime
 
     model: Path = make_llama(tmp_path_factory.mktemp("fast") / "fp16", SMALL_GQA, seed=41)
-    with ExLlamaRuntime(model, "exllamav3", cache_size=16384) as plain:
+    with ExLlamaRuntime(model, "exllamav3", cache_size=16384, decode="exllamav3") as plain:
         with ExLlamaRuntime(model, "exllamav3", cache_size=16384, decode="fast") as fast:
             yield plain, fast
 
@@ -43,13 +45,29 @@ def prompts(n: int) -> list[str]:
 def test_fast_greedy_tokens_are_exllamav3s(runtimes: tuple[Any, Any], jobs: int, settings: dict[str, Any]) -> None:
     plain, fast = runtimes
     report = fast.diagnostics()["fast_decode"]
-    before = report.tokens
+    before, replays = report.tokens, report.graphs.replays
     kw = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True, **settings}
     want = [r.token_ids for r in plain.batch(prompts(jobs), **kw)]
     got = [r.token_ids for r in fast.batch(prompts(jobs), **kw)]
     assert got == want
     assert report.tokens - before == jobs * 47  # every token but each job's first came from the batched pass
+    assert report.graphs.replays - replays >= 40  # of 47 decode steps, all but the first of each shape replayed
+    assert report.report()["graphs"]["capture_failed"] == {}
     print(f"decode='fast', {jobs} jobs {settings}: {jobs * 48} greedy tokens identical; {report.report()}")
+
+
+def test_fast_greedy_tokens_as_jobs_end_at_different_steps(runtimes: tuple[Any, Any]) -> None:
+    plain, fast = runtimes
+    report = fast.diagnostics()["fast_decode"]
+    shapes = len(report.graphs.shapes)
+    kw = {"temperature": 0, "max_new_tokens": 64, "stop": ["ing", "the", "7"]}
+    want = [r.token_ids for r in plain.batch(prompts(24), **kw)]
+    got = [r.token_ids for r in fast.batch(prompts(24), **kw)]
+    assert got == want
+    lengths = sorted({len(t) for t in want})
+    assert len(lengths) > 1, lengths  # the batch shrank as jobs stopped: several shapes ran
+    assert len(report.graphs.shapes) > shapes
+    print(f"decode='fast', 24 jobs ending after {lengths} tokens: identical; {report.report()['graphs']}")
 
 
 def test_fast_seeded_sampling_repeats_and_differs_by_seed(runtimes: tuple[Any, Any]) -> None:

@@ -264,6 +264,8 @@ class ExLlamaV3Backend(Backend):
         overlay, self._overlay = getattr(self, "_overlay", None), None
         if overlay is not None:
             overlay.cleanup()
+        if self._fast is not None:  # its graphs hold GPU memory and the model; freed before the model unloads
+            self._fast.close()
         generator, model, draft, loras = self._generator, self._model, self._draft, self._loras
         vision, self._vision = getattr(self, "_vision", None), None
         self._generator = self._cache = self._model = self._draft = None

@@ -6,7 +6,9 @@ that asks for its token has every covered job's token drawn at once (:class:`~.f
 each job then gets its own token back from ``receive_logits`` and exllamav3 goes on as before (one pinned
 read-back and one synchronize for the step, stop conditions, streaming, page hashing, cancellation). Nothing
 of exllamav3 is forked: the generator's ``iterate_gen`` and the model's ``forward`` are wrapped on their
-instances, and each adopted job's ``receive_logits``.
+instances, and each adopted job's ``receive_logits``. The decode forward itself is replayed from a captured CUDA
+graph where :mod:`.decode_graphs` can (its own rule; the logits are the same either way, so every job gains,
+whoever samples it).
 
 The rule (where it stands aside; :meth:`FastDecode.report` says which and how often):
 
@@ -26,6 +28,7 @@ import logging
 from collections import Counter
 from typing import Any
 
+from .decode_graphs import DecodeGraphs
 from .fast_sampler import BatchedSampler, RowSettings, row_settings, uncovered
 
 logger = logging.getLogger(__name__)
@@ -60,8 +63,12 @@ class _Adopted:
 class FastDecode:
     """The batched sampling of one exllamav3 ``Generator`` (see the module docstring)."""
 
-    def __init__(self, generator: Any) -> None:
-        """Hooks ``generator`` unless the installed exllamav3 is not the verified one (then ``active`` is False)."""
+    def __init__(self, generator: Any, graphs: bool = True) -> None:
+        """Hooks ``generator`` unless the installed exllamav3 is not the verified one (then ``active`` is False).
+
+        ``graphs``: also replay each decode forward from a captured CUDA graph where :mod:`.decode_graphs` can
+        (False: the batched sampler alone, for comparison).
+        """
         self.generator = generator
         self.why_not = stands_aside()
         if self.why_not is None and not (hasattr(generator, "iterate_gen") and hasattr(generator.model, "forward")):
@@ -79,6 +86,12 @@ class FastDecode:
             logger.warning("decode='fast' stands aside: %s", self.why_not)
             return
         self.sampler = BatchedSampler(getattr(generator.tokenizer, "actual_vocab_size", None))
+        self.graphs: DecodeGraphs | None = None
+        if graphs:
+            try:
+                self.graphs = DecodeGraphs(generator.model)
+            except Exception:  # noqa: BLE001 - the batched sampler still runs; the forward stays eager
+                logger.exception("decode='fast': the captured decode step could not be set up; it runs eagerly")
         self._hook()
 
     def _hook(self) -> None:
@@ -94,7 +107,10 @@ class FastDecode:
                 self._capture, self._logits, self._drawn, self._step = False, None, None, None
 
         def fast_forward(*args: Any, **kwargs: Any) -> Any:
-            out = forward(*args, **kwargs)
+            if self._capture and self.graphs is not None and not args and set(kwargs) == {"input_ids", "params"}:
+                out = self.graphs.forward(forward, kwargs["input_ids"], kwargs["params"])
+            else:
+                out = forward(*args, **kwargs)
             if self._capture:  # the one target forward of a decode step
                 self._capture, self._logits = False, out
             return out
@@ -203,6 +219,16 @@ class FastDecode:
         tokens = tokens.view(-1, 1)
         return {id(j): tokens[i : i + 1] for i, (j, _, _) in enumerate(picked)}
 
+    def close(self) -> None:
+        """Unhook the generator and the model and free the captured graphs (the counts stay for ``report()``)."""
+        if self.graphs is not None:
+            self.graphs.close()
+        gen = self.generator
+        if gen is not None and self.active:
+            vars(gen).pop("iterate_gen", None)
+            vars(gen.model).pop("forward", None)
+        self.generator, self._logits, self._drawn = None, None, None
+
     # ------------------------------------------------------------------ diagnostics
 
     def report(self) -> dict[str, Any]:
@@ -216,4 +242,5 @@ class FastDecode:
             "batched_tokens": self.tokens,
             "sampled_by_exllamav3": dict(self.fallback),
             "jobs_not_adopted": dict(self.not_adopted),
+            "graphs": self.graphs.report() if self.graphs is not None else {"captured": False, "stands_aside": "off"},
         }

@@ -155,6 +155,8 @@ class BatchedSampler:
 
         n, vocab = logits.shape
         dev = logits.device
+        if all(r.greedy and not r.logit_bias and not r.penalised for r in rows):  # argmax alone: no copy, no upload
+            return torch.argmax(logits[:, : min(vocab, self.vocab_limit or vocab)], dim=-1)
         x = logits.float().clone()
         if self.vocab_limit is not None and self.vocab_limit < vocab:
             x[:, self.vocab_limit :] = float("-inf")

@@ -107,10 +107,12 @@ class ExLlamaV3Options(BackendOptions):
     """Run exllamav3's ``Model.warmup()`` at load (kernel compiles, GEMM autotuning, graph workspaces), so the first
     request pays none of it; its time is in ``model_info().details["warmup_seconds"]`` (8 s on the H200 for a
     small fp16 model). On by default where a server loads the model (``serve``, Ray replicas), off in process."""
-    decode: Literal["exllamav3", "fast"] = "exllamav3"
-    """How a decode step samples. ``"exllamav3"``: its own samplers, job by job. ``"fast"`` (opt-in): every job
-    whose settings it covers is sampled in one batched pass on the GPU (:mod:`.fast_decode` says what falls back
-    to exllamav3 and why; the runtime's ``diagnostics()["fast_decode"].report()`` counts it); only on exllamav3
+    decode: Literal["exllamav3", "fast"] = "fast"
+    """How a decode step runs. ``"exllamav3"``: its own loop (samplers job by job). ``"fast"`` (the default): every job
+    whose settings it covers is sampled in one batched pass on the GPU, and the decode forward is replayed from a
+    CUDA graph captured once per batch shape wherever exllamav3 does not graph it itself (past 8 rows of EXL3
+    weights, every fp16/bf16 model); :mod:`.fast_decode` and :mod:`.decode_graphs` say what falls back to
+    exllamav3 and why, and the runtime's ``diagnostics()["fast_decode"].report()`` counts it. Only on exllamav3
     1.6.5, where greedy tokens were proven identical to its own loop; on another version it stands aside and says
     so."""
     progressbar: bool | None = None

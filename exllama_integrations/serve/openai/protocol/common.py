@@ -3,7 +3,7 @@
 OpenAI's own fields are accepted as its clients send them (``presence_penalty``, ``frequency_penalty`` and
 ``logit_bias`` through every backend's sampler). Extensions use vLLM's names where it has one (``top_k``,
 ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``thinking_token_budget``) and are
-listed in the README. A field that is neither is refused (a typo must not be silently dropped). Settings are
+listed in docs/serving.md. A field that is neither is refused (a typo must not be silently dropped). Settings are
 resolved once, on the model itself (:meth:`CommonRequest.to_settings`).
 """
 

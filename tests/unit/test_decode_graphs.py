@@ -1,0 +1,101 @@
+"""The rule of the captured decode step (``decode="fast"``): which forwards a CUDA graph may replay.
+
+The capture itself and the identical tokens are proven on the GPU (tests/gpu/test_gpu_fast_decode.py,
+benchmarks/gpu_fast_decode.py); here, on the CPU, the rule that sends every other forward to exllamav3's eager
+one, since a wrong "yes" would replay a graph built for another kind of step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from exllama_integrations.backends.exllamav3 import decode_graphs  # noqa: E402
+from exllama_integrations.backends.exllamav3.decode_graphs import DecodeGraphs, step_stands_aside  # noqa: E402
+
+
+def step(rows: int = 16, **extra: Any) -> tuple[Any, dict[str, Any]]:
+    """The forward of one plain decode step as exllamav3's Generator.iterate_gen calls it."""
+    params = {
+        "attn_mode": "flash_attn",
+        "block_table": torch.zeros((rows, 16), dtype=torch.int32),
+        "cache": object(),
+        "cache_seqlens": torch.full((rows,), 130, dtype=torch.int32),
+        "recurrent_states": None,
+        "indexed_embeddings": [],
+        "positions": None,
+        "recurrent_history": False,
+        "pinned_staging": True,
+        "dev_cache": {},
+        **extra,
+    }
+    return torch.ones((rows, 1), dtype=torch.long), params
+
+
+def test_a_plain_decode_step_is_replayed() -> None:
+    assert step_stands_aside(*step(16), min_rows=9) is None
+    assert step_stands_aside(*step(1), min_rows=1) is None
+
+
+def test_prefill_drafting_and_healing_run_eagerly() -> None:
+    ids, params = step(4)
+    assert step_stands_aside(torch.ones((4, 5), dtype=torch.long), params, 1) == "more than one position per row"
+    assert step_stands_aside(None, params, 1) == "more than one position per row"
+
+
+def test_a_draft_models_parameters_run_eagerly_and_are_named() -> None:
+    ids, params = step(16, export_states=[], draft_conf=True)
+    assert step_stands_aside(ids, params, 1) == "parameters ['draft_conf', 'export_states']"
+
+
+def test_images_recurrent_state_and_explicit_positions_run_eagerly() -> None:
+    ids, params = step(16, indexed_embeddings=[object()])
+    assert step_stands_aside(ids, params, 1) == "image embeddings or recurrent state"
+    ids, params = step(16, recurrent_history=True)
+    assert step_stands_aside(ids, params, 1) == "image embeddings or recurrent state"
+    ids, params = step(16, positions=torch.zeros(16, dtype=torch.int32))
+    assert step_stands_aside(ids, params, 1) == "explicit positions"
+
+
+def test_unpaged_attention_runs_eagerly() -> None:
+    ids, params = step(16, attn_mode="flash_attn_nc")
+    assert step_stands_aside(ids, params, 1) == "not a paged decode step"
+    ids, params = step(16)
+    del params["block_table"]
+    assert step_stands_aside(ids, params, 1) == "not a paged decode step"
+
+
+def test_small_batches_of_exl3_weights_keep_exllamav3s_own_graphs() -> None:
+    ids, params = step(8)
+    assert step_stands_aside(ids, params, min_rows=9) == "up to 8 rows (exllamav3's own per-layer graphs)"
+    assert step_stands_aside(*step(9), min_rows=9) is None
+
+
+class FakeModel:
+    loaded_tp = False
+    modules: list[Any] = []
+
+
+def test_without_exllamav3_every_forward_is_eager_and_the_report_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_exllamav3(name: str, *a: Any, **k: Any) -> Any:
+        if name.startswith("exllamav3"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_exllamav3)
+    graphs = DecodeGraphs(FakeModel(), min_rows=1)
+    calls = []
+    ids, params = step(16)
+    out = graphs.forward(lambda i, p: calls.append(i) or "eager logits", ids, params)
+    assert out == "eager logits" and calls == [ids]
+    report = graphs.report()
+    assert report["captured"] is False and "exllamav3's modules do not import" in report["stands_aside"]
+    assert graphs.eager == {"the model": 1}
+    assert decode_graphs.MAX_GRAPHS >= 64  # every batch size up to a generator's usual 64 can have its graph
