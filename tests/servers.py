@@ -48,3 +48,20 @@ def demo_server() -> str:
 
         _shared["demo"] = ThreadServer(ExLlamaRuntime.shared(demo_model_dir(), "transformers"))
     return _shared["demo"].url
+
+
+def wait_until_up(url: str, seconds: float = 120, process: Any = None) -> None:
+    """Return once ``url``'s /health answers 200 (a server in another process is loading its model); fail at once
+    if ``process`` (its ``subprocess.Popen``) has exited."""
+    import httpx
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        assert process is None or process.poll() is None, "the server process exited"
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not come up")

@@ -12,20 +12,9 @@ import time
 
 import httpx
 import pytest
+from servers import wait_until_up as _wait_until_up
 
 pytestmark = pytest.mark.slow
-
-
-def _wait_until_up(url: str, seconds: float = 120) -> None:
-    """Return once ``url``'s /health answers 200 (a server in another process is loading its model)."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise AssertionError("the server did not come up")
 
 
 def _free_port() -> int:

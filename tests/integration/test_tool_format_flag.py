@@ -22,6 +22,7 @@ import time
 import httpx
 import jsonschema
 import pytest
+from servers import wait_until_up
 from tool_families import TOOLS, make_family
 
 from exllama_integrations import ExLlamaRuntime
@@ -148,15 +149,7 @@ def test_serve_tool_format_overrides_the_model_format(hermes_dir):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        t0 = time.perf_counter()
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.perf_counter() - t0 < 120, "the server did not come up"
-            time.sleep(0.2)
+        wait_until_up(url, 120, proc)
         card = httpx.get(url + "/v1/models").json()["data"][0]
         assert card["tool_format"] == "mistral"
         info = httpx.get(url + "/v1/exllama/info").json()["info"]

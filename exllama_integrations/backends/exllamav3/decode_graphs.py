@@ -348,6 +348,8 @@ class DecodeGraphs:
             vars(mq).pop("c_ptrs", None)
         self._patched.clear()
         self._pool = self._stream = None
+        self.model = self.embedding = None
+        self.layers = []
         self.why_not = self.why_not or "closed"
 
     # ------------------------------------------------------------------ diagnostics
