@@ -91,6 +91,9 @@ RUNS = {
     "gpu_load_run24_exl3_128.json": "run 24 (chat templates rendered on threads that outlive the event loop: EXL3, "
     "batch16 at 128 new tokens, 7 repetitions; a noisier GPU call: the raw row's tok/s 1,472 against 1,850 in "
     "run 22)",
+    "gpu_load_run25_exl3_fast.json": 'run 25 (`decode="fast"` the default: the batched sampler and the captured '
+    "decode step; EXL3, batch16 and callers64 at 128 new tokens, 5 repetitions, `--exl3 --sections "
+    "batch16,callers64`)",
 }
 LOAD_PLOT = ("gpu_load_run13_batch16.json", "gpu_load_run13_callers.json")
 """The load runs drawn in gpu_throughput.png (the newest)."""

@@ -203,15 +203,20 @@ def test_exllamav3_close_returns_gpu_memory(fixtures: dict[str, Path]) -> None:
 
     from exllama_integrations import ExLlamaRuntime
 
-    gc.collect()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated()
-    for _ in range(5):
+    def cycle() -> None:
         rt = ExLlamaRuntime(fixtures["fp16-gqa"], "exllamav3")
         rt.generate(PROMPT, max_new_tokens=4)
         rt.close()
         del rt
         gc.collect()
+
+    # a warm-up cycle: process-wide state made once (cuBLAS workspaces of the driver's and the graph capture's
+    # streams), which later loads reuse
+    cycle()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    for _ in range(5):
+        cycle()
     after = torch.cuda.memory_allocated()
     print(f"allocated before {base} after 5 load/close cycles {after}")
     assert after <= base * 1.01 + 1024 * 1024

@@ -186,7 +186,7 @@ def test_twenty_load_close_cycles_return_gpu_memory(model: Path) -> None:
         gc.collect()
 
     # One warm-up cycle first: the first load on a new thread allocates process-wide state once (cuBLAS
-    # handles and their workspace for the driver thread's stream), which later loads reuse.
+    # handles and their workspace for the driver thread's stream and the graph capture's), which later loads reuse.
     before_warmup = torch.cuda.memory_allocated()
     cycle()
     print(f"warm-up cycle: torch allocated {before_warmup} -> {torch.cuda.memory_allocated()} bytes")

@@ -122,6 +122,23 @@ def step_stands_aside(input_ids: Any, params: dict[str, Any], min_rows: int) -> 
     return None
 
 
+_CAPTURE_STREAMS: dict[str, Any] = {}
+
+
+def capture_stream(device: Any) -> Any:
+    """The side stream graphs are captured on: one per device for the whole process.
+
+    torch keeps a cuBLAS workspace (32 MiB on the H200) per stream for the life of the process, so a stream per
+    model would leave one behind at every load and close.
+    """
+    import torch
+
+    key = str(device)
+    if key not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[key] = torch.cuda.Stream(device=device)
+    return _CAPTURE_STREAMS[key]
+
+
 def has_own_graphs(model: Any) -> bool:
     """Whether exllamav3 graphs this model's layers itself at small batches (EXL3 weights)."""
     from exllamav3.modules.linear import Linear
@@ -270,7 +287,7 @@ class DecodeGraphs:
             self.model.prepare_inputs(x, static)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-                self._stream = torch.cuda.Stream(device=self.device)
+                self._stream = capture_stream(self.device)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             self._capturing = shape.keep
