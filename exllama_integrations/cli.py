@@ -142,6 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
             api_key=key,
             served_model_name=args.served_model_name,
             tool_format=args.tool_format,
+            chat_template=template,
             runtime_options={k: v for k, v in options.items() if v is not None},
             limits={
                 "max_tokens": args.max_tokens,

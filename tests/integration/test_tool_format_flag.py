@@ -130,8 +130,16 @@ def test_an_unknown_tool_format_is_refused_at_start_with_the_names(capsys, tmp_p
             create_app(rt, tool_format="hermez")
         with pytest.raises(InvalidSettingsError):
             app_over(rt, {"tool_format": "hermez"}, freeze_gc=False)  # what each Ray ingress replica builds
-        app = app_over(rt, {"tool_format": "mistral"}, freeze_gc=False)
+        template = "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"
+        app = app_over(rt, {"tool_format": "mistral", "chat_template": template}, freeze_gc=False)
         assert app.state.serve.tool_format == "mistral" and app.state.serve.info.tool_format == "mistral"
+        # serve --ray --chat-template: each ingress replica renders chats with the operator's template
+        from fastapi.testclient import TestClient
+
+        with TestClient(app) as client:
+            body = {"model": app.state.serve.name, "messages": [{"role": "user", "content": "hi there"}]}
+            got = client.post("/tokenize", json=body).json()
+        assert rt.decode(got["tokens"]).startswith("<<hi there>>")
     finally:
         rt.close()
 

@@ -94,6 +94,7 @@ def build_app(args: dict[str, Any]) -> Any:
     (default 1 where CUDA is visible, else 0; a fraction puts several on one GPU), ``num_cpus``,
     ``max_ongoing_requests`` (default 64), ``ingress_replicas`` (default 1), ``served_model_name``, ``api_key``,
     ``tool_format`` (the tool-call format chat requests are read and written in, instead of the model's),
+    ``chat_template`` (jinja text that replaces the model's own template on the chat endpoints),
     ``limits`` (``max_tokens``, ``max_pending``, ``max_body_bytes``, ``allow_image_urls`` and ``image_url_allow``: the
     hosts and networks an image fetch may reach although they are not global).
     """
@@ -134,6 +135,7 @@ def build_app(args: dict[str, Any]) -> Any:
         "served_model_name": args.get("served_model_name"),
         "api_key": args.get("api_key"),
         "tool_format": args.get("tool_format"),
+        "chat_template": args.get("chat_template"),
         "limits": dict(args.get("limits") or {}),
         "gpu_share": float(num_gpus) if 0 < float(num_gpus) < 1 else 1.0,
     }
@@ -163,6 +165,7 @@ def run_ray(
     runtime_options: dict[str, Any] | None = None,
     limits: dict[str, Any] | None = None,
     tool_format: str | None = None,
+    chat_template: str | None = None,
 ) -> int:
     """Start (or join) Ray here, serve ``replicas`` replicas behind its proxy on ``host:port``, until interrupted."""
     if host in ("127.0.0.1", "localhost"):
@@ -182,6 +185,7 @@ def run_ray(
             "api_key": api_key,
             "served_model_name": served_model_name,
             "tool_format": tool_format,
+            "chat_template": chat_template,
             "runtime": runtime_options or {},
             "limits": limits or {},
         }

@@ -169,4 +169,5 @@ def app_over(runtime: Any, c: dict[str, Any], freeze_gc: bool) -> Any:
         on_shutdown=runtime.close,
         freeze_gc=freeze_gc,
         tool_format=c.get("tool_format"),
+        chat_template=c.get("chat_template"),
     )
