@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +47,28 @@ TOOLS_ONLY = "TestChatExLlamaIntegrationLlama3Tools"
 """A standard-suite class of which only the tool-calling tests run (the rest is the demo model's suite again)."""
 
 
+# `./dev test` runs pytest in two worker processes (pytest-xdist). The tests below run alone: while one runs, the
+# other worker waits between its tests. Each is held to a time bound that CPU taken by the other worker could
+# break, or starts a cluster of processes. Node-id prefix -> why.
+EXCLUSIVE = {
+    "tests/integration/test_ray_serve.py": "a Ray cluster with two replicas and 16 clients",
+    "tests/integration/test_engine_process.py": "kills engines and waits seconds for them to end or come back",
+    "tests/integration/test_serve_cli.py": "serve in a subprocess, a 1.5 s header timeout checked within 5 s",
+    "tests/integration/test_hardening4.py::test_a_hung_engine": "a stopped engine reported within 6.2 s",
+    "tests/integration/test_round3.py::test_hostile_templates_are_refused_fast": "each refused within 2 s",
+    "tests/integration/test_round3.py::test_sandbox_widths_hold": "each example within 3 s",
+    "tests/integration/test_round3.py::test_a_client_that_trickles": "a 1.5 s body timeout answered within 5 s",
+    "tests/integration/test_tool_format_flag.py::test_an_unknown_tool_format_is_refused": "refused within 5 s",
+    "tests/unit/test_exllamav3_driver.py": "the request inbox's windows of 0.15 s and 0.3 s",
+    "tests/unit/test_media_budget.py": "refusals within 1 s and 1.5 s, and the process's peak memory",
+    "tests/unit/test_streaming.py::test_a_run_of_invalid_bytes_streams_in_linear_time": "4000 tokens in 0.5 s",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.nodeid.startswith(prefix) for prefix in EXCLUSIVE):
+            item.add_marker(pytest.mark.exclusive)
     other = [i for i in items if TOOLS_ONLY in i.nodeid and not any(w in i.name for w in ("tool", "agent"))]
     if other:
         config.hook.pytest_deselected(items=other)
@@ -62,6 +89,71 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class _Turns:
+    """Who runs now, across the workers of one run: a readers-writer lock on two files.
+
+    A test holds ``room`` shared, an exclusive test holds it exclusively. ``gate`` is taken on the way in, and an
+    exclusive test keeps it while it waits, so the other worker cannot start test after test ahead of it.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.gate = open(folder / "gate", "a")  # both held for the worker's life
+        self.room = open(folder / "room", "a")
+
+    @contextmanager
+    def turn(self, alone: bool) -> Iterator[None]:
+        fcntl.flock(self.gate, fcntl.LOCK_EX)
+        fcntl.flock(self.room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(self.gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.room, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(self.gate, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """On the controller, for each worker it starts (xdist's hook): the lock's folder and the worker's threads."""
+    config = node.config
+    if not hasattr(config, "_turns_dir"):
+        config._turns_dir = tempfile.mkdtemp(prefix="pytest-turns-")
+    node.workerinput["turns_dir"] = config._turns_dir
+    node.workerinput["threads"] = max(1, (os.cpu_count() or 1) // config.getoption("numprocesses", 1))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        return
+    config._turns = _Turns(Path(worker["turns_dir"]))
+    # Its share of the cores for torch (two workers on two cores: one thread each, not two each), set before
+    # torch is imported; and a temporary directory of its own, where engines make their folders (the engine
+    # tests count those) and Ray its session (a short path: Ray's socket paths must stay under 108 bytes).
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, str(worker["threads"]))
+    own = tempfile.mkdtemp(prefix=f"{worker['workerid']}-")
+    os.environ["TMPDIR"] = tempfile.tempdir = own
+    config._own_tmp = own
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for attr in ("_own_tmp", "_turns_dir"):
+        if hasattr(config, attr):
+            shutil.rmtree(getattr(config, attr), ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    turns = getattr(item.config, "_turns", None)
+    if turns is None:
+        return (yield)
+    with turns.turn(alone=item.get_closest_marker("exclusive") is not None):
+        return (yield)
 
 
 @pytest.fixture(scope="session")
