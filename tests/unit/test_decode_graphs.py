@@ -49,6 +49,8 @@ def test_prefill_drafting_and_healing_run_eagerly() -> None:
 def test_a_draft_models_parameters_run_eagerly_and_are_named() -> None:
     ids, params = step(16, export_states=[], draft_conf=True)
     assert step_stands_aside(ids, params, 1) == "parameters ['draft_conf', 'export_states']"
+    ids, params = step(16, inv_freq=torch.ones(64))  # a rope the graph was not captured with
+    assert step_stands_aside(ids, params, 1) == "parameters ['inv_freq']"
 
 
 def test_images_recurrent_state_and_explicit_positions_run_eagerly() -> None:

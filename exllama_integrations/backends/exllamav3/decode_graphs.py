@@ -45,12 +45,11 @@ STEP_PARAMS = frozenset(
         "recurrent_history",
         "pinned_staging",
         "dev_cache",
-        "position",
-        "inv_freq",
     }
 )
 """The parameters of a plain decode step (``Generator.iterate_gen`` without a draft model, and what
-``prepare_flash_attn`` adds); a step with any other is left to the eager forward."""
+``prepare_flash_attn`` adds in block-table mode); a step with any other (``inv_freq``, ``position``, a draft
+model's) is left to the eager forward, since the captured graph was built without it."""
 
 OWN_GRAPH_ROWS = 8
 """exllamav3's per-layer graphs (``MAX_BSZ`` in ``attention_fn/bc_attn.py``, ``MAX_BSZN`` in ``modules/mlp.py``)
