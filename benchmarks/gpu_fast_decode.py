@@ -12,10 +12,13 @@ reused.
   the first step where they part, if any
 * sampled: the batched sampler against exllamav3's own ``ComboSampler`` on the same logits (``--draws`` draws
   per setting, chi-square over the tokens either drew at least 5 times in all)
+* families: every family of the architecture matrix, its bf16 weights and its 4-bit EXL3 conversion, greedy
+  tokens of ``decode="fast"`` against exllamav3's own loop at batch 1, 16 and 64 (as ``greedy``)
 * bench: 16 and 64 jobs enqueued together, raw vs ``decode="fast"`` (same generator type, two instances),
   interleaved, ``--reps`` rounds; tokens/s, ms per step, paired ratios
 
-    python benchmarks/gpu_fast_decode.py --out DIR [--sections profile,greedy,sampled,bench] [--models exl3,fp16]
+    python benchmarks/gpu_fast_decode.py --out DIR [--sections profile,greedy,families,sampled,bench]
+        [--models exl3,fp16] [--no-sampler-alone]
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ class Raw:
 
 def load_models(args: Any) -> dict[str, Path]:
     models: dict[str, Path] = {}
-    for name in args.models.split(","):
+    for name in [m for m in args.models.split(",") if m]:
         if name == "exl3":
             models[name] = exl3_model(RESULTS, args.out)
         elif name == "fp16":
@@ -230,6 +233,27 @@ def section_profile(args: Any, models: dict[str, Path]) -> None:
             torch.cuda.empty_cache()
 
 
+def compare(raw: Raw, fast: Raw, ps: list[list[int]], new: int) -> dict[str, Any]:
+    """Greedy tokens of exllamav3's own loop and of ``decode="fast"`` on the same prompts, token for token (and the
+    raw loop run again: it must repeat itself); where a job parts, the step and the raw loop's logit margin there."""
+    a, b, again = raw.run(ps, new), fast.run(ps, new), raw.run(ps, new)
+    parted = [i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y]
+    row: dict[str, Any] = {
+        "jobs": len(ps),
+        "steps": new,
+        "identical_jobs": len(ps) - len(parted),
+        "tokens_compared": sum(len(x) for x in a["tokens"]),
+        "raw_repeats_itself": again["tokens"] == a["tokens"],
+    }
+    if parted:  # where the first parting job parts, and the raw loop's logit margin there
+        i = parted[0]
+        x, y = a["tokens"][i], b["tokens"][i]
+        k = next(n for n, (s, t) in enumerate(zip(x, y)) if s != t)
+        row.update(first_parting_job=i, first_parting_step=k, raw_token=x[k], fast_token=y[k])
+        row["logit_margin"] = margin(raw, ps[i] + x[:k], x[k], y[k])
+    return row
+
+
 def section_greedy(args: Any, models: dict[str, Path]) -> None:
     import torch
 
@@ -238,22 +262,7 @@ def section_greedy(args: Any, models: dict[str, Path]) -> None:
         fast = Raw(path, fast=True)  # a model of its own: no state shared with the raw one
         prompts = Prompts(32000)
         for batch in BATCHES:
-            ps = prompts.take(batch)
-            a, b, again = raw.run(ps, args.new), fast.run(ps, args.new), raw.run(ps, args.new)
-            parted = [i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y]
-            row: dict[str, Any] = {
-                "jobs": batch,
-                "steps": args.new,
-                "identical_jobs": batch - len(parted),
-                "tokens_compared": sum(len(x) for x in a["tokens"]),
-                "raw_repeats_itself": again["tokens"] == a["tokens"],
-            }
-            if parted:  # where the first parting job parts, and the raw loop's logit margin there
-                i = parted[0]
-                x, y = a["tokens"][i], b["tokens"][i]
-                k = next(n for n, (s, t) in enumerate(zip(x, y)) if s != t)
-                row.update(first_parting_job=i, first_parting_step=k, raw_token=x[k], fast_token=y[k])
-                row["logit_margin"] = margin(raw, ps[i] + x[:k], x[k], y[k])
+            row = compare(raw, fast, prompts.take(batch), args.new)
             note(args.out, f"greedy {name} batch {batch}", row)
             print(f"[greedy] {name} batch {batch}: {row}", flush=True)
         fast.fast_report = fast.fast.report()  # type: ignore[union-attr]
@@ -262,6 +271,78 @@ def section_greedy(args: Any, models: dict[str, Path]) -> None:
         raw.close()
         del raw, fast
         torch.cuda.empty_cache()
+
+
+def section_families(args: Any, models: dict[str, Path]) -> None:
+    """Every family of the architecture matrix (tests/arch_models.py, the GPU width: hidden 1024, 8 layers, bf16
+    weights), as built and converted to 4-bit EXL3 by exllamav3's own converter: greedy tokens of ``decode="fast"``
+    against exllamav3's own loop at batch 1, 16 and 64 for ``--new`` steps. A family exllamav3 cannot load or
+    convert is recorded as refused, with why."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+    from arch_models import ARCHS, make_arch
+
+    from fixture_models import convert_exl3
+
+    root = Path("/tmp/models/families")
+    built: dict[str, Path] = {}
+    for i, name in enumerate(ARCHS):
+        path = root / name
+        if not (path / ".complete").exists():
+            make_arch(name, path, size="gpu", seed=7 + i, device="cuda")
+            (path / ".complete").write_text("1")
+        built[name] = path
+    torch.cuda.empty_cache()
+
+    def convert(name: str) -> tuple[str, Path | str]:
+        out = root / f"{name}-exl3"
+        if (out / ".complete").exists():
+            return name, out
+        try:
+            seconds = convert_exl3(built[name], out, bits=4, timeout=400)
+        except Exception as e:  # noqa: BLE001 - recorded as the family's EXL3 row
+            return name, f"{type(e).__name__}: {str(e)[-300:]}"
+        (out / ".complete").write_text(f"{seconds:.1f}")
+        return name, out
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(4) as pool:
+        converted = dict(pool.map(convert, list(built)))
+    note(args.out, "families: EXL3 conversion seconds (4 at a time)", round(time.perf_counter() - t0, 1))
+    for name in ARCHS:
+        for kind, path in (("bf16", built[name]), ("exl3", converted[name])):
+            key = f"family {name} {kind}"
+            if not isinstance(path, Path):
+                note(args.out, key, {"status": "not converted", "why": path})
+                continue
+            try:
+                raw = Raw(path, fast=False, cache_tokens=20480)
+                fast = Raw(path, fast=True, cache_tokens=20480)
+            except Exception as e:  # noqa: BLE001 - a family exllamav3 does not load
+                note(args.out, key, {"status": "refused by exllamav3", "why": f"{type(e).__name__}: {str(e)[:300]}"})
+                torch.cuda.empty_cache()
+                continue
+            prompts = Prompts(32000)
+            rows = {}
+            try:
+                for batch in BATCHES:
+                    rows[f"batch {batch}"] = compare(raw, fast, prompts.take(batch), args.new)
+                report = fast.fast.report()  # type: ignore[union-attr]
+                graphs = report["graphs"]
+                rows["graphs"] = {k: graphs.get(k) for k in ("captured", "stands_aside", "shapes", "replays")}
+                rows["batched_tokens"] = report["batched_tokens"]
+                rows["identical"] = all(
+                    r["identical_jobs"] == r["jobs"] for k, r in rows.items() if k.startswith("batch ")
+                )
+            except Exception as e:  # noqa: BLE001 - recorded, not hidden
+                rows["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            note(args.out, key, rows)
+            print(f"[families] {key}: {rows}", flush=True)
+            fast.close()
+            raw.close()
+            del raw, fast
+            torch.cuda.empty_cache()
 
 
 def margin(raw: Raw, ids: list[int], a: int, b: int) -> float | str:
@@ -371,7 +452,7 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
     for name, path in models.items():
         raw = Raw(path, fast=False)
         fast = Raw(path, fast=True)  # a model of its own: no state shared with the raw one
-        sampler_only = Raw(path, fast=True, graphs=False)
+        sampler_only = Raw(path, fast=True, graphs=False) if args.sampler_alone else None
         prompts = Prompts(32000)
         for batch in args.batches:
 
@@ -386,14 +467,16 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
             paths = {
                 f"raw exllamav3: {batch} Jobs together": row(raw),
                 f'decode="fast": {batch} Jobs together': row(fast),
-                f"batched sampler alone: {batch} Jobs together": row(sampler_only),
             }
+            if sampler_only is not None:
+                paths[f"batched sampler alone: {batch} Jobs together"] = row(sampler_only)
             _interleave(RESULTS, args.out, section, paths, args.reps)
             names = list(paths)
-            ratios(args.out, section, [(names[1], names[0]), (names[2], names[0])], more=("step_ms",))
+            ratios(args.out, section, [(n, names[0]) for n in names[1:]], more=("step_ms",))
         note(args.out, f"bench {name} fast path report", fast.fast.report())  # type: ignore[union-attr]
         fast.close()
-        sampler_only.close()
+        if sampler_only is not None:
+            sampler_only.close()
         raw.close()
         del raw, fast, sampler_only
         torch.cuda.empty_cache()
@@ -404,6 +487,9 @@ def main() -> None:
     ap.add_argument("--sections", default="profile,greedy,sampled,bench")
     ap.add_argument("--models", default="exl3,fp16")
     ap.add_argument("--draws", type=int, default=4000)
+    ap.add_argument(
+        "--no-sampler-alone", dest="sampler_alone", action="store_false", help="bench: leave out the sampler-alone row"
+    )
     ap.add_argument("--batches", type=lambda v: [int(b) for b in v.split(",")], default=[1, 16, 64])
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -417,9 +503,14 @@ def main() -> None:
     sections = args.sections.split(",")
     for s in sections:
         t0 = time.perf_counter()
-        {"profile": section_profile, "greedy": section_greedy, "sampled": section_sampled, "bench": section_bench}[s](
-            args, models
-        )
+        sections_by_name = {
+            "profile": section_profile,
+            "greedy": section_greedy,
+            "families": section_families,
+            "sampled": section_sampled,
+            "bench": section_bench,
+        }
+        sections_by_name[s](args, models)
         note(args.out, f"seconds of the {s} section", round(time.perf_counter() - t0, 1))
 
 

@@ -156,8 +156,8 @@ def main() -> None:
     ap.add_argument(
         "--rows",
         default="generate,stream,thread,process,engines2,single",
-        help="rows to take: generate, stream, engine_in_process, thread, process, process_whole, process_half, "
-        "process_window, engines2, single",
+        help="rows to take: generate, stream, engine_in_process, thread, process, process_exllamav3, process_whole, "
+        "process_half, process_window, engines2, single",
     )
     ap.add_argument("--window", type=float, default=0.02, help="arrival_window of the process_window row's server")
     ap.add_argument("--profile", action="store_true", help="py-spy on the engine-process server and its engine")
@@ -187,6 +187,9 @@ def main() -> None:
         servers["thread"] = start_server(args.model, args.backend, options, ["--engine", "thread"])
     if rows_wanted & {"process", "process_whole", "process_half", "single"}:
         servers["process"] = start_server(args.model, args.backend, options, ["--engine", "process"])
+    if "process_exllamav3" in rows_wanted:  # the server as it was before decode="fast": exllamav3's own loop
+        own = [o for o in options if not o.startswith("decode=")] + ["decode=exllamav3"]
+        servers["exllamav3 loop"] = start_server(args.model, args.backend, own, ["--engine", "process"])
     if "process_window" in rows_wanted:
         window = [*options, f"arrival_window={args.window}"]
         servers["window"] = start_server(args.model, args.backend, window, ["--engine", "process"])
@@ -199,6 +202,8 @@ def main() -> None:
         from exllama_integrations.langchain import ExLlamaLLM
 
         values = {k: json.loads(v) if v[:1].isdigit() else v for k, v in (o.split("=", 1) for o in options)}
+        if not rows_wanted & {"generate", "stream", "single"} and args.backend == "exllamav3":
+            values["cache_size"] = 4096  # only its tokenizer is used (the prompts): a small cache leaves memory
         rt = ExLlamaRuntime(args.model, args.backend, **values)
         llm = ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=args.new)
         llm_engine = None
@@ -294,6 +299,10 @@ def main() -> None:
             ),
             "thread": (f"served, --engine thread: {n} streaming clients", lambda: served("thread")),
             "process": (process, lambda: served("process")),
+            "process_exllamav3": (
+                f'served, --engine process, decode="exllamav3" (its own loop): {n} streaming clients',
+                lambda: served("exllamav3 loop"),
+            ),
             "process_whole": (
                 f"served, --engine process: {n} clients, whole bodies (not streamed)",
                 lambda: served("process", stream=False),
@@ -313,6 +322,9 @@ def main() -> None:
         ratios(args.out, "load", [(k, base) for k in rows if k != base and base in rows])
         if process in rows:
             ratios(args.out, "load", [(k, process) for k in rows if k.startswith("served") and k != process])
+            own = every["process_exllamav3"][0]
+            if own in rows:
+                ratios(args.out, "load", [(k, own) for k in rows if k.startswith("served") and k != own])
         if args.profile:  # one more round of the engine-process rows, each under py-spy
             for key in ("process", "2 engines"):
                 if key not in servers:

@@ -127,6 +127,11 @@ SERVING = {
     '`stream_interval="auto"`; `--exl3 --rows generate,process,single --option warmup=false`)',
     "gpu_serve_run7_fp16_defaults.json": "run 7: the fp16 7B shape, the server with the same defaults (`--rows "
     'generate,process,single --reps 5`; `stream_interval="auto"` was still `jobs // 16` then)',
+    "gpu_serve_run8_exl3_fast.json": 'run 8 (2026-12-03): EXL3, `decode="fast"` the default, beside a server on '
+    "exllamav3's own loop (`--option decode=exllamav3`: the served figure before it) and `--engines 2` "
+    "(`--exl3 --rows process,process_exllamav3,engines2 --reps 7`)",
+    "gpu_serve_run9_fp16_fast.json": "run 9 (2026-12-03): the same on the fp16 7B shape (`--rows "
+    "process,process_exllamav3,engines2 --reps 7`)",
 }
 
 FAST_DECODE = {
@@ -144,6 +149,21 @@ FAST_DECODE = {
     "gpu_fast_decode_run4_bench_profile.json": "run 4, the same beside raw exllamav3 and the batched sampler alone "
     "(no graphs): 1, 16 and 64 jobs enqueued together, 5 interleaved repetitions, then the profile of raw and "
     "fast steps (`--sections bench,profile --batches 1,16,64 --reps 5`)",
+    "gpu_fast_decode_run5_families.json": "run 5, every family of the architecture matrix (tests/arch_models.py at "
+    "the GPU width: hidden 1024, 8 layers, vocab 32000, bf16 weights, and each converted to 4-bit EXL3 by "
+    "exllamav3's converter, 4 at a time): greedy tokens of exllamav3's own loop and of `decode=\"fast\"` for 128 "
+    "steps at 1, 16 and 64 jobs (`--sections families --models '' --new 128`, under a 300 s limit: smollm3's "
+    "EXL3 row and gemma3, mistral, phi3 were not reached, and the GPU suite compares those at 1 and 16 jobs; "
+    "qwen3_moe goes through exllamav3 directly here, which reads no `num_local_experts`: our runtime maps it, "
+    "and the suite's run of it passes). Each family's note also holds an `error` from the script's own summary "
+    "line (`identical` read the `batched_tokens` count as a batch; fixed after the run): the rows before it are "
+    "whole",
+    "gpu_fast_decode_run6_bench.json": 'run 6, `decode="fast"` as it is now (the step\'s tokens read back in one '
+    "copy; a lone greedy job on a step exllamav3 graphs itself left to its argmax) beside raw exllamav3, 7 "
+    "interleaved repetitions (`--sections bench --batches 1,16,64 --reps 7 --no-sampler-alone`; the fp16 64-job "
+    "row was cut by the call's time limit). This host ran raw exllamav3's host-bound steps 1.4-1.7x slower than "
+    "run 4's did (EXL3 16 jobs 14.2 against 8.2 ms a step), the captured ones about as fast: ratios here are "
+    "higher than on run 4's host",
 }
 
 RAY = {
@@ -188,12 +208,43 @@ def _runs(runs: dict[str, str]) -> list[str]:
                 lines.append(f"| {pair} | " + " | ".join(cells) + " |")
             lines.append("")
         notes = data.get("notes", {})
-        plain = {k: v for k, v in notes.items() if k != "gpu" and not k.startswith("profile") and k != "placement"}
+        lines += _families({k: v for k, v in notes.items() if k.startswith("family ")})
+        plain = {
+            k: v
+            for k, v in notes.items()
+            if k != "gpu" and not k.startswith(("profile", "family ")) and k != "placement"
+        }
         if plain:
             lines += ["Notes: " + "; ".join(f"{k}: {v}" for k, v in plain.items()), ""]
         for key in (k for k in notes if k.startswith("profile")):
             lines += _profile(key, notes[key])
     return lines
+
+
+def _families(notes: dict) -> list[str]:
+    """The families section's notes as one table: per family and weights, identical jobs / jobs at each batch, and
+    whether the decode forward was captured (or why it stood aside)."""
+    if not notes:
+        return []
+    batches = sorted({k for v in notes.values() for k in v if k.startswith("batch ")}, key=lambda k: int(k.split()[1]))
+    head = ["family, weights", *(f"{b}: identical jobs (tokens)" for b in batches), "captured decode step"]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(batches) + " --- |"]
+    for key, v in notes.items():
+        name = key.removeprefix("family ")
+        if "status" in v:
+            lines.append(
+                f"| {name} | "
+                + " | ".join(["-"] * len(batches))
+                + f" | {v['status']}: {v['why'].strip().splitlines()[-1][-120:]} |"
+            )
+            continue
+        cells = [
+            f"{v[b]['identical_jobs']}/{v[b]['jobs']} ({v[b]['tokens_compared']})" if b in v else "" for b in batches
+        ]
+        g = v.get("graphs", {})
+        graphs = f"yes, {len(g.get('shapes') or [])} shapes" if g.get("captured") else f"no: {g.get('stands_aside')}"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {graphs} |")
+    return [*lines, ""]
 
 
 def _profile(key: str, processes: dict) -> list[str]:

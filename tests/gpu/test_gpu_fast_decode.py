@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from arch_models import ARCHS, make_arch
 
 from fixture_models import SMALL_GQA, make_llama
 
@@ -95,3 +96,27 @@ def test_what_fast_does_not_cover_is_sampled_by_exllamav3(runtimes: tuple[Any, A
     why = report.report()["sampled_by_exllamav3"]
     assert why.get("a grammar or token mask", 0) > 0 and why.get("logprobs", 0) > 0
     print(f"decode='fast' fallbacks: {why}")
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_fast_greedy_tokens_are_exllamav3s_on_every_family(tmp_path: Path, name: str) -> None:
+    """Each family of the architecture matrix at the GPU width (bf16 weights): decode="fast" picks exllamav3's own
+    greedy tokens at 1 and 16 jobs; where the whole step cannot be captured (MoE, a family's layer kinds), the
+    graphs stand aside and say why, and the tokens are still exllamav3's. The 128-step, 1/16/64-job comparison on
+    bf16 and EXL3 weights of every family is ``benchmarks/gpu_fast_decode.py --sections families``."""
+    from exllama_integrations import ExLlamaRuntime, UnsupportedModelError
+
+    path = make_arch(name, tmp_path / name, size="gpu", seed=3, device="cuda")
+    try:
+        plain = ExLlamaRuntime(path, "exllamav3", cache_size=8192, decode="exllamav3")
+    except UnsupportedModelError as e:
+        pytest.skip(f"exllamav3 refuses {name}, typed: {e}")
+    with plain, ExLlamaRuntime(path, "exllamav3", cache_size=8192, decode="fast") as fast:
+        kw = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
+        for jobs in (1, 16):
+            want = [r.token_ids for r in plain.batch(prompts(jobs), **kw)]
+            got = [r.token_ids for r in fast.batch(prompts(jobs), **kw)]
+            assert got == want, f"{name}, {jobs} jobs"
+        report = fast.diagnostics()["fast_decode"].report()
+        assert report["batched_tokens"] >= 16 * 31 and report["graphs"].get("capture_failed", {}) == {}
+        print(f"{name}: decode='fast' greedy identical at 1 and 16 jobs; graphs {report['graphs']}")

@@ -222,3 +222,61 @@ def test_on_another_exllamav3_it_stands_aside_and_says_so(monkeypatch: pytest.Mo
     results: list[Any] = []
     gen.iterate_gen(results)
     assert results[0][0] == "exllamav3's own"
+
+
+class OwnGraphs:
+    """DecodeGraphs as the fast path sees it on EXL3 weights: exllamav3's own graphs run steps of up to ``rows``."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows, self.own_graphs_step = rows, False
+
+    def forward(self, eager: Any, input_ids: Any, params: dict[str, Any]) -> Any:
+        out = eager(input_ids=input_ids, params=params)
+        self.own_graphs_step = out.shape[0] <= self.rows
+        return out
+
+    def close(self) -> None:
+        pass
+
+    def report(self) -> dict[str, Any]:
+        return {"captured": False}
+
+
+class KwargsGenerator(FakeGenerator):
+    def iterate_gen(self, results: list[Any], draft_tokens: Any = None) -> None:
+        logits = self.model.forward(input_ids=torch.zeros(len(self.active_jobs), 1, dtype=torch.long), params={})
+        for i, job in enumerate(self.active_jobs):
+            results.append(job.receive_logits(logits[i : i + 1]))
+
+
+@pytest.mark.parametrize(
+    ("rows", "settings", "exllamav3_samples"),
+    [
+        (1, RowSettings(greedy=True), True),  # one greedy row, exllamav3's own graphs: its argmax, no wrappers
+        (1, RowSettings(temperature=0.8, seed=3), False),  # a seeded draw stays ours whoever shares its batch
+        (1, RowSettings(greedy=True, logit_bias=((2, 5.0),)), False),
+        (2, RowSettings(greedy=True), False),  # two rows: one batched pass
+    ],
+)
+def test_a_lone_greedy_job_on_exllamav3s_own_graphs_is_left_to_it(
+    monkeypatch: pytest.MonkeyPatch, rows: int, settings: RowSettings, exllamav3_samples: bool
+) -> None:
+    monkeypatch.setattr(fast_decode, "stands_aside", lambda: None)
+    logits = torch.randn(rows, 1, 50)
+    jobs = [FakeJob() for _ in range(rows)]
+    gen = KwargsGenerator(jobs, logits)
+    fast = fast_decode.FastDecode(gen, graphs=False)
+    fast.graphs = OwnGraphs(rows=8)  # type: ignore[assignment]
+    for job in jobs:
+        fast.adopt(job, settings, 4)
+    results: list[Any] = []
+    gen.iterate_gen(results)
+    assert all((r[0] == "exllamav3's own") == exllamav3_samples for r in results)
+    assert (fast_decode.LONE_GREEDY in fast.report()["sampled_by_exllamav3"]) == exllamav3_samples
+    if not exllamav3_samples:
+        assert fast.report()["batched_tokens"] == rows
+        if settings.plain_greedy:
+            assert [int(r[0]) for r in results] == logits[:, 0].argmax(-1).tolist()
+    fast.graphs = OwnGraphs(rows=0)  # the same jobs on a step exllamav3 did not graph: the batched pass
+    gen.iterate_gen(results := [])
+    assert all(r[0] != "exllamav3's own" for r in results)

@@ -55,6 +55,8 @@ OWN_GRAPH_ROWS = 8
 """exllamav3's per-layer graphs (``MAX_BSZ`` in ``attention_fn/bc_attn.py``, ``MAX_BSZN`` in ``modules/mlp.py``)
 cover up to this many rows of EXL3 weights."""
 
+OWN_GRAPHS = "(exllamav3's own per-layer graphs)"
+
 MAX_GRAPHS = 160
 """Shapes kept at most (rows x block-table widths); past it a new shape runs eagerly."""
 
@@ -117,7 +119,7 @@ def step_stands_aside(input_ids: Any, params: dict[str, Any], min_rows: int) -> 
     if params.get("positions") is not None or params.get("position_ids") is not None:
         return "explicit positions"
     if int(input_ids.shape[0]) < min_rows:
-        return f"up to {min_rows - 1} rows (exllamav3's own per-layer graphs)"
+        return f"up to {min_rows - 1} rows {OWN_GRAPHS}"
     return None
 
 
@@ -177,6 +179,7 @@ class DecodeGraphs:
         self.eager: Counter[str] = Counter()
         self.failed: dict[str, str] = {}
         self.replays = 0
+        self.own_graphs_step = False  # the last forward was left to exllamav3's own per-layer graphs
         self.min_rows = min_rows if min_rows is not None else (OWN_GRAPH_ROWS + 1 if has_own_graphs(model) else 1)
         self._pool: Any = None
         self._stream: Any = None
@@ -204,6 +207,7 @@ class DecodeGraphs:
     def forward(self, eager: Any, input_ids: Any, params: dict[str, Any]) -> Any:
         """The logits of one decode step: a captured graph where one covers it, else ``eager(input_ids, params)``."""
         why = self.why_eager(input_ids, params)
+        self.own_graphs_step = why is not None and why.endswith(OWN_GRAPHS)
         if why is not None:
             self.eager[why] += 1
             return eager(input_ids, params)

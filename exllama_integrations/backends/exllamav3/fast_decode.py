@@ -16,6 +16,8 @@ The rule (where it stands aside; :meth:`FastDecode.report` says which and how of
   token against exllamav3's own loop on the H200): ``active`` is False and ``report()`` says why;
 * a step of several positions per job (a drafted window of speculative decoding, token healing): exllamav3
   samples it;
+* a step with a single covered job, greedy, whose forward exllamav3 replayed from its own per-layer graphs (EXL3
+  weights, up to 8 rows): nothing to batch, and exllamav3's argmax is the same token without our wrappers;
 * a job, at that step, that exllamav3 samples as before: a grammar mask (a filter, or a mask exllamav3 adds
   itself), a forced token (``constrain_output_now``), logprobs asked for, its first token (exllamav3 checks that
   step's logits are finite), several sequences (CFG), penalties without their past ids; and, for its whole life,
@@ -32,6 +34,8 @@ from .decode_graphs import DecodeGraphs
 from .fast_sampler import BatchedSampler, RowSettings, row_settings, uncovered
 
 logger = logging.getLogger(__name__)
+
+LONE_GREEDY = "a lone greedy job on a step exllamav3 graphs itself (its own argmax)"
 
 VERIFIED = "1.6.5"
 """The exllamav3 release this path was proven on (greedy tokens identical to its own loop for 128 steps at batch
@@ -82,6 +86,8 @@ class FastDecode:
         self._step: str | None = None
         self._logits: Any = None
         self._drawn: dict[int, Any] | None = None
+        self._own_graphs = False  # this step's forward was replayed from exllamav3's own per-layer graphs
+        self._host: Any = None  # pinned: the step's drawn tokens, read back in one copy
         if not self.active:
             logger.warning("decode='fast' stands aside: %s", self.why_not)
             return
@@ -100,7 +106,7 @@ class FastDecode:
 
         def fast_iterate_gen(results: list[Any], draft_tokens: Any = None) -> Any:
             self._capture, self._logits, self._drawn = draft_tokens is None, None, None
-            self._step = "decode" if draft_tokens is None else "drafted"
+            self._step, self._own_graphs = ("decode" if draft_tokens is None else "drafted"), False
             try:
                 return iterate_gen(results, draft_tokens)
             finally:
@@ -109,6 +115,7 @@ class FastDecode:
         def fast_forward(*args: Any, **kwargs: Any) -> Any:
             if self._capture and self.graphs is not None and not args and set(kwargs) == {"input_ids", "params"}:
                 out = self.graphs.forward(forward, kwargs["input_ids"], kwargs["params"])
+                self._own_graphs = self.graphs.own_graphs_step
             else:
                 out = forward(*args, **kwargs)
             if self._capture:  # the one target forward of a decode step
@@ -194,6 +201,11 @@ class FastDecode:
             if picked:
                 self.fallback["the step's rows differ from its jobs"] += len(picked)
             return {}
+        if len(picked) == 1 and self._own_graphs and picked[0][2].settings.plain_greedy:
+            # one greedy row on a step exllamav3 replayed from its own graphs: nothing to batch, and its argmax
+            # is this one (the same token, without the wrappers' host time)
+            self.fallback[LONE_GREEDY] += 1
+            return {}
         index = [r for _, r, _ in picked]
         first = index[0]
         if index == list(range(first, first + len(index))):
@@ -216,8 +228,26 @@ class FastDecode:
             self.fallback["the batched pass failed"] += len(picked)
             return {}
         self.steps += 1
-        tokens = tokens.view(-1, 1)
-        return {id(j): tokens[i : i + 1] for i, (j, _, _) in enumerate(picked)}
+        host = self._read_back(tokens)
+        return {id(j): host[i : i + 1] for i, (j, _, _) in enumerate(picked)}
+
+    def _read_back(self, tokens: Any) -> Any:
+        """The step's tokens [n] copied into pinned host memory at once (without blocking), as [n, 1].
+
+        exllamav3 synchronizes the device before it reads any token of the step, and copies what it keeps, so
+        one buffer serves every step; a token it gets on the host is not copied again (it stages each CUDA token
+        of the step through its own pinned buffer: one launch per job).
+        """
+        import torch
+
+        if tokens.device.type != "cuda":
+            return tokens.view(-1, 1)
+        n = int(tokens.shape[0])
+        if self._host is None or self._host.shape[0] < n:
+            self._host = torch.empty((max(n, 64), 1), dtype=torch.long, pin_memory=True)
+        host = self._host[:n]
+        host.copy_(tokens.view(-1, 1), non_blocking=True)
+        return host
 
     def close(self) -> None:
         """Unhook the generator and the model and free the captured graphs (the counts stay for ``report()``)."""
@@ -227,7 +257,7 @@ class FastDecode:
         if gen is not None and self.active:
             vars(gen).pop("iterate_gen", None)
             vars(gen.model).pop("forward", None)
-        self.generator, self._logits, self._drawn = None, None, None
+        self.generator, self._logits, self._drawn, self._host = None, None, None, None
 
     # ------------------------------------------------------------------ diagnostics
 

@@ -48,6 +48,11 @@ class RowSettings:
     seed: int = field(default_factory=lambda: random.getrandbits(32))
 
     @property
+    def plain_greedy(self) -> bool:
+        """Greedy without a bias or penalties: the token is the argmax of the model's logits."""
+        return self.greedy and not self.logit_bias and not self.penalised
+
+    @property
     def penalised(self) -> bool:
         """Whether the job's past tokens change its logits."""
         return self.repetition_penalty != 1.0 or bool(self.presence_penalty or self.frequency_penalty)
@@ -155,7 +160,7 @@ class BatchedSampler:
 
         n, vocab = logits.shape
         dev = logits.device
-        if all(r.greedy and not r.logit_bias and not r.penalised for r in rows):  # argmax alone: no copy, no upload
+        if all(r.plain_greedy for r in rows):  # argmax alone: no copy, no upload
             return torch.argmax(logits[:, : min(vocab, self.vocab_limit or vocab)], dim=-1)
         x = logits.float().clone()
         if self.vocab_limit is not None and self.vocab_limit < vocab:
