@@ -59,17 +59,28 @@ class Prompts:
 
 
 class Raw:
-    """exllamav3 alone (Config -> Model -> Cache -> Tokenizer -> Generator); ``fast``: the batched sampler on it."""
+    """exllamav3 alone (Config -> Model -> Cache -> Tokenizer -> Generator) with our upstream fixes where one applies;
+    ``fast``: the fast path on it."""
 
     def __init__(
         self, model_dir: Path, fast: bool, cache_tokens: int = 40960, model: Any = None, graphs: bool = True
     ) -> None:
+        import json
+
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
-        config = Config.from_directory(str(model_dir))
+        from exllama_integrations.backends.exllamav3 import patches
+
+        # our upstream fixes (patches.py), as the runtime applies them: none applies to the Llama shapes; a family
+        # of the architecture matrix may need one (Qwen3-MoE's config key, Gemma 3's empty key prefix)
+        overrides = patches.config_overrides(json.loads((model_dir / "config.json").read_text()))
+        self.overlay = patches.overlay(model_dir, overrides) if overrides else None
+        config = Config.from_directory(self.overlay.name if self.overlay else str(model_dir))
         self.model = model
+        self.fixes: dict[str, int] = {}
         if model is None:
             self.model = Model.from_config(config)
+            self.fixes = patches.apply(self.model)
         self.cache = Cache(self.model, max_num_tokens=cache_tokens)
         if model is None:
             self.model.load(progressbar=False)
@@ -278,6 +289,7 @@ def section_families(args: Any, models: dict[str, Path]) -> None:
     weights), as built and converted to 4-bit EXL3 by exllamav3's own converter: greedy tokens of ``decode="fast"``
     against exllamav3's own loop at batch 1, 16 and 64 for ``--new`` steps. A family exllamav3 cannot load or
     convert is recorded as refused, with why."""
+    import json
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
@@ -287,7 +299,8 @@ def section_families(args: Any, models: dict[str, Path]) -> None:
 
     root = Path("/tmp/models/families")
     built: dict[str, Path] = {}
-    for i, name in enumerate(ARCHS):
+    wanted = [n for n in ARCHS if not args.families or n in args.families.split(",")]
+    for i, name in ((i, n) for i, n in enumerate(ARCHS) if n in wanted):
         path = root / name
         if not (path / ".complete").exists():
             make_arch(name, path, size="gpu", seed=7 + i, device="cuda")
@@ -299,10 +312,18 @@ def section_families(args: Any, models: dict[str, Path]) -> None:
         out = root / f"{name}-exl3"
         if (out / ".complete").exists():
             return name, out
+        from exllama_integrations.backends.exllamav3 import patches
+
+        src = built[name]  # the converter reads config.json too: the same key fixes as loading (Raw)
+        overrides = patches.config_overrides(json.loads((src / "config.json").read_text()))
+        overlay = patches.overlay(src, overrides) if overrides else None
         try:
-            seconds = convert_exl3(built[name], out, bits=4, timeout=400)
+            seconds = convert_exl3(Path(overlay.name) if overlay else src, out, bits=4, timeout=400)
         except Exception as e:  # noqa: BLE001 - recorded as the family's EXL3 row
             return name, f"{type(e).__name__}: {str(e)[-300:]}"
+        finally:
+            if overlay is not None:
+                overlay.cleanup()
         (out / ".complete").write_text(f"{seconds:.1f}")
         return name, out
 
@@ -310,7 +331,7 @@ def section_families(args: Any, models: dict[str, Path]) -> None:
     with ThreadPoolExecutor(4) as pool:
         converted = dict(pool.map(convert, list(built)))
     note(args.out, "families: EXL3 conversion seconds (4 at a time)", round(time.perf_counter() - t0, 1))
-    for name in ARCHS:
+    for name in wanted:
         for kind, path in (("bf16", built[name]), ("exl3", converted[name])):
             key = f"family {name} {kind}"
             if not isinstance(path, Path):
@@ -332,6 +353,7 @@ def section_families(args: Any, models: dict[str, Path]) -> None:
                 graphs = report["graphs"]
                 rows["graphs"] = {k: graphs.get(k) for k in ("captured", "stands_aside", "shapes", "replays")}
                 rows["batched_tokens"] = report["batched_tokens"]
+                rows["upstream_fixes"] = {**raw.fixes, **({"config_keys": 1} if raw.overlay else {})}
                 rows["identical"] = all(
                     r["identical_jobs"] == r["jobs"] for k, r in rows.items() if k.startswith("batch ")
                 )
@@ -487,6 +509,7 @@ def main() -> None:
     ap.add_argument("--sections", default="profile,greedy,sampled,bench")
     ap.add_argument("--models", default="exl3,fp16")
     ap.add_argument("--draws", type=int, default=4000)
+    ap.add_argument("--families", default="", help="families: only these (comma-separated names of ARCHS)")
     ap.add_argument(
         "--no-sampler-alone", dest="sampler_alone", action="store_false", help="bench: leave out the sampler-alone row"
     )
