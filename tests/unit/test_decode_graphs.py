@@ -92,7 +92,7 @@ def test_without_exllamav3_every_forward_is_eager_and_the_report_says_why(monkey
         return real_import(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_exllamav3)
-    graphs = DecodeGraphs(FakeModel(), min_rows=1)
+    graphs = DecodeGraphs(FakeModel())  # the default min_rows too: it must not need exllamav3 to stand aside
     calls = []
     ids, params = step(16)
     out = graphs.forward(lambda i, p: calls.append(i) or "eager logits", ids, params)

@@ -180,7 +180,7 @@ class DecodeGraphs:
         self.failed: dict[str, str] = {}
         self.replays = 0
         self.own_graphs_step = False  # the last forward was left to exllamav3's own per-layer graphs
-        self.min_rows = min_rows if min_rows is not None else (OWN_GRAPH_ROWS + 1 if has_own_graphs(model) else 1)
+        self.min_rows = min_rows if min_rows is not None else 1
         self._pool: Any = None
         self._stream: Any = None
         self._ptr_tables: dict[tuple[int, ...], tuple[Any, Any]] = {}
@@ -190,6 +190,8 @@ class DecodeGraphs:
         if self.why_not is not None:
             logger.info("decode='fast': the decode forward runs eagerly: %s", self.why_not)
             return
+        if min_rows is None and has_own_graphs(model):  # (only here: it imports exllamav3)
+            self.min_rows = OWN_GRAPH_ROWS + 1
         mods = model.fwd_modules
         self.embedding = mods[0][0]
         self.layers = mods[1:]
