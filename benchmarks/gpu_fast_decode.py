@@ -58,6 +58,17 @@ class Prompts:
         return torch.randint(10, self.vocab, (n, self.tokens), generator=self.rng).tolist()
 
 
+def config_overlay(model_dir: Path) -> Any:
+    """``model_dir`` with the config keys exllamav3 reads added (``patches.config_overrides``, as the runtime loads
+    it): a temporary folder to read instead, or None when none are missing."""
+    import json
+
+    from exllama_integrations.backends.exllamav3 import patches
+
+    overrides = patches.config_overrides(json.loads((model_dir / "config.json").read_text()))
+    return patches.overlay(model_dir, overrides) if overrides else None
+
+
 class Raw:
     """exllamav3 alone (Config -> Model -> Cache -> Tokenizer -> Generator) with our upstream fixes where one applies;
     ``fast``: the fast path on it."""
@@ -65,16 +76,13 @@ class Raw:
     def __init__(
         self, model_dir: Path, fast: bool, cache_tokens: int = 40960, model: Any = None, graphs: bool = True
     ) -> None:
-        import json
-
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
         from exllama_integrations.backends.exllamav3 import patches
 
         # our upstream fixes (patches.py), as the runtime applies them: none applies to the Llama shapes; a family
         # of the architecture matrix may need one (Qwen3-MoE's config key, Gemma 3's empty key prefix)
-        overrides = patches.config_overrides(json.loads((model_dir / "config.json").read_text()))
-        self.overlay = patches.overlay(model_dir, overrides) if overrides else None
+        self.overlay = config_overlay(model_dir)
         config = Config.from_directory(self.overlay.name if self.overlay else str(model_dir))
         self.model = model
         self.fixes: dict[str, int] = {}
@@ -289,7 +297,6 @@ def section_families(args: Any, models: dict[str, Path]) -> None:
     weights), as built and converted to 4-bit EXL3 by exllamav3's own converter: greedy tokens of ``decode="fast"``
     against exllamav3's own loop at batch 1, 16 and 64 for ``--new`` steps. A family exllamav3 cannot load or
     convert is recorded as refused, with why."""
-    import json
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
@@ -312,11 +319,8 @@ def section_families(args: Any, models: dict[str, Path]) -> None:
         out = root / f"{name}-exl3"
         if (out / ".complete").exists():
             return name, out
-        from exllama_integrations.backends.exllamav3 import patches
-
-        src = built[name]  # the converter reads config.json too: the same key fixes as loading (Raw)
-        overrides = patches.config_overrides(json.loads((src / "config.json").read_text()))
-        overlay = patches.overlay(src, overrides) if overrides else None
+        src = built[name]
+        overlay = config_overlay(src)  # the converter reads config.json too: the same key fixes as loading (Raw)
         try:
             seconds = convert_exl3(Path(overlay.name) if overlay else src, out, bits=4, timeout=400)
         except Exception as e:  # noqa: BLE001 - recorded as the family's EXL3 row
