@@ -255,10 +255,12 @@ def exl3_model(results: Results, out: Path) -> Path:
 
 
 def profile(pids: dict[str, int], seconds: float, out: Path, gil: bool = False) -> dict[str, Any]:
-    """py-spy (100 Hz) on each named process for ``seconds``: per thread, its samples and the share of them in its 12
-    commonest innermost frames (``{"error"}`` without py-spy). ``gil=False``: every thread, idle ones too (the share
-    in which a thread ran on a CPU); ``gil=True``: only the thread holding the GIL at each sample (who takes it from
-    whom). Threads whose names differ only in numbers (64 reader threads) are counted as one."""
+    """py-spy (100 Hz) on each named process for ``seconds``: per thread, its samples, the share of them in its 12
+    commonest innermost frames (``leaves``) and the share in which each of its 30 commonest functions was anywhere on
+    the stack (``inclusive``: where a step's time goes, callees included) (``{"error"}`` without py-spy).
+    ``gil=False``: every thread, idle ones too (the share in which a thread ran on a CPU); ``gil=True``: only the
+    thread holding the GIL at each sample (who takes it from whom). Threads whose names differ only in numbers (64
+    reader threads) are counted as one."""
     import re
     import shutil
     import subprocess
@@ -282,13 +284,16 @@ def profile(pids: dict[str, int], seconds: float, out: Path, gil: bool = False) 
         for line in path.read_text().splitlines():
             stack, _, count = line.rpartition(" ")
             frames = stack.split(";")
-            t = threads.setdefault(re.sub(r"\d+", "N", frames[0]), {"samples": 0, "leaves": {}})
+            t = threads.setdefault(re.sub(r"\d+", "N", frames[0]), {"samples": 0, "leaves": {}, "inclusive": {}})
             t["samples"] += int(count)
             leaf = frames[-1].split(" (")[0]
             t["leaves"][leaf] = t["leaves"].get(leaf, 0) + int(count)
+            for fn in {re.sub(r" \((?:.*/)?([^/]*?)(:\d+)?\)$", r" (\1)", f) for f in frames[1:]}:  # once per stack
+                t["inclusive"][fn] = t["inclusive"].get(fn, 0) + int(count)
         for t in threads.values():
-            top = sorted(t["leaves"].items(), key=lambda kv: -kv[1])[:12]
-            t["leaves"] = {k: round(v / t["samples"], 3) for k, v in top}
+            for key, keep in (("leaves", 12), ("inclusive", 30)):
+                top = sorted(t[key].items(), key=lambda kv: -kv[1])[:keep]
+                t[key] = {k: round(v / t["samples"], 3) for k, v in top}
         report[name] = threads
         path.unlink()
     return report

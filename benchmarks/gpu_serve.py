@@ -332,12 +332,13 @@ def main() -> None:
                 proc = servers[key][0]
                 pids = {"server": proc.pid, **{f"engine{i}": p for i, p in enumerate(engine_pids(proc.pid))}}
                 row = served(key)
-                found: dict[str, Any] = {}
-                spy = threading.Thread(target=lambda p=pids, f=found: f.update(profile(p, 6, args.out)))
-                spy.start()
-                record(args.out, "profiled", f"{key}, under py-spy (one round)", [row()])
-                spy.join()
-                note(args.out, f"profile {key}", found)
+                for gil in (False, True):  # every thread's time, then who holds the GIL
+                    found: dict[str, Any] = {}
+                    spy = threading.Thread(target=lambda p=pids, f=found, g=gil: f.update(profile(p, 6, args.out, g)))
+                    spy.start()
+                    record(args.out, "profiled", f"{key}, under py-spy{' --gil' * gil} (one round)", [row()])
+                    spy.join()
+                    note(args.out, f"profile {key}{' (--gil)' * gil}", found)
         if "single" in rows_wanted:
             singles = {
                 "in process: ExLlamaLLM.stream()": one_local,

@@ -94,6 +94,11 @@ RUNS = {
     "gpu_load_run25_exl3_fast.json": 'run 25 (`decode="fast"` the default: the batched sampler and the captured '
     "decode step; EXL3, batch16 and callers64 at 128 new tokens, 5 repetitions, `--exl3 --sections "
     "batch16,callers64`)",
+    "gpu_load_run26_exl3_batched_prefill.json": "run 26 (2026-12-04, an experiment since removed: the prompts one "
+    "`iterate()` prefills run in a few batched forwards; the same rows as run 25; the time to first token did not "
+    "improve: `first_step_ms` 1.203 of raw against about 1.0 without it)",
+    "gpu_load_run27_exl3_fast.json": 'run 27 (2026-12-04, `decode="fast"` as it is now: the same rows as run 25, '
+    "`--exl3 --sections batch16,callers64 --reps 5`)",
 }
 LOAD_PLOT = ("gpu_load_run13_batch16.json", "gpu_load_run13_callers.json")
 """The load runs drawn in gpu_throughput.png (the newest)."""
@@ -132,6 +137,13 @@ SERVING = {
     "(`--exl3 --rows process,process_exllamav3,engines2 --reps 7`)",
     "gpu_serve_run9_fp16_fast.json": "run 9 (2026-12-03): the same on the fp16 7B shape (`--rows "
     "process,process_exllamav3,engines2 --reps 7`)",
+    "gpu_serve_run10_exl3_profile.json": 'run 10 (2026-12-04): EXL3, `decode="fast"` beside exllamav3\'s own loop, '
+    "3 repetitions, then one more round of the fast server under py-spy, every thread's time and then who holds "
+    "the GIL (`--exl3 --rows process,process_exllamav3 --reps 3 --profile`; the profile's shares are of a 6 s "
+    "window, of which the row took about 1.6 s: `Inbox.take` is the idle rest)",
+    "gpu_serve_run11_exl3_prefill.json": "run 11 (2026-12-04): EXL3, the fast server with a batched prefill (an "
+    "experiment since removed), the same with `--option prefill=exllamav3` (job-by-job prefill, the code as it "
+    "now stands) and exllamav3's own loop, 5 repetitions",
 }
 
 FAST_DECODE = {
@@ -164,6 +176,18 @@ FAST_DECODE = {
     "row was cut by the call's time limit). This host ran raw exllamav3's host-bound steps 1.4-1.7x slower than "
     "run 4's did (EXL3 16 jobs 14.2 against 8.2 ms a step), the captured ones about as fast: ratios here are "
     "higher than on run 4's host",
+    "gpu_fast_decode_run7_families.json": "run 7 (2026-12-04), the families run 5 did not reach, with the upstream "
+    "fixes applied as the runtime does (`--sections families --models '' --families "
+    "gemma3,mistral,phi3,smollm3,qwen3_moe --new 128`, under a 235 s limit): identical at 1, 16 and 64 jobs for "
+    "gemma3 bf16, mistral (bf16, EXL3), phi3 bf16, qwen3_moe (bf16, EXL3) and smollm3 EXL3; gemma3's EXL3 "
+    "conversion failed (the converter does not strip Gemma 3's empty key prefix, which our runtime patches at "
+    "load); phi3's EXL3 row was cut by the limit (run 9)",
+    "gpu_fast_decode_run8_batched_prefill.json": "run 8 (2026-12-04), greedy identity with a batched prefill "
+    "(an experiment since removed: one step's prompts prefilled in 6 forwards instead of 81): 9 of 16 and 25 of "
+    "64 jobs parted from exllamav3's own loop, each first parting at an exact tie of the raw loop's logits "
+    "(margin 0.0); the batched GEMMs sum in another order (`--sections greedy --models exl3`)",
+    "gpu_fast_decode_run9_phi3.json": "run 9 (2026-12-04), phi3 bf16 and EXL3 (`--families phi3`): identical at 1, "
+    "16 and 64 jobs",
 }
 
 RAY = {
