@@ -74,7 +74,13 @@ class Raw:
     ``fast``: the fast path on it."""
 
     def __init__(
-        self, model_dir: Path, fast: bool, cache_tokens: int = 40960, model: Any = None, graphs: bool = True
+        self,
+        model_dir: Path,
+        fast: bool,
+        cache_tokens: int = 40960,
+        model: Any = None,
+        graphs: bool = True,
+        ahead: bool = True,
     ) -> None:
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
@@ -98,7 +104,7 @@ class Raw:
         if fast:
             from exllama_integrations.backends.exllamav3.fast_decode import FastDecode
 
-            self.fast = FastDecode(self.generator, graphs=graphs)
+            self.fast = FastDecode(self.generator, graphs=graphs, ahead=ahead)
             assert self.fast.active, self.fast.report()
 
     def enqueue(self, prompts: list[list[int]], new: int, sampler: Any = None, settings: Any = None) -> list[Any]:
@@ -479,6 +485,7 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
         raw = Raw(path, fast=False)
         fast = Raw(path, fast=True)  # a model of its own: no state shared with the raw one
         sampler_only = Raw(path, fast=True, graphs=False) if args.sampler_alone else None
+        not_ahead = Raw(path, fast=True, ahead=False) if args.ahead_row else None
         prompts = Prompts(32000)
         for batch in args.batches:
 
@@ -496,15 +503,21 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
             }
             if sampler_only is not None:
                 paths[f"batched sampler alone: {batch} Jobs together"] = row(sampler_only)
+            if not_ahead is not None:
+                paths[f'decode="fast" without running ahead: {batch} Jobs together'] = row(not_ahead)
             _interleave(RESULTS, args.out, section, paths, args.reps)
             names = list(paths)
-            ratios(args.out, section, [(n, names[0]) for n in names[1:]], more=("step_ms",))
+            pairs = [(n, names[0]) for n in names[1:]]
+            if not_ahead is not None:  # what running ahead adds, in the same run
+                pairs.append((names[1], names[-1]))
+            ratios(args.out, section, pairs, more=("step_ms",))
         note(args.out, f"bench {name} fast path report", fast.fast.report())  # type: ignore[union-attr]
         fast.close()
-        if sampler_only is not None:
-            sampler_only.close()
+        for other in (sampler_only, not_ahead):
+            if other is not None:
+                other.close()
         raw.close()
-        del raw, fast, sampler_only
+        del raw, fast, sampler_only, not_ahead
         torch.cuda.empty_cache()
 
 
@@ -516,6 +529,9 @@ def main() -> None:
     ap.add_argument("--families", default="", help="families: only these (comma-separated names of ARCHS)")
     ap.add_argument(
         "--no-sampler-alone", dest="sampler_alone", action="store_false", help="bench: leave out the sampler-alone row"
+    )
+    ap.add_argument(
+        "--no-ahead-row", dest="ahead_row", action="store_false", help="bench: leave out the row without running ahead"
     )
     ap.add_argument("--batches", type=lambda v: [int(b) for b in v.split(",")], default=[1, 16, 64])
     args = ap.parse_args()

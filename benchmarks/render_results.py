@@ -99,6 +99,8 @@ RUNS = {
     "improve: `first_step_ms` 1.203 of raw against about 1.0 without it)",
     "gpu_load_run27_exl3_fast.json": 'run 27 (2026-12-04, `decode="fast"` as it is now: the same rows as run 25, '
     "`--exl3 --sections batch16,callers64 --reps 5`)",
+    "gpu_load_run28_exl3_run_ahead.json": 'run 28 (2026-12-04, `decode="fast"` running the next step ahead: the '
+    "same rows as run 25 on a faster host, `--exl3 --sections batch16,callers64 --reps 5`)",
 }
 LOAD_PLOT = ("gpu_load_run13_batch16.json", "gpu_load_run13_callers.json")
 """The load runs drawn in gpu_throughput.png (the newest)."""
@@ -144,6 +146,9 @@ SERVING = {
     "gpu_serve_run11_exl3_prefill.json": "run 11 (2026-12-04): EXL3, the fast server with a batched prefill (an "
     "experiment since removed), the same with `--option prefill=exllamav3` (job-by-job prefill, the code as it "
     "now stands) and exllamav3's own loop, 5 repetitions",
+    "gpu_serve_run12_exl3_run_ahead.json": "run 12 (2026-12-04): EXL3, `decode=\"fast\"` running the next "
+    "step's forward ahead of the step's bookkeeping, beside exllamav3's own loop, 5 repetitions (`--exl3 --rows "
+    "process,process_exllamav3 --reps 5`)",
 }
 
 FAST_DECODE = {
@@ -188,6 +193,19 @@ FAST_DECODE = {
     "(margin 0.0); the batched GEMMs sum in another order (`--sections greedy --models exl3`)",
     "gpu_fast_decode_run9_phi3.json": "run 9 (2026-12-04), phi3 bf16 and EXL3 (`--families phi3`): identical at 1, "
     "16 and 64 jobs",
+    "gpu_fast_decode_run10_run_ahead.json": "run 10 (2026-12-04), running ahead (the next step's captured forward "
+    "launched as soon as a step's tokens are read back, its logits used only when the step's inputs are the same): "
+    "greedy tokens for 128 steps at 1, 16 and 64 jobs, then raw exllamav3, the fast path and the fast path without "
+    "running ahead at 16 and 64 jobs, 5 interleaved repetitions (`--sections greedy,bench --models exl3 --batches "
+    "16,64 --reps 5 --no-sampler-alone`)",
+    "gpu_fast_decode_run11_families.json": "run 11 (2026-12-04), running ahead on every family whose decode step is "
+    "captured, bf16 and EXL3, the conversion now with the runtime's key fix (Gemma 3's EXL3 converts): identical at "
+    "1, 16 and 64 jobs for 128 steps (`--sections families --models '' --families "
+    "gemma3,llama3,mistral,phi3,smollm3,deepseek_r1_distill --new 128`)",
+    "gpu_fast_decode_run12_profile.json": "run 12 (2026-12-04), the profile of raw and fast steps at 1, 16 and 64 "
+    "jobs with running ahead (`--sections profile --models exl3`): at 16 jobs the GPU is busy 63% of a fast step "
+    "(1.9 of 3.0 ms under the profiler), 8% of a raw one; the fast step's `forward_ms` is near zero because its "
+    "forward already ran, and the wait moves into the step's read-back",
 }
 
 RAY = {

@@ -205,20 +205,38 @@ def make_llama(
     return out
 
 
+CONVERT_WITH_FIXES = """
+import runpy, sys
+from exllamav3 import Model
+from exllama_integrations.backends.exllamav3 import patches
+built = Model.from_config  # a staticmethod (1.6.5)
+def from_config(*args, **kwargs):
+    model = built(*args, **kwargs)
+    patches.strip_empty_key_prefix(model)
+    return model
+Model.from_config = staticmethod(from_config)
+sys.argv[0] = "convert_model"
+runpy.run_module("exllamav3.conversion.convert_model", run_name="__main__", alter_sys=True)
+"""
+"""exllamav3's converter (``python -m exllamav3.conversion.convert_model``) with the key fix the runtime applies at
+load: a model it builds keeps the checkpoint's own tensor keys."""
+
+
 def convert_exl3(
     src: Path, out: Path, bits: float = 4, cal_rows: int = 32, cal_cols: int = 512, timeout: float = 1200
 ) -> float:
     """Quantize ``src`` to EXL3 with exllamav3's own converter into ``out``; returns the seconds it took.
 
-    The converter leaves some tokenizer files behind; they are copied over. Raises RuntimeError with the
-    converter's output when it fails.
+    The converter leaves some tokenizer files behind; they are copied over. It runs with the runtime's key fix
+    (``patches.strip_empty_key_prefix``, applied to every model it builds: Gemma 3's keys), as loading does.
+    Raises RuntimeError with the converter's output when it fails.
     """
     import subprocess
     import sys
     import time
 
     work = out.with_name(out.name + "-work")
-    cmd = [sys.executable, "-m", "exllamav3.conversion.convert_model", "-i", str(src), "-o", str(out)]
+    cmd = [sys.executable, "-c", CONVERT_WITH_FIXES, "-i", str(src), "-o", str(out)]
     cmd += ["-w", str(work), "-b", str(bits), "-cr", str(cal_rows), "-cc", str(cal_cols)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

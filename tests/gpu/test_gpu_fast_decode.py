@@ -46,13 +46,15 @@ def prompts(n: int) -> list[str]:
 def test_fast_greedy_tokens_are_exllamav3s(runtimes: tuple[Any, Any], jobs: int, settings: dict[str, Any]) -> None:
     plain, fast = runtimes
     report = fast.diagnostics()["fast_decode"]
-    before, replays = report.tokens, report.graphs.replays
+    before, replays, used = report.tokens, report.graphs.replays, report.graphs.ahead_used
     kw = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True, **settings}
     want = [r.token_ids for r in plain.batch(prompts(jobs), **kw)]
     got = [r.token_ids for r in fast.batch(prompts(jobs), **kw)]
     assert got == want
     assert report.tokens - before == jobs * 47  # every token but each job's first came from the batched pass
     assert report.graphs.replays - replays >= 40  # of 47 decode steps, all but the first of each shape replayed
+    # and most of them ran ahead of the step's bookkeeping, their logits used as they were (the same tokens above)
+    assert report.graphs.ahead_used - used >= 30, report.report()
     assert report.report()["graphs"]["capture_failed"] == {}
     print(f"decode='fast', {jobs} jobs {settings}: {jobs * 48} greedy tokens identical; {report.report()}")
 
@@ -60,7 +62,7 @@ def test_fast_greedy_tokens_are_exllamav3s(runtimes: tuple[Any, Any], jobs: int,
 def test_fast_greedy_tokens_as_jobs_end_at_different_steps(runtimes: tuple[Any, Any]) -> None:
     plain, fast = runtimes
     report = fast.diagnostics()["fast_decode"]
-    shapes = len(report.graphs.shapes)
+    shapes, missed = len(report.graphs.shapes), sum(report.graphs.ahead_missed.values())
     kw = {"temperature": 0, "max_new_tokens": 64, "stop": ["ing", "the", "7"]}
     want = [r.token_ids for r in plain.batch(prompts(24), **kw)]
     got = [r.token_ids for r in fast.batch(prompts(24), **kw)]
@@ -68,6 +70,8 @@ def test_fast_greedy_tokens_as_jobs_end_at_different_steps(runtimes: tuple[Any, 
     lengths = sorted({len(t) for t in want})
     assert len(lengths) > 1, lengths  # the batch shrank as jobs stopped: several shapes ran
     assert len(report.graphs.shapes) > shapes
+    # a stop string is not foreseen: the step run ahead of it had a row too many, was dropped and ran again
+    assert sum(report.graphs.ahead_missed.values()) > missed, report.report()
     print(f"decode='fast', 24 jobs ending after {lengths} tokens: identical; {report.report()['graphs']}")
 
 

@@ -280,3 +280,115 @@ def test_a_lone_greedy_job_on_exllamav3s_own_graphs_is_left_to_it(
     fast.graphs = OwnGraphs(rows=0)  # the same jobs on a step exllamav3 did not graph: the batched pass
     gen.iterate_gen(results := [])
     assert all(r[0] != "exllamav3's own" for r in results)
+
+
+# ---------------------------------------------------------------------- the next step run ahead: when
+
+
+class Seq:
+    def __init__(self, pages: int) -> None:
+        self.allocated_pages = [object()] * pages
+
+
+class AheadJob(FakeJob):
+    def __init__(self, **kw: Any) -> None:
+        kw = {
+            "sequences": [Seq(2)],
+            "stop_tokens": {2},
+            "max_new_tokens": 100,
+            "max_rq_tokens": 1000,
+            "rq_margin": 0,
+            "return_logits": False,
+            **kw,
+        }
+        super().__init__(**kw)
+        self.prefilled = True
+
+    def receive_logits(self, logits: Any) -> Any:
+        return (torch.tensor([[7]]), None, None, None)  # exllamav3's own draw
+
+    def is_prefill_done(self) -> bool:
+        return self.prefilled
+
+
+class Ahead(OwnGraphs):
+    """DecodeGraphs as the fast path sees it on a captured step: what it was asked to run ahead."""
+
+    ahead = True
+
+    def __init__(self) -> None:
+        super().__init__(rows=0)
+        self.launched: list[tuple[list[int], list[int]]] = []
+
+    def launch_ahead(self, tokens: list[int], pages: list[int]) -> bool:
+        self.launched.append((tokens, pages))
+        return True
+
+
+class PrefetchModel(FakeModel):
+    def prefetch_tokens(self, ids: list[int]) -> None:
+        self.prefetched = ids
+
+
+class SyncingGenerator(KwargsGenerator):
+    """A decode step as exllamav3 runs it: forward, each job's token, one synchronize, then ``prefetch_tokens``."""
+
+    def __init__(self, jobs: list[FakeJob], logits: Any) -> None:
+        super().__init__(jobs, logits)
+        self.model = PrefetchModel(logits)
+        self.pending_jobs: list[Any] = []
+
+    def iterate_gen(self, results: list[Any], draft_tokens: Any = None) -> None:
+        super().iterate_gen(results, draft_tokens)
+        if draft_tokens is None:
+            self.model.prefetch_tokens([int(r[0]) for r in results])
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({}, None),
+        ({"pending_jobs": True}, "jobs waiting to start"),
+        ({"prefilling": True}, "a job in prefill"),
+        ({"stop_token": True}, "a job ends with this token"),
+        ({"max_new_tokens": 4}, "a job ends with this token"),  # its 4th token is the last
+        ({"max_rq_tokens": 3}, "a job ends with this token"),  # requeued after its 4th: a new job takes its place
+        ({"return_logits": True}, "logits returned"),
+        ({"sequences": [Seq(2), Seq(2)]}, "several sequences"),
+    ],
+)
+def test_the_next_step_runs_ahead_only_when_its_rows_will_be_these(
+    monkeypatch: pytest.MonkeyPatch, change: dict[str, Any], why: str | None
+) -> None:
+    monkeypatch.setattr(fast_decode, "stands_aside", lambda: None)
+    logits = torch.randn(3, 1, 50)
+    logits[:, 0, 2] = -1e9  # token 2 (the jobs' stop token) is nobody's argmax...
+    jobs = [AheadJob(sequences=[Seq(2 + i)]) for i in range(3)]
+    last = jobs[2]
+    for k, v in change.items():
+        if k == "pending_jobs":
+            continue  # the generator's, below
+        if k == "prefilling":
+            last.prefilled = False
+        elif k == "stop_token":
+            logits[2, 0, 2] = 1e9  # ...but the last job's: it draws its stop token
+        else:
+            setattr(last, k, v)
+    gen = SyncingGenerator(jobs, logits)
+    if why == "jobs waiting to start":
+        gen.pending_jobs.append(AheadJob())
+    fast = fast_decode.FastDecode(gen, graphs=False)
+    fast.graphs = graphs = Ahead()  # type: ignore[assignment]
+    for job in jobs:
+        fast.adopt(job, RowSettings(greedy=True), 4)
+    results: list[Any] = []
+    gen.iterate_gen(results)
+    assert gen.model.prefetched == [int(r[0]) for r in results]  # exllamav3's own prefetch still runs
+    if why is None:
+        assert graphs.launched == [([int(r[0]) for r in results], [2, 3, 4])]
+        assert fast.report()["not_run_ahead"] == {}
+    else:
+        assert graphs.launched == []
+        assert fast.report()["not_run_ahead"] == {why: 1}
+    gen.iterate_gen(results := [], draft_tokens=torch.zeros(3, 2))  # a drafted window is never run ahead
+    assert len(graphs.launched) == (1 if why is None else 0)

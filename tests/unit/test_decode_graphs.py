@@ -101,3 +101,59 @@ def test_without_exllamav3_every_forward_is_eager_and_the_report_says_why(monkey
     assert report["captured"] is False and "exllamav3's modules do not import" in report["stands_aside"]
     assert graphs.eager == {"the model": 1}
     assert decode_graphs.MAX_GRAPHS >= 64  # every batch size up to a generator's usual 64 can have its graph
+
+
+# ---------------------------------------------------------------------- running ahead: when, and when its logits count
+
+
+def test_a_step_runs_ahead_only_where_every_row_owns_its_next_position() -> None:
+    from exllama_integrations.backends.exllamav3.run_ahead import ahead_stands_aside
+
+    key = (2, 16)  # 2 rows, a block table 16 pages wide; pages of 256 positions
+    assert ahead_stands_aside(key, [300, 700], [5, 6], [2, 3], 256) is None
+    # the second row's next position is the first of a page it has not been given (its job ends there)
+    assert ahead_stands_aside(key, [300, 768], [5, 6], [2, 3], 256) == "a row at the end of its pages"
+    # past the block table's width: the graph's table has no column for it
+    assert ahead_stands_aside((2, 1), [300, 100], [5, 6], [2, 2], 256) == "a row at the end of its pages"
+    assert ahead_stands_aside(key, [300, 700], [5], [2, 3], 256) == "tokens and rows differ"  # a job drew no token
+
+
+def ran_ahead(ids: Any, params: dict[str, Any]) -> Any:
+    """The record of a forward run ahead on the inputs ``ids`` / ``params`` would have (its shape left out)."""
+    from exllama_integrations.backends.exllamav3.run_ahead import Ahead
+
+    bt = params["block_table"]
+    return Ahead((int(bt.shape[0]), int(bt.shape[1])), None, ids.clone(), bt.clone(), params["cache_seqlens"].clone())
+
+
+def test_the_logits_run_ahead_count_only_for_the_very_same_inputs() -> None:
+    from exllama_integrations.backends.exllamav3.run_ahead import ahead_differs
+
+    ids, params = step(4)
+    ahead = ran_ahead(ids, params)
+    assert ahead_differs(ahead, ids, params) is None
+    assert ahead_differs(ahead, ids.clone(), dict(params)) is None  # equal values, other tensors: the same step
+
+    other_ids = ids.clone()
+    other_ids[2, 0] = 9  # a row's input token is another (token healing, a forced token)
+    assert ahead_differs(ahead, other_ids, params) == "other input tokens"
+
+    rewound = dict(params, cache_seqlens=params["cache_seqlens"] - 3)  # a job rewound (banned strings)
+    assert ahead_differs(ahead, ids, rewound) == "other positions or pages (a rewind, a requeue, a defragmentation)"
+    moved = dict(params, block_table=params["block_table"] + 1)  # pages moved (defragmentation)
+    assert ahead_differs(ahead, ids, moved) == "other positions or pages (a rewind, a requeue, a defragmentation)"
+
+    fewer_ids, fewer = step(3)  # a job ended on a stop string: one row fewer
+    assert ahead_differs(ahead, fewer_ids, fewer) == "other rows or pages (a job ended, began or moved)"
+
+
+def test_a_forward_that_is_not_the_step_run_ahead_discards_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever forward comes next, the record is dropped: a stale one is never compared with a later step."""
+    graphs = DecodeGraphs(FakeModel())  # no exllamav3 here: every forward is eager
+    ids, params = step(16)
+    graphs._ahead = ran_ahead(ids, params)  # noqa: SLF001 - as launch_ahead leaves it
+    assert graphs.forward(lambda i, p: "eager logits", ids, params) == "eager logits"
+    assert graphs.ahead_missed == {"the step ran eagerly": 1} and graphs.ahead_used == 0
+    assert graphs.forward(lambda i, p: "eager logits", ids, params) == "eager logits"
+    assert graphs.ahead_missed == {"the step ran eagerly": 1}  # counted once: the record went with the first
+    assert graphs.launch_ahead([1] * 16, [4] * 16) is False  # nothing was replayed, so nothing runs ahead

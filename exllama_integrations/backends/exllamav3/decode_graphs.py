@@ -22,6 +22,8 @@ Where it stands aside (the eager forward runs; :meth:`DecodeGraphs.report` says 
   parameters, any parameter the captured forward was not built with;
 * up to 8 rows on EXL3 weights: exllamav3 replays its own per-layer graphs there, which would nest in ours;
 * a shape whose capture failed (said once in the log; that shape stays eager).
+
+The next step's forward is replayed ahead of its step where the fast path foresees its rows (:mod:`.run_ahead`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from typing import Any
+
+from .run_ahead import Ahead, PinnedStaging, ahead_differs, ahead_stands_aside, page_size
 
 logger = logging.getLogger(__name__)
 
@@ -171,9 +175,20 @@ class _Shape:
 class DecodeGraphs:
     """Captured decode forwards of one exllamav3 ``Model`` (see the module docstring)."""
 
-    def __init__(self, model: Any, min_rows: int | None = None) -> None:
-        """Checks ``model`` once; ``min_rows``: the fewest rows captured (default: 9 on EXL3 weights, else 1)."""
+    def __init__(self, model: Any, min_rows: int | None = None, ahead: bool = True) -> None:
+        """Checks ``model`` once.
+
+        ``min_rows``: the fewest rows captured (default: 9 on EXL3 weights, else 1); ``ahead``: :meth:`launch_ahead`
+        runs (False: it declines, for comparison).
+        """
         self.model = model
+        self.ahead = ahead
+        self.ahead_launched = 0
+        self.ahead_used = 0
+        self.ahead_missed: Counter[str] = Counter()
+        self._ahead: Ahead | None = None  # the forward that ran ahead of the coming step
+        self._last: tuple[tuple[int, int], _Shape, Any, Any] | None = None  # the last step: key, shape, host tables
+        self._staging = PinnedStaging()
         self.why_not = model_stands_aside(model)
         self.shapes: dict[tuple[int, int], _Shape | None] = {}
         self.eager: Counter[str] = Counter()
@@ -210,13 +225,23 @@ class DecodeGraphs:
         """The logits of one decode step: a captured graph where one covers it, else ``eager(input_ids, params)``."""
         why = self.why_eager(input_ids, params)
         self.own_graphs_step = why is not None and why.endswith(OWN_GRAPHS)
+        ahead, self._ahead, self._last = self._ahead, None, None
         if why is not None:
             self.eager[why] += 1
+            if ahead is not None:
+                self.ahead_missed["the step ran eagerly"] += 1
             return eager(input_ids, params)
         import torch
         from exllamav3.util.tensor import get_for_device
 
         with torch.inference_mode():
+            if ahead is not None:
+                why_not = ahead_differs(ahead, input_ids, params)
+                if why_not is None:  # its logits are this step's: the same graph ran on the same inputs
+                    self.ahead_used += 1
+                    self._remember(ahead.key, ahead.shape, params)
+                    return ahead.shape.out
+                self.ahead_missed[why_not] += 1
             x = self.model.prepare_inputs(input_ids, params)
             block_table = get_for_device(params, "block_table", self.device)
             cache_seqlens = get_for_device(params, "cache_seqlens", self.device)
@@ -232,6 +257,7 @@ class DecodeGraphs:
             if shape is None:
                 self.eager["its capture failed"] += 1
                 return eager(input_ids, params)
+            self._remember(key, shape, params)
             emb = self._embed(x, params)
             shape.x.copy_(emb, non_blocking=True)
             shape.block_table.copy_(block_table, non_blocking=True)
@@ -240,6 +266,49 @@ class DecodeGraphs:
         shape.replays += 1
         self.replays += 1
         return shape.out
+
+    # ------------------------------------------------------------------ running ahead
+
+    def _remember(self, key: tuple[int, int], shape: _Shape, params: dict[str, Any]) -> None:
+        """Keep this step's host tables (copies: exllamav3 stages the next step in the same buffers)."""
+        bt, sl = params["block_table"], params["cache_seqlens"]
+        if self.ahead and bt.device.type == "cpu" and sl.device.type == "cpu":
+            self._last = (key, shape, bt.clone(), sl.clone())
+
+    def launch_ahead(self, tokens: list[int], pages: list[int]) -> bool:
+        """Replay the next step's forward now: the last step's rows, one position further, fed ``tokens``.
+
+        ``tokens``: the token each row drew at the last step (its input at the next); ``pages``: how many pages
+        each row has allocated (a row whose next position lies past them is not run ahead: its block table would
+        name a page it does not own). Call it only after the last step's forward is complete (exllamav3's
+        synchronize): its pinned staging is rewritten here. Returns whether it launched.
+        """
+        last, self._last = self._last, None
+        if last is None or self.why_not is not None:
+            return False
+        key, shape, block_table, cache_seqlens = last
+        nxt = cache_seqlens + 1  # each row's next position (where the next step writes its K/V)
+        why = ahead_stands_aside(key, nxt.tolist(), tokens, pages, page_size())
+        if why is not None:
+            self.ahead_missed[f"not launched: {why}"] += 1
+            return False
+        rows = key[0]
+        import torch
+
+        with torch.inference_mode():
+            ids = torch.tensor(tokens, dtype=torch.long).view(rows, 1)
+            # (exllamav3's prepare_inputs hands the ids back as they are; without pinned_staging the embedding does
+            # not touch exllamav3's own staging buffer, which its next step writes while this copy may be queued)
+            emb = self._embed(ids, {})
+            shape.x.copy_(self._staging.stage("x", emb), non_blocking=True)
+            shape.block_table.copy_(self._staging.stage("block_table", block_table), non_blocking=True)
+            shape.cache_seqlens.copy_(self._staging.stage("cache_seqlens", nxt), non_blocking=True)
+            shape.graph.replay()
+        shape.replays += 1
+        self.replays += 1
+        self.ahead_launched += 1
+        self._ahead = Ahead(key, shape, ids, block_table, nxt)
+        return True
 
     # ------------------------------------------------------------------ the forward, split at the embedding
 
@@ -366,6 +435,8 @@ class DecodeGraphs:
                 shape.graph.reset()
         self.shapes.clear()
         self._ptr_tables.clear()
+        self._ahead = self._last = None
+        self._staging.clear()
         for mq in self._patched:
             vars(mq).pop("c_ptrs", None)
         self._patched.clear()
@@ -387,4 +458,10 @@ class DecodeGraphs:
             "replays": self.replays,
             "eager_forwards": dict(self.eager),
             "capture_failed": dict(self.failed),
+            "run_ahead": {
+                "on": self.ahead,
+                "launched": self.ahead_launched,
+                "used": self.ahead_used,
+                "missed": dict(self.ahead_missed),
+            },
         }

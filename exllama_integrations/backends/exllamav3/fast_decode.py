@@ -8,7 +8,9 @@ read-back and one synchronize for the step, stop conditions, streaming, page has
 of exllamav3 is forked: the generator's ``iterate_gen`` and the model's ``forward`` are wrapped on their
 instances, and each adopted job's ``receive_logits``. The decode forward itself is replayed from a captured CUDA
 graph where :mod:`.decode_graphs` can (its own rule; the logits are the same either way, so every job gains,
-whoever samples it).
+whoever samples it), and the next step's forward is run ahead of the step's bookkeeping where the rows it will have
+are foreseen (:meth:`FastDecode._pages` says when; ``model.prefetch_tokens``, which exllamav3 calls with every
+row's token once they are read back, is where it starts).
 
 The rule (where it stands aside; :meth:`FastDecode.report` says which and how often):
 
@@ -55,6 +57,16 @@ def stands_aside() -> str | None:
     return None
 
 
+def _ends_with(job: Any, token: int) -> bool:
+    """Whether exllamav3's ``receive_sample`` will end or requeue ``job`` on ``token``.
+
+    A stop token, the token limit, the requeue budget; a stop string is not foreseen (the next step then misses).
+    """
+    n = job.new_tokens + 1
+    rq = getattr(job, "max_rq_tokens", None)
+    return token in job.stop_tokens or n >= job.max_new_tokens or (rq is not None and n > rq - job.rq_margin)
+
+
 class _Adopted:
     """What the fast path keeps for one job."""
 
@@ -67,11 +79,12 @@ class _Adopted:
 class FastDecode:
     """The batched sampling of one exllamav3 ``Generator`` (see the module docstring)."""
 
-    def __init__(self, generator: Any, graphs: bool = True) -> None:
+    def __init__(self, generator: Any, graphs: bool = True, ahead: bool = True) -> None:
         """Hooks ``generator`` unless the installed exllamav3 is not the verified one (then ``active`` is False).
 
         ``graphs``: also replay each decode forward from a captured CUDA graph where :mod:`.decode_graphs` can
-        (False: the batched sampler alone, for comparison).
+        (False: the batched sampler alone, for comparison); ``ahead``: and run each captured step's forward ahead
+        of its bookkeeping (:meth:`.DecodeGraphs.launch_ahead`; False: for comparison).
         """
         self.generator = generator
         self.why_not = stands_aside()
@@ -82,6 +95,7 @@ class FastDecode:
         self.tokens = 0
         self.fallback: Counter[str] = Counter()
         self.not_adopted: Counter[str] = Counter()
+        self.not_ahead: Counter[str] = Counter()  # steps not run ahead, and why
         self._capture = False
         self._step: str | None = None
         self._logits: Any = None
@@ -95,7 +109,7 @@ class FastDecode:
         self.graphs: DecodeGraphs | None = None
         if graphs:
             try:
-                self.graphs = DecodeGraphs(generator.model)
+                self.graphs = DecodeGraphs(generator.model, ahead=ahead)
             except Exception:  # noqa: BLE001 - the batched sampler still runs; the forward stays eager
                 logger.exception("decode='fast': the captured decode step could not be set up; it runs eagerly")
         self._hook()
@@ -122,8 +136,21 @@ class FastDecode:
                 self._capture, self._logits = False, out
             return out
 
+        prefetch = getattr(gen.model, "prefetch_tokens", None)
+
+        def prefetch_tokens(ids: list[int]) -> None:
+            # exllamav3 calls this after the step's synchronize, with every row's token on the host
+            if prefetch is not None:
+                prefetch(ids)
+            if self._step == "decode" and self.graphs is not None and self.graphs.ahead:
+                pages = self._pages(ids)
+                if pages is not None:
+                    self.graphs.launch_ahead(ids, pages)
+
         gen.iterate_gen = fast_iterate_gen  # instance attributes shadow the methods
         gen.model.forward = fast_forward
+        if prefetch is not None:
+            gen.model.prefetch_tokens = prefetch_tokens
 
     # ------------------------------------------------------------------ jobs
 
@@ -152,6 +179,37 @@ class FastDecode:
         job.receive_logits = receive_logits
 
     # ------------------------------------------------------------------ a step
+
+    def _pages(self, tokens: list[int]) -> list[int] | None:
+        """Each row's allocated pages when the next step can be run ahead with ``tokens``, else None (and why).
+
+        Not when the next step will have other rows: a job waiting to start or still in prefill, a job that ends
+        or is requeued with the token it just drew; not when a job keeps its logits (exllamav3 copies them after
+        this point, from the buffer the forward run ahead writes).
+        """
+        gen, why = self.generator, None
+        pages: list[int] = []
+        if gen.pending_jobs:
+            why = "jobs waiting to start"
+        for job in gen.active_jobs:
+            if why is not None:
+                break
+            if not job.is_prefill_done():
+                why = "a job in prefill"
+            elif len(job.sequences) != 1:
+                why = "several sequences"
+            elif job.return_logits:
+                why = "logits returned"
+            elif len(pages) < len(tokens) and _ends_with(job, tokens[len(pages)]):
+                why = "a job ends with this token"
+            else:
+                pages.append(len(job.sequences[0].allocated_pages or ()))
+        if why is None and len(pages) != len(tokens):
+            why = "tokens and rows differ"
+        if why is not None:
+            self.not_ahead[why] += 1
+            return None
+        return pages
 
     def _token_for(self, job: Any) -> Any:
         if self._step is None:
@@ -257,6 +315,7 @@ class FastDecode:
         if gen is not None and self.active:
             vars(gen).pop("iterate_gen", None)
             vars(gen.model).pop("forward", None)
+            vars(gen.model).pop("prefetch_tokens", None)
         self.generator, self._logits, self._drawn, self._host = None, None, None, None
 
     # ------------------------------------------------------------------ diagnostics
@@ -273,4 +332,5 @@ class FastDecode:
             "sampled_by_exllamav3": dict(self.fallback),
             "jobs_not_adopted": dict(self.not_adopted),
             "graphs": self.graphs.report() if self.graphs is not None else {"captured": False, "stands_aside": "off"},
+            "not_run_ahead": dict(self.not_ahead),
         }
