@@ -392,3 +392,26 @@ def test_the_next_step_runs_ahead_only_when_its_rows_will_be_these(
         assert fast.report()["not_run_ahead"] == {why: 1}
     gen.iterate_gen(results := [], draft_tokens=torch.zeros(3, 2))  # a drafted window is never run ahead
     assert len(graphs.launched) == (1 if why is None else 0)
+
+
+def test_a_step_that_fails_to_run_ahead_turns_it_off_and_the_step_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast_decode, "stands_aside", lambda: None)
+    logits = torch.randn(2, 1, 50)
+    logits[:, 0, 2] = -1e9  # nobody draws the stop token
+    jobs = [AheadJob(), AheadJob()]
+    gen = SyncingGenerator(jobs, logits)
+    fast = fast_decode.FastDecode(gen, graphs=False)
+    fast.graphs = graphs = Ahead()  # type: ignore[assignment]
+
+    def broken(tokens: list[int], pages: list[int]) -> bool:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    graphs.launch_ahead = broken  # type: ignore[method-assign]
+    for job in jobs:
+        fast.adopt(job, RowSettings(greedy=True), 4)
+    for _ in range(2):
+        results: list[Any] = []
+        gen.iterate_gen(results)
+        assert [int(r[0]) for r in results] == logits[:, 0].argmax(-1).tolist()  # each step's tokens all the same
+    assert graphs.ahead is False
+    assert fast.report()["not_run_ahead"] == {"off: running ahead failed": 1}  # tried once, then off

@@ -145,7 +145,12 @@ class FastDecode:
             if self._step == "decode" and self.graphs is not None and self.graphs.ahead:
                 pages = self._pages(ids)
                 if pages is not None:
-                    self.graphs.launch_ahead(ids, pages)
+                    try:
+                        self.graphs.launch_ahead(ids, pages)
+                    except Exception:  # noqa: BLE001 - the steps go on as before, each forward in its own turn
+                        logger.exception("decode='fast': running a step ahead failed; it is off for this model")
+                        self.graphs.ahead = False
+                        self.not_ahead["off: running ahead failed"] += 1
 
         gen.iterate_gen = fast_iterate_gen  # instance attributes shadow the methods
         gen.model.forward = fast_forward
