@@ -316,6 +316,10 @@ class Ahead(OwnGraphs):
 
     ahead = True
 
+    @property
+    def can_launch(self) -> bool:
+        return self.ahead
+
     def __init__(self) -> None:
         super().__init__(rows=0)
         self.launched: list[tuple[list[int], list[int]]] = []

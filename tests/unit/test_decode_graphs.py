@@ -157,3 +157,11 @@ def test_a_forward_that_is_not_the_step_run_ahead_discards_it(monkeypatch: pytes
     assert graphs.forward(lambda i, p: "eager logits", ids, params) == "eager logits"
     assert graphs.ahead_missed == {"the step ran eagerly": 1}  # counted once: the record went with the first
     assert graphs.launch_ahead([1] * 16, [4] * 16) is False  # nothing was replayed, so nothing runs ahead
+
+
+def test_only_a_replayed_step_can_be_run_ahead_of() -> None:
+    graphs = DecodeGraphs(FakeModel())  # no exllamav3 here: every forward is eager, none replayed
+    assert graphs.ahead and not graphs.can_launch
+    ids, params = step(16)
+    graphs.forward(lambda i, p: "eager logits", ids, params)
+    assert not graphs.can_launch  # the fast path skips its rule's walk over the jobs at such a step

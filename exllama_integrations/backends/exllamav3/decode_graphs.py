@@ -275,6 +275,11 @@ class DecodeGraphs:
         if self.ahead and bt.device.type == "cpu" and sl.device.type == "cpu":
             self._last = (key, shape, bt.clone(), sl.clone())
 
+    @property
+    def can_launch(self) -> bool:
+        """Whether :meth:`launch_ahead` has a step to run ahead of (on, and the last forward was a replayed one)."""
+        return self.ahead and self._last is not None
+
     def launch_ahead(self, tokens: list[int], pages: list[int]) -> bool:
         """Replay the next step's forward now: the last step's rows, one position further, fed ``tokens``.
 

@@ -142,7 +142,9 @@ class FastDecode:
             # exllamav3 calls this after the step's synchronize, with every row's token on the host
             if prefetch is not None:
                 prefetch(ids)
-            if self._step == "decode" and self.graphs is not None and self.graphs.ahead:
+            # (only after a step our graph replayed: the rule's walk over the jobs is not paid where nothing can run
+            # ahead, e.g. a lone EXL3 job on exllamav3's own graphs)
+            if self._step == "decode" and self.graphs is not None and self.graphs.can_launch:
                 pages = self._pages(ids)
                 if pages is not None:
                     try:
