@@ -14,11 +14,15 @@ reused.
   per setting, chi-square over the tokens either drew at least 5 times in all)
 * families: every family of the architecture matrix, its bf16 weights and its 4-bit EXL3 conversion, greedy
   tokens of ``decode="fast"`` against exllamav3's own loop at batch 1, 16 and 64 (as ``greedy``)
+* prefill: where the prompts' prefill goes: 64 jobs enqueued together, the first ``iterate()`` (64 x
+  ``Model.prefill`` of 127 tokens, then the first decode step) timed with a synchronize, with exllamav3's choice of
+  GEMM (its EXL3 kernel up to 144 rows) and with ``reconstruct`` forced (dequantize, then an fp16 GEMM); per call
+  with a synchronize each; torch.profiler's kernel table (the 12 longest kernels) and GPU-busy share
 * bench: 16 and 64 jobs enqueued together, raw vs ``decode="fast"`` (same generator type, two instances),
   interleaved, ``--reps`` rounds; tokens/s, ms per step, paired ratios
 
     python benchmarks/gpu_fast_decode.py --out DIR [--sections profile,greedy,families,sampled,bench]
-        [--models exl3,fp16] [--no-sampler-alone]
+        [--models exl3,fp16] [--no-sampler-alone]   (sections also: prefill)
 """
 
 from __future__ import annotations
@@ -52,10 +56,14 @@ class Prompts:
         self.vocab, self.tokens = vocab, tokens
         self.rng = torch.Generator().manual_seed(1234)
 
-    def take(self, n: int) -> list[list[int]]:
+    def take(self, n: int, ragged: bool = False) -> list[list[int]]:
+        """``n`` prompts of ``tokens`` ids (``ragged``: each of its own length, from half to 1.5x that)."""
         import torch
 
-        return torch.randint(10, self.vocab, (n, self.tokens), generator=self.rng).tolist()
+        if not ragged:
+            return torch.randint(10, self.vocab, (n, self.tokens), generator=self.rng).tolist()
+        lengths = torch.randint(self.tokens // 2, self.tokens * 3 // 2 + 1, (n,), generator=self.rng).tolist()
+        return [torch.randint(10, self.vocab, (k,), generator=self.rng).tolist() for k in lengths]
 
 
 def config_overlay(model_dir: Path) -> Any:
@@ -81,6 +89,7 @@ class Raw:
         model: Any = None,
         graphs: bool = True,
         ahead: bool = True,
+        prefill: bool = True,
     ) -> None:
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
@@ -104,7 +113,7 @@ class Raw:
         if fast:
             from exllama_integrations.backends.exllamav3.fast_decode import FastDecode
 
-            self.fast = FastDecode(self.generator, graphs=graphs, ahead=ahead)
+            self.fast = FastDecode(self.generator, graphs=graphs, ahead=ahead, prefill=prefill)
             assert self.fast.active, self.fast.report()
 
     def enqueue(self, prompts: list[list[int]], new: int, sampler: Any = None, settings: Any = None) -> list[Any]:
@@ -270,12 +279,23 @@ def compare(raw: Raw, fast: Raw, ps: list[list[int]], new: int) -> dict[str, Any
         "tokens_compared": sum(len(x) for x in a["tokens"]),
         "raw_repeats_itself": again["tokens"] == a["tokens"],
     }
-    if parted:  # where the first parting job parts, and the raw loop's logit margin there
-        i = parted[0]
+    partings = []
+    for i in parted[:16]:  # where each parting job parts, and the raw model's logit margin there
         x, y = a["tokens"][i], b["tokens"][i]
         k = next(n for n, (s, t) in enumerate(zip(x, y)) if s != t)
-        row.update(first_parting_job=i, first_parting_step=k, raw_token=x[k], fast_token=y[k])
-        row["logit_margin"] = margin(raw, ps[i] + x[:k], x[k], y[k])
+        partings.append(
+            {
+                "job": i,
+                "step": k,
+                "raw_token": x[k],
+                "fast_token": y[k],
+                "logit_margin": margin(raw, ps[i] + x[:k], x[k], y[k]),
+            }
+        )
+    if partings:
+        row["partings"] = partings
+        margins = [p["logit_margin"] for p in partings if isinstance(p["logit_margin"], float)]
+        row["largest_margin"] = max(margins, default=None)
     return row
 
 
@@ -284,7 +304,9 @@ def section_greedy(args: Any, models: dict[str, Path]) -> None:
 
     for name, path in models.items():
         raw = Raw(path, fast=False)
-        fast = Raw(path, fast=True)  # a model of its own: no state shared with the raw one
+        # a model of its own: no state shared with the raw one; prompts prefilled job by job, as exllamav3 does (the
+        # decode step alone is compared here; batched prefill in the prefill section)
+        fast = Raw(path, fast=True, prefill=False)
         prompts = Prompts(32000)
         for batch in BATCHES:
             row = compare(raw, fast, prompts.take(batch), args.new)
@@ -349,7 +371,7 @@ def section_families(args: Any, models: dict[str, Path]) -> None:
                 continue
             try:
                 raw = Raw(path, fast=False, cache_tokens=20480)
-                fast = Raw(path, fast=True, cache_tokens=20480)
+                fast = Raw(path, fast=True, cache_tokens=20480, prefill=False)
             except Exception as e:  # noqa: BLE001 - a family exllamav3 does not load
                 note(args.out, key, {"status": "refused by exllamav3", "why": f"{type(e).__name__}: {str(e)[:300]}"})
                 torch.cuda.empty_cache()
@@ -478,6 +500,105 @@ def chi_square(a: list[int], b: list[int]) -> tuple[float, int, float]:
     return float(stat), int(dof), float(p)
 
 
+def first_step(raw: Raw, prompts: Prompts, jobs: int, force: dict[str, Any], per_call: bool) -> dict[str, float]:
+    """``jobs`` prompts enqueued together: the first ``iterate()`` (their prefill and the first decode step), wall
+    with a synchronize; ``force``: params added to every ``Model.prefill`` call; ``per_call``: a synchronize after
+    each call, its wall counted (with batched prefill a call only holds its chunk)."""
+    import torch
+
+    had = vars(raw.model).get("prefill")  # the fast path's hook, if any: wrapped, then put back
+    prefill = raw.model.prefill
+    calls: list[float] = []
+
+    def wrapped(*a: Any, **k: Any) -> Any:
+        k.get("params", {}).update(force)
+        t = time.perf_counter()
+        try:
+            return prefill(*a, **k)
+        finally:
+            if per_call:
+                torch.cuda.synchronize()
+            calls.append(time.perf_counter() - t)
+
+    raw.model.prefill = wrapped
+    listed = raw.enqueue(prompts.take(jobs), 4)
+    try:
+        with torch.inference_mode():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            raw.generator.iterate()
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+    finally:
+        if had is None:
+            del raw.model.prefill
+        else:
+            raw.model.prefill = had
+        for j in listed:
+            raw.generator.cancel(j)
+    return {"first_step_ms": 1000 * wall, "prefill_calls": len(calls), "call_ms": 1000 * statistics.median(calls)}
+
+
+def kernel_table(prof: Any, wall_ms: float) -> dict[str, Any]:
+    """torch.profiler's kernels: GPU-busy time and share of ``wall_ms``, the 12 longest by name."""
+    import torch
+
+    by_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by_name.setdefault(e.name, []).append(e.device_time_total / 1000)
+    total = sum(sum(v) for v in by_name.values())
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+    return {
+        "first_step_ms_under_profiler": wall_ms,
+        "gpu_busy_ms": total,
+        "gpu_busy_share": total / wall_ms,
+        "kernels": [{"name": k[:90], "count": len(v), "ms": round(sum(v), 2)} for k, v in top],
+    }
+
+
+def section_prefill(args: Any, models: dict[str, Path]) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, path in models.items():
+        raw = Raw(path, fast=False)
+        fast = Raw(path, fast=True)  # batched prefill (the default), on a model of its own
+        prompts = Prompts(32000)
+        variants = {
+            "exllamav3's choice": (raw, {}),
+            "reconstruct forced": (raw, {"reconstruct": True}),
+            'decode="fast", batched prefill': (fast, {}),
+        }
+
+        def step(r: Raw, force: dict[str, Any], p: Prompts = prompts) -> Callable[[], dict[str, float]]:
+            return lambda: first_step(r, p, 64, force, per_call=False)
+
+        paths = {f"64 jobs, {label}": step(r, force) for label, (r, force) in variants.items()}
+        _interleave(RESULTS, args.out, f"prefill {name}", paths, args.reps)  # a warm-up round first, then rotated
+        ratios(
+            args.out,
+            f"prefill {name}",
+            [('64 jobs, decode="fast", batched prefill', "64 jobs, exllamav3's choice")],
+            more=("first_step_ms",),
+        )
+        for label, (r, force) in variants.items():
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                row = first_step(r, prompts, 64, force, per_call=False)
+            note(args.out, f"prefill {name} profile, {label}", kernel_table(prof, row["first_step_ms"]))
+        # the tokens: batched prefill against exllamav3's own loop, prompts of one length and of many
+        for batch, ragged in ((16, False), (64, False), (64, True)):
+            row = compare(raw, fast, prompts.take(batch, ragged=ragged), args.new)
+            note(args.out, f"prefill {name} greedy, {batch} jobs{', ragged prompts' if ragged else ''}", row)
+            print(f"[prefill greedy] {name} {batch} ragged={ragged}: {row}", flush=True)
+        note(args.out, f"prefill {name} fast path report", fast.fast.report())  # type: ignore[union-attr]
+        for r in (raw, fast):
+            r.close()
+        del raw, fast, r
+        torch.cuda.empty_cache()
+
+
 def section_bench(args: Any, models: dict[str, Path]) -> None:
     import torch
 
@@ -552,6 +673,7 @@ def main() -> None:
             "families": section_families,
             "sampled": section_sampled,
             "bench": section_bench,
+            "prefill": section_prefill,
         }
         sections_by_name[s](args, models)
         note(args.out, f"seconds of the {s} section", round(time.perf_counter() - t0, 1))

@@ -101,6 +101,13 @@ RUNS = {
     "`--exl3 --sections batch16,callers64 --reps 5`)",
     "gpu_load_run28_exl3_run_ahead.json": 'run 28 (2026-12-04, `decode="fast"` running the next step ahead: the '
     "same rows as run 25 on a faster host, `--exl3 --sections batch16,callers64 --reps 5`)",
+    "gpu_load_run29_exl3_prefill_copies_serialized.json": "run 29 (2026-12-04, evening: batched prefill before its "
+    "last mend, the held chunks run before every page copy; the callers' prompts share a beginning, so each copies "
+    "a page and the chunks ran one by one: 64 callers' TTFT 0.959 of raw's; `--exl3 --sections callers64,batch16 "
+    "--reps 5`)",
+    "gpu_load_run30_exl3_batched_prefill.json": 'run 30 (2026-12-04, evening: `decode="fast"` with batched prefill, '
+    "a page copy from a held prompt computed in the same forward; the same rows as run 25; raw's loop slow on this "
+    "host: 16 Jobs at 1011 tok/s against 1878 in run 28)",
 }
 LOAD_PLOT = ("gpu_load_run13_batch16.json", "gpu_load_run13_callers.json")
 """The load runs drawn in gpu_throughput.png (the newest)."""
@@ -149,6 +156,9 @@ SERVING = {
     "gpu_serve_run12_exl3_run_ahead.json": "run 12 (2026-12-04): EXL3, `decode=\"fast\"` running the next "
     "step's forward ahead of the step's bookkeeping, beside exllamav3's own loop, 5 repetitions (`--exl3 --rows "
     "process,process_exllamav3 --reps 5`)",
+    "gpu_serve_run13_exl3_batched_prefill.json": "run 13 (2026-12-04, evening): EXL3, `decode=\"fast\"` with "
+    "batched prefill (and every waiting prompt started at the next step), beside exllamav3's own loop, 5 "
+    "repetitions (`--exl3 --rows process,process_exllamav3 --reps 5`)",
 }
 
 FAST_DECODE = {
@@ -206,6 +216,17 @@ FAST_DECODE = {
     "jobs with running ahead (`--sections profile --models exl3`): at 16 jobs the GPU is busy 63% of a fast step "
     "(1.9 of 3.0 ms under the profiler), 8% of a raw one; the fast step's `forward_ms` is near zero because its "
     "forward already ran, and the wait moves into the step's read-back",
+    "gpu_fast_decode_run13_prefill_profile.json": "run 13 (2026-12-04, evening), where the prefill of 64 prompts of "
+    "128 tokens goes on raw exllamav3 (`--sections prefill --models exl3`, an earlier form of the section): the "
+    "first `iterate()` with exllamav3's choice of GEMM and with `reconstruct` forced, with and without a synchronize "
+    "after each call; the kernel tables: 426 of 454 ms of GPU time in the EXL3 GEMM kernel at 127 rows, and with "
+    "reconstruct forced 178 ms of GPU time but more host time per call",
+    "gpu_fast_decode_run14_batched_prefill.json": "run 14 (2026-12-04, evening), batched prefill (`--sections "
+    "prefill --models exl3 --reps 5 --new 128`): the first step of 64 jobs interleaved with exllamav3's job-by-job "
+    "prefill (0.173 of it) and with reconstruct forced, the kernel tables, and greedy tokens against exllamav3's own "
+    "loop for 128 steps at 16 and 64 jobs and 64 jobs of 64-192-token prompts, each parting with the raw model's "
+    "logit margin (the first 16 of a row); padding was then refused everywhere (mended after: pages found by index "
+    "after a defragmentation, and the next input exllamav3 counts in a page before the decode step allowed)",
 }
 
 RAY = {

@@ -151,7 +151,8 @@ class ExLlamaV3Backend(Backend):
                 self._draft = load_draft(draft, cache_tokens, cache_kw, load_kw)
                 gen_kw.update(draft_model=self._draft[0], draft_cache=self._draft[1])
             self._generator = Generator(self._model, self._cache, self._xtok, **gen_kw)
-            self._fast = FastDecode(self._generator) if options.decode == "fast" else None
+            fast = options.decode == "fast"
+            self._fast = FastDecode(self._generator, prefill=options.prefill == "batched") if fast else None
         except (InvalidSettingsError, ModelLoadError, UnsupportedModelError):
             self._free()
             raise

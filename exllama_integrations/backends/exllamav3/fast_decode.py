@@ -32,6 +32,7 @@ import logging
 from collections import Counter
 from typing import Any
 
+from .batched_prefill import BatchedPrefill
 from .decode_graphs import DecodeGraphs
 from .fast_sampler import BatchedSampler, RowSettings, row_settings, uncovered
 
@@ -79,12 +80,13 @@ class _Adopted:
 class FastDecode:
     """The batched sampling of one exllamav3 ``Generator`` (see the module docstring)."""
 
-    def __init__(self, generator: Any, graphs: bool = True, ahead: bool = True) -> None:
+    def __init__(self, generator: Any, graphs: bool = True, ahead: bool = True, prefill: bool = True) -> None:
         """Hooks ``generator`` unless the installed exllamav3 is not the verified one (then ``active`` is False).
 
         ``graphs``: also replay each decode forward from a captured CUDA graph where :mod:`.decode_graphs` can
         (False: the batched sampler alone, for comparison); ``ahead``: and run each captured step's forward ahead
-        of its bookkeeping (:meth:`.DecodeGraphs.launch_ahead`; False: for comparison).
+        of its bookkeeping (:meth:`.DecodeGraphs.launch_ahead`; False: for comparison); ``prefill``: and run the
+        prompt chunks of a step in a few batched forwards (:mod:`.batched_prefill`; False: job by job, as exllamav3).
         """
         self.generator = generator
         self.why_not = stands_aside()
@@ -112,6 +114,12 @@ class FastDecode:
                 self.graphs = DecodeGraphs(generator.model, ahead=ahead)
             except Exception:  # noqa: BLE001 - the batched sampler still runs; the forward stays eager
                 logger.exception("decode='fast': the captured decode step could not be set up; it runs eagerly")
+        self.prefill: BatchedPrefill | None = None
+        if prefill:
+            try:
+                self.prefill = BatchedPrefill(generator)
+            except Exception:  # noqa: BLE001 - prompts are prefilled job by job, as exllamav3 does
+                logger.exception("decode='fast': batched prefill could not be set up; prompts are prefilled one by one")
         self._hook()
 
     def _hook(self) -> None:
@@ -127,6 +135,8 @@ class FastDecode:
                 self._capture, self._logits, self._drawn, self._step = False, None, None, None
 
         def fast_forward(*args: Any, **kwargs: Any) -> Any:
+            if self.prefill is not None:  # the forward reads the cache the held prompt chunks write
+                self.prefill.flush("a model forward")
             if self._capture and self.graphs is not None and not args and set(kwargs) == {"input_ids", "params"}:
                 out = self.graphs.forward(forward, kwargs["input_ids"], kwargs["params"])
                 self._own_graphs = self.graphs.own_graphs_step
@@ -316,6 +326,8 @@ class FastDecode:
 
     def close(self) -> None:
         """Unhook the generator and the model and free the captured graphs (the counts stay for ``report()``)."""
+        if self.prefill is not None:
+            self.prefill.close()
         if self.graphs is not None:
             self.graphs.close()
         gen = self.generator
@@ -340,4 +352,5 @@ class FastDecode:
             "jobs_not_adopted": dict(self.not_adopted),
             "graphs": self.graphs.report() if self.graphs is not None else {"captured": False, "stands_aside": "off"},
             "not_run_ahead": dict(self.not_ahead),
+            "prefill": self.prefill.report() if self.prefill is not None else {"batched": False, "stands_aside": "off"},
         }
