@@ -10,7 +10,8 @@ instances, and each adopted job's ``receive_logits``. The decode forward itself 
 graph where :mod:`.decode_graphs` can (its own rule; the logits are the same either way, so every job gains,
 whoever samples it), and the next step's forward is run ahead of the step's bookkeeping where the rows it will have
 are foreseen (:meth:`FastDecode._pages` says when; ``model.prefetch_tokens``, which exllamav3 calls with every
-row's token once they are read back, is where it starts).
+row's token once they are read back, is where it starts). The prompts one step prefills run side by side in a
+few forwards (:mod:`.batched_prefill`, ``prefill=False`` for exllamav3's job by job).
 
 The rule (where it stands aside; :meth:`FastDecode.report` says which and how often):
 
