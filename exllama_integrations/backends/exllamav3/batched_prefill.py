@@ -192,7 +192,7 @@ class BatchedPrefill:
                 return prefill(*args, **kwargs)
             chunk = Chunk(kwargs["input_ids"], kwargs["params"])
             self._take_copy(chunk)
-            if chunk.pages(self.page, reads=True) & (self._writes | set(self._copies)):
+            if chunk.pages(self.page, reads=True) & self._busy():
                 self.flush("a chunk over pages a held one writes")
             self.held.append(chunk)
             self._writes |= chunk.pages(self.page, reads=False)
@@ -217,16 +217,16 @@ class BatchedPrefill:
                 if len(args) == 4 and not kwargs and args[0] is cache and int(args[1]) in self._writes:
                     self._copies[int(args[2])] = (int(args[1]), int(args[3]))
                     return None
-                if (
-                    len(args) == 4
-                    and not kwargs
-                    and not {int(args[1]), int(args[2])} & (self._writes | set(self._copies))
-                ):
+                if len(args) == 4 and not kwargs and not {int(args[1]), int(args[2])} & self._busy():
                     return copy_page(*args)  # nothing held touches either page
                 self.flush("a page copy")
                 return copy_page(*args, **kwargs)
 
             cache.copy_page = held_copy_page
+
+    def _busy(self) -> set[int]:
+        """The pages held work writes: by held chunks, or as the destination of a held copy."""
+        return self._writes | set(self._copies)
 
     def _page_objects(self) -> dict[int, Any]:
         if not self._pages:  # built once while chunks are held (exllamav3 defragments only between steps)

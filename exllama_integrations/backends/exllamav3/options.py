@@ -214,7 +214,9 @@ def generator_kwargs(options: ExLlamaV3Options, chunk: int) -> dict[str, Any]:
     kw: dict[str, Any] = {"max_batch_size": options.max_batch_size, "max_chunk_size": chunk}
     if options.prefill_cooldown is not None:
         kw["prefill_cooldown"] = options.prefill_cooldown
-    page = 256  # exllamav3's page: a shared chunk is whole pages, at most max_chunk_size
+    from .run_ahead import page_size  # (exllamav3 is loaded by now)
+
+    page = page_size()  # a shared chunk is whole pages, at most max_chunk_size
     kw["shared_chunk_size"] = max(page, min(options.shared_chunk_size or chunk, chunk) // page * page)
     if options.ngram_match_min:
         kw["ngram_match_min"] = options.ngram_match_min
