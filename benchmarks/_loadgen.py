@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
+import subprocess
+import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -79,3 +83,43 @@ def warm() -> bool:
     import httpx  # noqa: F401
 
     return True
+
+
+def fresh_prompt(encode: Callable[[str], Sequence[int]], n: int, seed: int) -> str:
+    """About ``n`` tokens that begin with a number no other prompt has (so no engine or replica holds any of it)."""
+    words = "the quick brown fox jumps over the lazy dog while other animals watch it".split()
+    text, i = f"{seed}", 0
+    while len(encode(text + " " + words[i % len(words)])) < n:
+        text += " " + words[i % len(words)]
+        i += 1
+    return text
+
+
+class GpuBusy:
+    """nvidia-smi's GPU utilization (the share of time a kernel ran), sampled every 100 ms in the background."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"]
+        try:
+            self.proc: subprocess.Popen | None = subprocess.Popen(query, stdout=subprocess.PIPE, text=True)
+        except OSError:
+            self.proc = None
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.samples.append((time.time(), float(line.split(",")[0])))
+            except ValueError:
+                pass
+
+    def mean(self, t0: float, t1: float) -> float:
+        xs = [u for t, u in self.samples if t0 <= t <= t1]
+        return statistics.fmean(xs) if xs else float("nan")
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()

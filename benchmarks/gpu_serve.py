@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import Results, exl3_model, parser, profile, public_stream
 from _common import interleave as _interleave  # noqa: E402
-from _loadgen import run_streams, warm  # noqa: E402
+from _loadgen import GpuBusy, fresh_prompt, run_streams, warm  # noqa: E402
 
 RESULTS = Results("gpu_serve.json")
 record, note, ratios = RESULTS.record, RESULTS.note, RESULTS.ratios
@@ -75,36 +75,6 @@ def wait_up(url: str, proc: subprocess.Popen, seconds: float = 600) -> None:
     raise RuntimeError(f"the server at {url} did not come up")
 
 
-class GpuBusy:
-    """nvidia-smi's GPU utilization (the share of time a kernel ran), sampled every 100 ms in the background."""
-
-    def __init__(self) -> None:
-        self.samples: list[tuple[float, float]] = []
-        query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"]
-        try:
-            self.proc: subprocess.Popen | None = subprocess.Popen(query, stdout=subprocess.PIPE, text=True)
-        except OSError:
-            self.proc = None
-            return
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self.samples.append((time.time(), float(line.split(",")[0])))
-            except ValueError:
-                pass
-
-    def mean(self, t0: float, t1: float) -> float:
-        xs = [u for t, u in self.samples if t0 <= t <= t1]
-        return statistics.fmean(xs) if xs else float("nan")
-
-    def close(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-
-
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of these processes so far."""
     import psutil
@@ -128,16 +98,6 @@ def engine_pids(server_pid: int) -> list[int]:
         for c in psutil.Process(server_pid).children(recursive=True)
         if "runtime.engine.process" in " ".join(c.cmdline())
     ]
-
-
-def prompt_text(rt: Any, n: int, seed: int) -> str:
-    """About ``n`` tokens that begin with a number no other prompt has (so no engine holds any of it)."""
-    words = "the quick brown fox jumps over the lazy dog while other animals watch it".split()
-    text, i = f"{seed}", 0
-    while len(rt.encode(text + " " + words[i % len(words)])) < n:
-        text += " " + words[i % len(words)]
-        i += 1
-    return text
 
 
 def interleave(out: Path, section: str, paths: dict[str, Any], reps: int) -> None:
@@ -217,7 +177,7 @@ def main() -> None:
 
         def fresh(n: int) -> list[str]:
             seed[0] += n
-            return [prompt_text(rt, args.prompt_tokens, seed[0] + i) for i in range(n)]
+            return [fresh_prompt(rt.encode, args.prompt_tokens, seed[0] + i) for i in range(n)]
 
         def in_process(stream: bool, target: Any = llm) -> Any:
             def run() -> dict[str, float]:
