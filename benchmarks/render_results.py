@@ -159,6 +159,11 @@ SERVING = {
     "gpu_serve_run13_exl3_batched_prefill.json": "run 13 (2026-12-04, evening): EXL3, `decode=\"fast\"` with "
     "batched prefill (and every waiting prompt started at the next step), beside exllamav3's own loop, 5 "
     "repetitions (`--exl3 --rows process,process_exllamav3 --reps 5`)",
+    "gpu_serve_run14_fp16_batched_prefill.json": "run 14 (2026-12-05): the fp16 7B shape, `decode=\"fast\"` with "
+    "running ahead and batched prefill, beside exllamav3's own loop and `--engines 2` (`--rows "
+    "process,process_exllamav3,engines2 --reps 7`)",
+    "gpu_serve_run15_exl3_engines2.json": "run 15 (2026-12-05): EXL3, one fast engine beside `--engines 2` on the same "
+    "GPU (`--exl3 --rows process,engines2 --reps 5`; the device time left allowed 5 repetitions and no own-loop row)",
 }
 
 FAST_DECODE = {
