@@ -49,11 +49,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(model: Path, backend: str, options: list[str], extra: list[str]) -> tuple[subprocess.Popen, str]:
+CAPTURED = "decode='fast': captured the decode step"
+"""What a server's engine logs (``--verbose``) for each decode-step graph it captures."""
+
+
+def log_path(url: str) -> Path:
+    """The log of the server at ``url`` (its stdout and stderr)."""
+    return Path(f"/tmp/gpu_serve_{url.rsplit(':', 1)[1]}.log")
+
+
+def captures(url: str) -> int:
+    """Decode-step graphs the server at ``url`` has captured so far (lines of its verbose log)."""
+    try:
+        return log_path(url).read_text(errors="replace").count(CAPTURED)
+    except OSError:
+        return 0
+
+
+def triton_cache_entries() -> int:
+    """Kernels in Triton's on-disk cache (one entry per compiled kernel specialization)."""
+    root = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    try:
+        return sum(1 for _ in root.iterdir())
+    except OSError:
+        return 0
+
+
+def start_server(
+    model: Path, backend: str, options: list[str], extra: list[str], verbose: bool = False
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "exllama_integrations", "serve", str(model), "--backend", backend, "--port", str(port)]
     for o in options:
         cmd += ["--option", o]
+    cmd += ["--verbose"] * verbose
     log = open(f"/tmp/gpu_serve_{port}.log", "w")  # noqa: SIM115 - the server's whole life
     proc = subprocess.Popen([*cmd, *extra, "--max-pending", "1024"], stdout=log, stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}"
@@ -121,6 +150,12 @@ def main() -> None:
     )
     ap.add_argument("--window", type=float, default=0.02, help="arrival_window of the process_window row's server")
     ap.add_argument("--profile", action="store_true", help="py-spy on the engine-process server and its engine")
+    ap.add_argument(
+        "--watch",
+        action="store_true",
+        help="servers log verbosely (kept in --out); each served round also counts the decode-step graphs its server "
+        "captured and the Triton kernels compiled (new entries in Triton's cache) while it ran",
+    )
     ap.add_argument("--option", action="append", default=None, help="backend option KEY=VALUE (servers and in process)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -144,17 +179,17 @@ def main() -> None:
     )
     servers = {}
     if "thread" in rows_wanted:
-        servers["thread"] = start_server(args.model, args.backend, options, ["--engine", "thread"])
+        servers["thread"] = start_server(args.model, args.backend, options, ["--engine", "thread"], args.watch)
     if rows_wanted & {"process", "process_whole", "process_half", "single"}:
-        servers["process"] = start_server(args.model, args.backend, options, ["--engine", "process"])
+        servers["process"] = start_server(args.model, args.backend, options, ["--engine", "process"], args.watch)
     if "process_exllamav3" in rows_wanted:  # the server as it was before decode="fast": exllamav3's own loop
         own = [o for o in options if not o.startswith("decode=")] + ["decode=exllamav3"]
-        servers["exllamav3 loop"] = start_server(args.model, args.backend, own, ["--engine", "process"])
+        servers["exllamav3 loop"] = start_server(args.model, args.backend, own, ["--engine", "process"], args.watch)
     if "process_window" in rows_wanted:
         window = [*options, f"arrival_window={args.window}"]
-        servers["window"] = start_server(args.model, args.backend, window, ["--engine", "process"])
+        servers["window"] = start_server(args.model, args.backend, window, ["--engine", "process"], args.watch)
     if "engines2" in rows_wanted:
-        servers["2 engines"] = start_server(args.model, args.backend, half, ["--engines", "2"])
+        servers["2 engines"] = start_server(args.model, args.backend, half, ["--engines", "2"], args.watch)
     pool = ProcessPoolExecutor(args.procs, mp_context=multiprocessing.get_context("spawn"))
     busy = GpuBusy()
     try:
@@ -220,8 +255,17 @@ def main() -> None:
                 per = [prompts[i :: args.procs] for i in range(args.procs)]
                 start_at = time.time() + 0.3
                 server0, engines0 = cpu_seconds([proc.pid]), cpu_seconds(engines)
+                watched0 = (captures(url), triton_cache_entries()) if args.watch else (0, 0)
                 jobs = [pool.submit(run_streams, url, p, args.new, start_at, stream) for p in per]
                 parts = [f.result() for f in jobs]
+                watched = (
+                    {
+                        "graph_captures": captures(url) - watched0[0],
+                        "triton_compiles": triton_cache_entries() - watched0[1],
+                    }
+                    if args.watch
+                    else {}
+                )
                 start, end = min(p["start"] for p in parts), max(p["end"] for p in parts)
                 wall = end - start
                 ttfts = [t for p in parts for t in p["ttfts"]]
@@ -232,6 +276,7 @@ def main() -> None:
                     "server_cores": (cpu_seconds([proc.pid]) - server0) / wall,
                     "engine_cores": (cpu_seconds(engines) - engines0) / wall,
                     "gpu_busy": busy.mean(start, end),
+                    **watched,
                 }
 
             return run
@@ -322,6 +367,10 @@ def main() -> None:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if args.watch:  # each server's verbose log beside the results
+            for key, (_, url) in servers.items():
+                if log_path(url).exists():
+                    (args.out / f"server_{key.replace(' ', '_')}.log").write_bytes(log_path(url).read_bytes())
 
 
 if __name__ == "__main__":

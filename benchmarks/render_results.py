@@ -108,6 +108,10 @@ RUNS = {
     "gpu_load_run30_exl3_batched_prefill.json": 'run 30 (2026-12-04, evening: `decode="fast"` with batched prefill, '
     "a page copy from a held prompt computed in the same forward; the same rows as run 25; raw's loop slow on this "
     "host: 16 Jobs at 1011 tok/s against 1878 in run 28)",
+    "gpu_load_run31_fp16_batch16.json": "run 31 (2026-12-05, on an H100 80GB HBM3, not the H200: the fp16 7B shape, "
+    '`decode="fast"` with running ahead and batched prefill, batch16 at 128 new tokens beside 16 raw Jobs, 7 '
+    "repetitions; `bash tests/gpu/run_on_device.sh bench --sections batch16 --reps 7`; the LlamaIndex row left out, "
+    "llama-index-core was not carried)",
 }
 LOAD_PLOT = ("gpu_load_run13_batch16.json", "gpu_load_run13_callers.json")
 """The load runs drawn in gpu_throughput.png (the newest)."""
@@ -164,6 +168,9 @@ SERVING = {
     "process,process_exllamav3,engines2 --reps 7`)",
     "gpu_serve_run15_exl3_engines2.json": "run 15 (2026-12-05): EXL3, one fast engine beside `--engines 2` on the same "
     "GPU (`--exl3 --rows process,engines2 --reps 5`; the device time left allowed 5 repetitions and no own-loop row)",
+    "gpu_serve_run16_exl3.json": "run 16 (2026-12-05, on an H100 80GB HBM3, not the H200): EXL3, `decode=\"fast\"` "
+    "as it is now beside exllamav3's own loop, 9 repetitions (`--exl3 --rows process,process_exllamav3 --reps 9`); "
+    "its last round ran at the own loop's pace (3,083 tok/s, TTFT 1.96 s; not explained), the other eight at 2.9-3.3x",
 }
 
 FAST_DECODE = {
@@ -237,6 +244,9 @@ FAST_DECODE = {
 RAY = {
     "gpu_ray.json": "Ray Serve, 2 model replicas sharing the H200 beside a 1-replica baseline, 16 conversations "
     "with 4,000-token prefixes (`python benchmarks/gpu_ray.py`)",
+    "gpu_ray_run2_load.json": "run 2 (2026-12-05, on an H100 80GB HBM3, not the H200): the fp16 7B shape, 64 "
+    "streaming clients through Ray Serve's HTTP proxy on 2 replicas sharing the GPU (`num_gpus=0.33` each) beside "
+    "1 replica, interleaved, 7 repetitions (`python benchmarks/gpu_ray.py --sections load --reps 7`)",
 }
 
 
