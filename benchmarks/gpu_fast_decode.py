@@ -89,7 +89,8 @@ class Raw:
         model: Any = None,
         graphs: bool = True,
         ahead: bool = True,
-        prefill: bool = True,
+        prefill: bool = False,
+        deterministic: bool = False,
     ) -> None:
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
@@ -111,9 +112,11 @@ class Raw:
         self.generator = Generator(self.model, self.cache, self.tokenizer, max_batch_size=64)
         self.fast = None
         if fast:
-            from exllama_integrations.backends.exllamav3.fast_decode import FastDecode
+            from exllama_integrations.backends.exllamav3.fast import FastDecode
 
-            self.fast = FastDecode(self.generator, graphs=graphs, ahead=ahead, prefill=prefill)
+            self.fast = FastDecode(
+                self.generator, graphs=graphs, ahead=ahead, prefill=prefill, deterministic=deterministic
+            )
             assert self.fast.active, self.fast.report()
 
     def enqueue(self, prompts: list[list[int]], new: int, sampler: Any = None, settings: Any = None) -> list[Any]:
@@ -129,7 +132,7 @@ class Raw:
                 stop_conditions=[],
             )
             if self.fast is not None:
-                from exllama_integrations.backends.exllamav3.fast_sampler import RowSettings
+                from exllama_integrations.backends.exllamav3.fast.sampler import RowSettings
 
                 self.fast.adopt(job, settings or RowSettings(greedy=True), len(ids))
             self.generator.enqueue(job)
@@ -436,7 +439,7 @@ def section_sampled(args: Any, models: dict[str, Path]) -> None:
     import torch
     from exllamav3 import ComboSampler
 
-    from exllama_integrations.backends.exllamav3.fast_sampler import BatchedSampler, RowSettings
+    from exllama_integrations.backends.exllamav3.fast.sampler import BatchedSampler, RowSettings
 
     torch.manual_seed(5)
     vocab = 32000
@@ -563,7 +566,7 @@ def section_prefill(args: Any, models: dict[str, Path]) -> None:
 
     for name, path in models.items():
         raw = Raw(path, fast=False)
-        fast = Raw(path, fast=True)  # batched prefill (the default), on a model of its own
+        fast = Raw(path, fast=True, prefill=True)  # batched prefill, on a model of its own
         prompts = Prompts(32000)
         variants = {
             "exllamav3's choice": (raw, {}),
@@ -607,6 +610,7 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
         fast = Raw(path, fast=True)  # a model of its own: no state shared with the raw one
         sampler_only = Raw(path, fast=True, graphs=False) if args.sampler_alone else None
         not_ahead = Raw(path, fast=True, ahead=False) if args.ahead_row else None
+        apart = Raw(path, fast=True, deterministic=True) if args.deterministic_row else None
         prompts = Prompts(32000)
         for batch in args.batches:
 
@@ -626,19 +630,23 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
                 paths[f"batched sampler alone: {batch} Jobs together"] = row(sampler_only)
             if not_ahead is not None:
                 paths[f'decode="fast" without running ahead: {batch} Jobs together'] = row(not_ahead)
+            if apart is not None:
+                paths[f'decode="fast", deterministic=True: {batch} Jobs together'] = row(apart)
             _interleave(RESULTS, args.out, section, paths, args.reps)
             names = list(paths)
             pairs = [(n, names[0]) for n in names[1:]]
             if not_ahead is not None:  # what running ahead adds, in the same run
-                pairs.append((names[1], names[-1]))
+                pairs.append((names[1], f'decode="fast" without running ahead: {batch} Jobs together'))
+            if apart is not None:  # what deterministic=True costs, in the same run
+                pairs.append((f'decode="fast", deterministic=True: {batch} Jobs together', names[1]))
             ratios(args.out, section, pairs, more=("step_ms",))
         note(args.out, f"bench {name} fast path report", fast.fast.report())  # type: ignore[union-attr]
         fast.close()
-        for other in (sampler_only, not_ahead):
+        for other in (sampler_only, not_ahead, apart):
             if other is not None:
                 other.close()
         raw.close()
-        del raw, fast, sampler_only, not_ahead
+        del raw, fast, sampler_only, not_ahead, apart
         torch.cuda.empty_cache()
 
 
@@ -653,6 +661,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--no-ahead-row", dest="ahead_row", action="store_false", help="bench: leave out the row without running ahead"
+    )
+    ap.add_argument(
+        "--no-deterministic-row",
+        dest="deterministic_row",
+        action="store_false",
+        help="bench: leave out the deterministic=True row",
     )
     ap.add_argument("--batches", type=lambda v: [int(b) for b in v.split(",")], default=[1, 16, 64])
     args = ap.parse_args()

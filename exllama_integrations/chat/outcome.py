@@ -23,6 +23,7 @@ from .prepare import PreparedChat, with_incremental
 if TYPE_CHECKING:
     from ..contract.api import Runtime
 
+
 def parse_tool_calls(text: str, fmt: ToolFormat | None = None) -> tuple[str, list[ParsedToolCall]]:
     """Split finished model output into its text and its calls in ``fmt`` (default: Hermes ``<tool_call>``)."""
     return read_reply(fmt or FORMATS[FALLBACK], text)

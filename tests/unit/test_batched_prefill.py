@@ -14,10 +14,27 @@ from typing import Any
 import pytest
 import torch
 
-from exllama_integrations.backends.exllamav3 import fast_decode, run_ahead
-from exllama_integrations.backends.exllamav3.batched_prefill import BatchedPrefill, Chunk, groups
+from exllama_integrations.backends.exllamav3.fast import decode as fast_decode
+from exllama_integrations.backends.exllamav3.fast import prefill as batched_prefill
+from exllama_integrations.backends.exllamav3.fast.prefill import BatchedPrefill, Chunk, groups
 
 PAGE = 4
+
+
+@pytest.fixture(autouse=True)
+def _small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path hooks the fake generator (its seam's check stands in for an installed exllamav3), with pages
+    of 4 tokens."""
+    monkeypatch.setattr(fast_decode, "stands_aside", lambda: None)
+    monkeypatch.setattr(batched_prefill, "page_size", lambda: PAGE)
+
+
+def hooked(gen: Generator) -> BatchedPrefill:
+    """``gen`` hooked by the fast path with batched prefill on (graphs off: there are none on CPU); its prefill."""
+    fast = fast_decode.FastDecode(gen, graphs=False, prefill=True)
+    assert fast.active and fast.prefill is not None
+    gen.fast = fast
+    return fast.prefill
 
 
 class Page:
@@ -52,6 +69,9 @@ class PagedModel:
                 p = start + j
                 self.cache[int(table[p // PAGE]), p % PAGE] = input_ids[row, j]
         return "hidden states Job.prefill ignores"
+
+    def prefetch_tokens(self, ids: list[int]) -> None:
+        pass
 
     def forward(self, input_ids: Any, params: dict[str, Any]) -> Any:
         self.forwards += 1
@@ -134,6 +154,7 @@ class Generator:
         self.recurrent_cache = None
         self.tokenizer = type("T", (), {"actual_vocab_size": 8})()
         self.next_page = 0
+        self.fast: Any = None
 
     def page(self, index: int) -> Page:
         return next(p for p in self.pagetable.all_pages if p.page_index == index)
@@ -172,7 +193,7 @@ def written(gen: Generator) -> dict[int, list[int]]:
 def test_the_prompts_of_one_step_prefill_in_a_few_forwards_and_the_cache_holds_the_same() -> None:
     gen = Generator()
     jobs = [gen.job(n, seed) for seed, n in enumerate([8, 7, 7, 8, 6, 3, 12])]
-    prefill = BatchedPrefill(gen, page=PAGE)
+    prefill = hooked(gen)
     gen.iterate()
     # the longest first, at most 16 rows a forward, at most a quarter of them padding
     assert gen.model.calls == [(1, 11), (2, 7), (2, 6), (1, 5), (1, 2)]
@@ -184,17 +205,25 @@ def test_the_prompts_of_one_step_prefill_in_a_few_forwards_and_the_cache_holds_t
     assert not prefill.held  # nothing is held between calls of iterate()
 
 
-def test_the_decode_forward_runs_after_the_held_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_decode_forward_runs_after_the_held_chunks() -> None:
     """Through the fast path: the forward of the step the prompts join reads every row's prompt."""
-    monkeypatch.setattr(fast_decode, "stands_aside", lambda: None)
-    monkeypatch.setattr(run_ahead, "page_size", lambda: PAGE)
     gen = Generator(decode=True)
     for seed, n in enumerate([6, 6, 6]):
         gen.job(n, seed)
-    fast = fast_decode.FastDecode(gen, graphs=False)
+    hooked(gen)
     gen.iterate()
     assert gen.model.forwards == 1 and gen.model.calls == [(3, 5)]
-    assert fast.report()["prefill"]["run_before"] == {"a model forward": 1}
+    assert gen.fast.report()["prefill"]["run_before"] == {"a model forward": 1}
+
+
+def test_prompts_are_prefilled_job_by_job_unless_batched_prefill_is_asked_for() -> None:
+    gen = Generator(decode=True)
+    for seed, n in enumerate([6, 6, 6]):
+        gen.job(n, seed)
+    fast = fast_decode.FastDecode(gen, graphs=False)  # the default: exllamav3's own prefill
+    gen.iterate()
+    assert gen.model.calls == [(1, 5)] * 3 and "prefill" not in vars(gen.model)
+    assert fast.report()["prefill"] == {"batched": False, "stands_aside": "off"}
 
 
 def test_padding_stays_in_pages_the_row_alone_holds_past_what_is_valid() -> None:
@@ -203,7 +232,7 @@ def test_padding_stays_in_pages_the_row_alone_holds_past_what_is_valid() -> None
     short = gen.job(7, 2)  # 6 rows: padding at positions 6 and 7, in its second page
     shared = gen.job(7, 3)  # the same, but its second page is another job's too
     gen.page(int(shared.table[0, 1])).ref_count += 1
-    BatchedPrefill(gen, page=PAGE)
+    hooked(gen)
     gen.iterate()
     assert gen.model.calls == [(2, 8), (1, 6)]  # the shared page keeps the third chunk out of the padded forward
     assert written(gen) == {id(j): j.prompt[:-1] for j in (long, short, shared)}
@@ -216,7 +245,7 @@ def test_a_row_whose_padding_would_pass_its_pages_runs_in_its_own_forward() -> N
         gen.job(9, 1)  # 8 rows: the width of the forward
         gen.job(9, 3)
         short = gen.job(4, 2, pages=pages)  # 3 rows: padding at positions 3..7, 4..7 in its second page (if any)
-        BatchedPrefill(gen, page=PAGE)
+        hooked(gen)
         gen.iterate()
         assert gen.model.calls == calls
         assert written(gen)[id(short)] == short.prompt[:-1]
@@ -229,7 +258,7 @@ def test_a_chunk_over_pages_a_held_one_writes_waits_for_it() -> None:
     second = Job(gen, first.prompt[:8] + [5, 6, 7], [int(p) for p in first.table[0, :2]] + [40])
     gen.active_jobs.append(second)
     second.kv = 8  # exllamav3 skips the full pages another job is writing; its chunk attends to them
-    prefill = BatchedPrefill(gen, page=PAGE)
+    prefill = hooked(gen)
     gen.iterate()  # the fake model asserts the second chunk read written positions only
     assert prefill.report()["run_before"]["a chunk over pages a held one writes"] == 1
     assert written(gen)[id(second)] == second.prompt[:-1]
@@ -242,7 +271,7 @@ def test_prompts_sharing_a_page_prefill_together_the_copy_computed_in_the_forwar
     a = gen.job(7, 1)
     b = gen.job(7, 2)
     b.prompt[:3] = a.prompt[:3]  # a shared beginning: 3 tokens of a's first page
-    prefill = BatchedPrefill(gen, page=PAGE)
+    prefill = hooked(gen)
     a.prefill()
     b.reuse(a, 3)  # copy_page from a's page, which a's held chunk writes
     b.prefill()  # its chunk starts at position 3: it reaches back to 0
@@ -256,7 +285,7 @@ def test_a_held_page_copy_with_no_chunk_after_it_runs_after_the_forward() -> Non
     gen = Generator()
     a = gen.job(7, 1)
     gen.job(7, 2)
-    BatchedPrefill(gen, page=PAGE)
+    hooked(gen)
     for job in gen.active_jobs:
         job.prefill()
     gen.cache.copy_page(gen.cache, int(a.table[0, 0]), 60, 3)  # a whole prompt matched: no chunk follows
@@ -268,7 +297,7 @@ def test_a_held_page_copy_with_no_chunk_after_it_runs_after_the_forward() -> Non
 def test_a_page_copy_from_a_written_page_runs_at_once() -> None:
     gen = Generator()
     a = gen.job(7, 1)
-    prefill = BatchedPrefill(gen, page=PAGE)
+    prefill = hooked(gen)
     gen.iterate()
     gen.job(7, 2).prefill()  # held
     gen.cache.copy_page(gen.cache, int(a.table[0, 0]), 60, 3)
@@ -282,7 +311,7 @@ def test_padding_finds_pages_moved_by_a_defragmentation() -> None:
     gen.job(9, 1)
     short = gen.job(7, 2)
     gen.pagetable.all_pages.reverse()  # exllamav3's defragmentation renumbers pages: found by page_index
-    BatchedPrefill(gen, page=PAGE)
+    hooked(gen)
     gen.iterate()
     assert gen.model.calls == [(2, 8)]
     assert written(gen)[id(short)] == short.prompt[:-1]
@@ -292,7 +321,7 @@ def test_a_prompt_longer_than_a_chunk_goes_on_at_the_next_step() -> None:
     gen = Generator(max_chunk_size=8)
     long = gen.job(20, 1)
     other = gen.job(8, 2)
-    BatchedPrefill(gen, page=PAGE)
+    hooked(gen)
     gen.iterate()
     assert gen.model.calls == [(1, 8), (1, 7)]  # 16 rows of 8 would pass max_chunk_size: one forward each
     gen.iterate()
@@ -305,7 +334,7 @@ def test_a_failing_batched_forward_falls_back_to_one_by_one_and_turns_itself_off
 ) -> None:
     gen = Generator(fail_batched=True)
     jobs = [gen.job(6, seed) for seed in range(3)]
-    prefill = BatchedPrefill(gen, page=PAGE)
+    prefill = hooked(gen)
     gen.iterate()
     assert written(gen) == {id(j): j.prompt[:-1] for j in jobs}
     assert gen.model.calls == [(1, 5)] * 3
@@ -322,7 +351,7 @@ def test_what_is_not_a_plain_text_chunk_runs_as_exllamav3_runs_it() -> None:
     plain = gen.job(6, 1)
     image = gen.job(6, 2)
     image.extra = {"indexed_embeddings": ["an image"]}
-    prefill = BatchedPrefill(gen, page=PAGE)
+    prefill = hooked(gen)
     gen.iterate()
     assert gen.model.calls == [(1, 5), (1, 5)]
     assert prefill.report()["run_alone"] == {"images, MRoPE or recurrent states": 1, "alone in its step": 1}
@@ -339,7 +368,7 @@ def test_generators_it_cannot_hold_for_are_left_alone_and_say_why(attr: str, why
     setattr(gen, attr, object())
     gen.job(6, 1)
     gen.job(6, 2)
-    prefill = BatchedPrefill(gen, page=PAGE)
+    prefill = hooked(gen)
     assert why in prefill.report()["stands_aside"]
     gen.iterate()
     assert gen.model.calls == [(1, 5), (1, 5)]
@@ -348,9 +377,9 @@ def test_generators_it_cannot_hold_for_are_left_alone_and_say_why(attr: str, why
 
 def test_close_unhooks_the_generator() -> None:
     gen = Generator()
-    prefill = BatchedPrefill(gen, page=PAGE)
+    hooked(gen)
     assert {"prefill"} <= set(vars(gen.model)) and "iterate" in vars(gen) and "copy_page" in vars(gen.cache)
-    prefill.close()
+    gen.fast.close()
     assert "prefill" not in vars(gen.model) and "iterate" not in vars(gen) and "copy_page" not in vars(gen.cache)
 
 

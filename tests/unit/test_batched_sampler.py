@@ -18,8 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from exllama_integrations.backends.exllamav3 import fast_decode  # noqa: E402
-from exllama_integrations.backends.exllamav3.fast_sampler import (  # noqa: E402
+from exllama_integrations.backends.exllamav3.fast import decode as fast_decode  # noqa: E402
+from exllama_integrations.backends.exllamav3.fast.sampler import (  # noqa: E402
     BatchedSampler,
     RowSettings,
     row_settings,
@@ -162,13 +162,23 @@ class FakeModel:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.logits
 
+    def prefetch_tokens(self, ids: list[int]) -> None:
+        self.prefetched = ids
+
 
 class FakeGenerator:
     """exllamav3's decode step in miniature: one forward, then each job's receive_logits on its rows."""
 
     def __init__(self, jobs: list[FakeJob], logits: Any) -> None:
         self.active_jobs, self.model = jobs, FakeModel(logits)
+        self.pending_jobs: list[Any] = []
+        self.cache = object()
         self.tokenizer = type("T", (), {"actual_vocab_size": logits.shape[-1]})()
+
+    def iterate(self) -> list[Any]:
+        results: list[Any] = []
+        self.iterate_gen(results)
+        return results
 
     def iterate_gen(self, results: list[Any], draft_tokens: Any = None) -> None:
         logits = self.model.forward(None, {})
@@ -209,19 +219,40 @@ def test_the_rule_batches_covered_jobs_and_leaves_the_rest_to_exllamav3(monkeypa
     assert fast.report()["batched_tokens"] == 2
 
 
-def test_on_another_exllamav3_it_stands_aside_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.metadata
-
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.9.9")
+def test_where_the_seam_stands_aside_nothing_is_hooked_and_close_still_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    why = "exllamav3 1.6.6 is not a verified release (verified: 1.6.5); its own loop runs"
+    monkeypatch.setattr(fast_decode, "stands_aside", lambda: why)
     gen = FakeGenerator([FakeJob()], torch.randn(1, 1, 10))
-    fast = fast_decode.FastDecode(gen)
-    assert not fast.active
-    assert "exllamav3 9.9.9" in fast.report()["stands_aside"]
+    fast = fast_decode.FastDecode(gen, prefill=True, deterministic=True)
+    assert not fast.active and fast.report() == {"decode": "exllamav3", "stands_aside": why}
     job = gen.active_jobs[0]
     fast.adopt(job, RowSettings(greedy=True), 1)
+    assert not vars(gen) .keys() & {"iterate", "iterate_gen"} and "forward" not in vars(gen.model)
+    assert "receive_logits" not in vars(job)
     results: list[Any] = []
     gen.iterate_gen(results)
     assert results[0][0] == "exllamav3's own"
+    fast.close()  # (it raised AttributeError here before: the model then stayed loaded)
+    fast.close()
+
+
+def test_close_removes_every_wrap_it_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast_decode, "stands_aside", lambda: None)
+    logits = torch.randn(2, 1, 50)
+    jobs = [FakeJob(), FakeJob()]
+    gen = KwargsGenerator(jobs, logits)
+    own = (gen.iterate, gen.iterate_gen, gen.model.forward, gen.model.prefetch_tokens)
+    fast = fast_decode.FastDecode(gen, graphs=False)
+    for job in jobs:
+        fast.adopt(job, RowSettings(greedy=True), 4)
+    assert {"iterate", "iterate_gen"} <= vars(gen).keys() and "receive_logits" in vars(jobs[0])
+    gen.iterate_gen(results := [])
+    assert [int(r[0]) for r in results] == logits[:, 0].argmax(-1).tolist()
+    fast.close()
+    assert (gen.iterate, gen.iterate_gen, gen.model.forward, gen.model.prefetch_tokens) == own
+    assert not any("receive_logits" in vars(j) for j in jobs)
+    gen.iterate_gen(results := [])
+    assert all(r[0] == "exllamav3's own" for r in results)  # exllamav3 alone again
 
 
 class OwnGraphs:
@@ -231,7 +262,7 @@ class OwnGraphs:
         self.rows, self.own_graphs_step = rows, False
 
     def forward(self, eager: Any, input_ids: Any, params: dict[str, Any]) -> Any:
-        out = eager(input_ids=input_ids, params=params)
+        out = eager(input_ids, params)
         self.own_graphs_step = out.shape[0] <= self.rows
         return out
 

@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from exllama_integrations.backends.exllamav3 import decode_graphs  # noqa: E402
-from exllama_integrations.backends.exllamav3.decode_graphs import DecodeGraphs, step_stands_aside  # noqa: E402
+from exllama_integrations.backends.exllamav3.fast import graphs as decode_graphs  # noqa: E402
+from exllama_integrations.backends.exllamav3.fast.graphs import DecodeGraphs, step_stands_aside  # noqa: E402
 
 
 def step(rows: int = 16, **extra: Any) -> tuple[Any, dict[str, Any]]:
@@ -70,10 +70,11 @@ def test_unpaged_attention_runs_eagerly() -> None:
     assert step_stands_aside(ids, params, 1) == "not a paged decode step"
 
 
-def test_small_batches_of_exl3_weights_keep_exllamav3s_own_graphs() -> None:
+def test_below_min_rows_a_step_is_left_to_exllamav3s_own_graphs() -> None:
     ids, params = step(8)
-    assert step_stands_aside(ids, params, min_rows=9) == "up to 8 rows (exllamav3's own per-layer graphs)"
+    assert step_stands_aside(ids, params, min_rows=9) == "up to 8 rows (left to exllamav3's own per-layer graphs)"
     assert step_stands_aside(*step(9), min_rows=9) is None
+    assert step_stands_aside(*step(1)) is None  # by default every row count is captured, one row included
 
 
 class FakeModel:
@@ -101,13 +102,14 @@ def test_without_exllamav3_every_forward_is_eager_and_the_report_says_why(monkey
     assert report["captured"] is False and "exllamav3's modules do not import" in report["stands_aside"]
     assert graphs.eager == {"the model": 1}
     assert decode_graphs.MAX_GRAPHS >= 64  # every batch size up to a generator's usual 64 can have its graph
+    graphs.close()  # standing aside, it holds nothing; closing is safe all the same
 
 
 # ---------------------------------------------------------------------- running ahead: when, and when its logits count
 
 
 def test_a_step_runs_ahead_only_where_every_row_owns_its_next_position() -> None:
-    from exllama_integrations.backends.exllamav3.run_ahead import ahead_stands_aside
+    from exllama_integrations.backends.exllamav3.fast.run_ahead import ahead_stands_aside
 
     key = (2, 16)  # 2 rows, a block table 16 pages wide; pages of 256 positions
     assert ahead_stands_aside(key, [300, 700], [5, 6], [2, 3], 256) is None
@@ -120,14 +122,14 @@ def test_a_step_runs_ahead_only_where_every_row_owns_its_next_position() -> None
 
 def ran_ahead(ids: Any, params: dict[str, Any]) -> Any:
     """The record of a forward run ahead on the inputs ``ids`` / ``params`` would have (its shape left out)."""
-    from exllama_integrations.backends.exllamav3.run_ahead import Ahead
+    from exllama_integrations.backends.exllamav3.fast.run_ahead import Ahead
 
     bt = params["block_table"]
     return Ahead((int(bt.shape[0]), int(bt.shape[1])), None, ids.clone(), bt.clone(), params["cache_seqlens"].clone())
 
 
 def test_the_logits_run_ahead_count_only_for_the_very_same_inputs() -> None:
-    from exllama_integrations.backends.exllamav3.run_ahead import ahead_differs
+    from exllama_integrations.backends.exllamav3.fast.run_ahead import ahead_differs
 
     ids, params = step(4)
     ahead = ran_ahead(ids, params)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exllama_integrations import GenerationSettings
-from exllama_integrations.backends.exllamav3.fast_sampler import row_settings
+from exllama_integrations.backends.exllamav3.fast.sampler import row_settings
 from exllama_integrations.backends.logits import GREEDY_BELOW, is_greedy
 
 

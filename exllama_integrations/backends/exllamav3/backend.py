@@ -22,8 +22,16 @@ from ..logits import release
 from . import patches
 from .driver import Driver
 from .extras import inspect_draft, load_draft, load_loras
-from .fast_decode import FastDecode
-from .options import ExLlamaV3Options, auto_cache_tokens, cache_kwargs, generator_kwargs, show_progress, whole_pages
+from .fast import FastDecode
+from .options import (
+    ExLlamaV3Options,
+    auto_cache_tokens,
+    cache_kwargs,
+    generator_kwargs,
+    generator_parameters,
+    show_progress,
+    whole_pages,
+)
 from .translate import job_for, matcher_filter
 from .vision import NO_VISION_COMPONENT, Vision, vision_support
 
@@ -146,13 +154,27 @@ class ExLlamaV3Backend(Backend):
             if self.vision is None:
                 vision_kw = {k: v for k, v in load_kw.items() if k in ("progressbar", "device")}
                 self._vision = Vision(config, model.model_type, vision_kw)
-            gen_kw = generator_kwargs(options, chunk)
+            gen_kw = generator_kwargs(options, chunk, generator_parameters(Generator))
             if draft is not None:
                 self._draft = load_draft(draft, cache_tokens, cache_kw, load_kw)
                 gen_kw.update(draft_model=self._draft[0], draft_cache=self._draft[1])
             self._generator = Generator(self._model, self._cache, self._xtok, **gen_kw)
-            fast = options.decode == "fast"
-            self._fast = FastDecode(self._generator, prefill=options.prefill == "batched") if fast else None
+            if options.decode == "fast":
+                self._fast = FastDecode(
+                    self._generator,
+                    prefill=options.prefill == "batched",
+                    deterministic=options.deterministic,
+                    max_rows=options.max_batch_size,
+                )
+                if options.deterministic and not self._fast.active:
+                    raise InvalidSettingsError(
+                        f"deterministic=True needs decode='fast', which stands aside here: {self._fast.why_not}",
+                        param="deterministic",
+                    )
+                if options.warmup and self._fast.active:  # every batch size captured now, not on a client's step
+                    t0 = time.perf_counter()
+                    captured = self._fast.capture_at_load(show_progress(options.progressbar))
+                    self._warmup.update(graphs_captured=captured, capture_seconds=round(time.perf_counter() - t0, 2))
         except (InvalidSettingsError, ModelLoadError, UnsupportedModelError):
             self._free()
             raise
@@ -265,8 +287,12 @@ class ExLlamaV3Backend(Backend):
         overlay, self._overlay = getattr(self, "_overlay", None), None
         if overlay is not None:
             overlay.cleanup()
-        if self._fast is not None:  # its graphs hold GPU memory and the model; freed before the model unloads
-            self._fast.close()
+        fast, self._fast = self._fast, None
+        if fast is not None:  # its graphs hold GPU memory and the model; freed before the model unloads
+            try:
+                fast.close()
+            except Exception:  # noqa: BLE001 - the model, cache and generator are released all the same
+                logger.exception("exllamav3: closing decode='fast' failed")
         generator, model, draft, loras = self._generator, self._model, self._draft, self._loras
         vision, self._vision = getattr(self, "_vision", None), None
         self._generator = self._cache = self._model = self._draft = None

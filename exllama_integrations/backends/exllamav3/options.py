@@ -7,17 +7,22 @@ options become the ``Cache``, ``load()`` and ``Generator`` arguments here, in on
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ...errors import InvalidSettingsError
 from ..base import BackendOptions
+from .fast.requirements import PAGE_SIZE
 
 if TYPE_CHECKING:
     from ...model.directory import ModelDirectory
 
-PAGE = 256
+logger = logging.getLogger(__name__)
+
+PAGE = PAGE_SIZE  # tokens per page of exllamav3's paged cache (fast.requirements: its one source, checked)
 
 
 def whole_pages(tokens: int) -> int:
@@ -106,26 +111,30 @@ class ExLlamaV3Options(BackendOptions):
     shared_chunk_size: int | None = Field(default=None, ge=256)
     """Prefill chunk (tokens) while other jobs decode. None (ours): ``max_chunk_size``, so that with
     ``prefill_cooldown`` 0 every prompt waiting starts at the next step, and with ``decode="fast"`` their chunks run
-    together in a few forwards (:mod:`.batched_prefill`). exllamav3's own (half of ``max_chunk_size``) takes one
-    waiting prompt a step: 64 callers arriving ms apart then start one step apart, each prefilled alone."""
+    together in a few forwards (``fast.prefill``, with ``prefill="batched"``). exllamav3's own (half of
+    ``max_chunk_size``) takes one waiting prompt a step: 64 callers arriving ms apart then start one step apart,
+    each prefilled alone."""
     warmup: bool = False
     """Run exllamav3's ``Model.warmup()`` at load (kernel compiles, GEMM autotuning, graph workspaces), so the first
     request pays none of it; its time is in ``model_info().details["warmup_seconds"]`` (8 s on the H200 for a
     small fp16 model). On by default where a server loads the model (``serve``, Ray replicas), off in process."""
     decode: Literal["exllamav3", "fast"] = "fast"
     """How a decode step runs. ``"exllamav3"``: its own loop (samplers job by job). ``"fast"`` (the default): every job
-    whose settings it covers is sampled in one batched pass on the GPU, and the decode forward is replayed from a
-    CUDA graph captured once per batch shape wherever exllamav3 does not graph it itself (past 8 rows of EXL3
-    weights, every fp16/bf16 model); :mod:`.fast_decode` and :mod:`.decode_graphs` say what falls back to
-    exllamav3 and why, and the runtime's ``diagnostics()["fast_decode"].report()`` counts it. Only on exllamav3
-    1.6.5, where greedy tokens were proven identical to its own loop; on another version it stands aside and says
-    so."""
-    prefill: Literal["batched", "exllamav3"] = "batched"
-    """With ``decode="fast"``: how the prompts of one step are prefilled. ``"batched"`` (the default): their chunks
-    run side by side in a few forwards (:mod:`.batched_prefill`; on the H200, 64 prompts of 128 tokens of a 1B
-    EXL3 model in 94 ms instead of 546, run 14); the cache holds the same K/V up to the GEMMs' rounding, so greedy
-    tokens may part from exllamav3's own where its logits (nearly) tie. ``"exllamav3"``: job by job, as exllamav3
-    does, and greedy tokens identical to its own loop."""
+    whose settings it covers is sampled in one batched pass on the GPU, and the whole decode forward is replayed from a
+    CUDA graph captured per batch shape (``fast.graphs``); ``diagnostics()["fast_decode"].report()`` says what fell
+    back to exllamav3 and why. Greedy tokens are exllamav3's own (proven on the verified releases); on a release the
+    fast path has not verified, or whose source lacks what it relies on, it stands aside and says so."""
+    prefill: Literal["batched", "exllamav3"] = "exllamav3"
+    """With ``decode="fast"``: how the prompts of one step are prefilled. ``"exllamav3"`` (the default): job by job, as
+    exllamav3 does, so that a request's tokens do not depend on what was prefilled beside it. ``"batched"``: their
+    chunks run side by side in a few forwards (``fast.prefill``; on the H200, 64 prompts of 128 tokens of a 1B EXL3
+    model in 94 ms instead of 546, run 14); the cache then holds the same K/V up to the GEMMs' rounding, so greedy
+    tokens may part from exllamav3's own where two logits nearly tie."""
+    deterministic: bool = False
+    """With ``decode="fast"``: a request's tokens do not depend on what runs beside it. Each row of a decode step runs
+    as a step of its own, as exllamav3 runs a request alone (one forward per row: it costs throughput in batches,
+    measured in benchmarks/results), and prompts are prefilled job by job. Without it (the default), tokens are those
+    of exllamav3's own loop for the same schedule, which may part from the same request alone at near-ties."""
     progressbar: bool | None = None
     """A progress bar while loading; None: when stderr is a terminal or in a notebook."""
     stream_interval: int | Literal["auto"] = "auto"
@@ -177,6 +186,10 @@ class ExLlamaV3Options(BackendOptions):
             raise ValueError("draft_model_dir and ngram_match_min are two ways to draft: choose one")
         if self.num_draft_tokens is not None and not (self.draft_model_dir or self.ngram_match_min):
             raise ValueError("num_draft_tokens needs draft_model_dir or ngram_match_min")
+        if self.deterministic and self.decode != "fast":
+            raise ValueError("deterministic=True needs decode='fast' (the rows of a step run apart there)")
+        if self.deterministic and self.prefill == "batched":
+            raise ValueError("deterministic=True prefills job by job: leave prefill='exllamav3'")
         return self
 
     @property
@@ -209,15 +222,35 @@ def cache_kwargs(options: ExLlamaV3Options) -> dict[str, Any]:
     return {"layer_type": CacheLayer_quant, "k_bits": k, "v_bits": v}
 
 
-def generator_kwargs(options: ExLlamaV3Options, chunk: int) -> dict[str, Any]:
-    """exllamav3 ``Generator`` arguments from our options (a draft model is added by the caller)."""
+IGNORED_BY_OLD_RELEASES = ("prefill_cooldown", "shared_chunk_size")
+"""Generator arguments exllamav3 before 1.6.4 does not have: it takes them in ``**kwargs`` and ignores them."""
+
+
+def generator_kwargs(options: ExLlamaV3Options, chunk: int, accepted: set[str] | None = None) -> dict[str, Any]:
+    """exllamav3 ``Generator`` arguments from our options (a draft model is added by the caller).
+
+    ``accepted``: the arguments the installed ``Generator`` names (None: all). An option the user set that it would
+    ignore is refused; one of ours left at its default is dropped (and logged).
+
+    Raises:
+        InvalidSettingsError: the user set an option the installed exllamav3 would ignore.
+    """
     kw: dict[str, Any] = {"max_batch_size": options.max_batch_size, "max_chunk_size": chunk}
     if options.prefill_cooldown is not None:
         kw["prefill_cooldown"] = options.prefill_cooldown
-    from .run_ahead import page_size  # (exllamav3 is loaded by now)
-
-    page = page_size()  # a shared chunk is whole pages, at most max_chunk_size
+    page = PAGE  # a shared chunk is whole pages, at most max_chunk_size
     kw["shared_chunk_size"] = max(page, min(options.shared_chunk_size or chunk, chunk) // page * page)
+    for name in IGNORED_BY_OLD_RELEASES:
+        if accepted is None or name in accepted:
+            continue
+        if name in options.model_fields_set:
+            raise InvalidSettingsError(
+                f"{name} is not an argument of the installed exllamav3's Generator, which would ignore it: "
+                "install exllamav3 >= 1.6.4, or leave it unset.",
+                param=name,
+            )
+        kw.pop(name, None)
+        logger.warning("exllamav3: this release's Generator has no %s; its own default applies", name)
     if options.ngram_match_min:
         kw["ngram_match_min"] = options.ngram_match_min
     if options.num_draft_tokens is not None:
@@ -234,3 +267,14 @@ def show_progress(option: bool | None) -> bool:
     if option is not None:
         return option
     return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
+
+
+def generator_parameters(generator_class: Any) -> set[str] | None:
+    """The argument names ``generator_class.__init__`` declares (None: it declares none we could read)."""
+    import inspect
+
+    try:
+        params = inspect.signature(generator_class.__init__).parameters
+    except (TypeError, ValueError):
+        return None
+    return {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}

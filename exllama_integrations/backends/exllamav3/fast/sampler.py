@@ -6,7 +6,7 @@ penalties (output only, OpenAI's rule), then greedy (argmax), or temperature, mi
 seeded draw, in exllamav3's ``ComboSampler`` order (temperature first; min-p, top-k, top-p each on what the
 step before kept; the token that crosses top-p is kept). Not covered (see :func:`uncovered`): typical
 sampling and no-repeat n-grams (exllamav3 refuses them anyway); grammar masks, forced tokens, logprobs and
-drafted windows are the caller's to route around (:mod:`.fast_decode`).
+drafted windows are the caller's to route around (:mod:`.decode`).
 
 The draw is an exponential race (``argmax(p / q)``, ``q ~ Exp(1)``: the Gumbel-max trick in probability space,
 exact sampling from ``p``) with counter-based noise: each token's ``q`` is a hash of (the job's seed, the job's
@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..logits import is_greedy
+from ...logits import is_greedy
 
 if TYPE_CHECKING:
     import torch

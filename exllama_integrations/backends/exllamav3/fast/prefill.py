@@ -30,29 +30,12 @@ import logging
 from collections import Counter
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from .seam import PREFILL_PARAMS, GeneratorView, PageView, page_size
 
-PLAIN = {"attn_mode", "block_table", "cache", "cache_seqlens", "recurrent_states", "indexed_embeddings",
-         "inv_freq", "mm_span_prefix"}  # fmt: skip
-"""The params a text chunk's ``Model.prefill`` gets from ``Job.prefill`` (exllamav3 1.6.5)."""
+logger = logging.getLogger(__name__)
 
 MOST_PADDING = 0.25
 """A chunk joins a forward only while the forward's padding stays within this share of its rows."""
-
-
-def generator_stands_aside(generator: Any) -> str | None:
-    """Why no prefill of ``generator`` can be held, or None when chunks can be."""
-    if getattr(generator, "draft_model", None) is not None:
-        return "a draft model (its prefill follows the target's)"
-    if getattr(generator, "recurrent_cache", None) is not None:
-        return "a recurrent cache (checkpoints follow each chunk)"
-    if getattr(generator.model, "loaded_tp", False):
-        return "tensor parallelism"
-    if getattr(generator, "cpu_page_cache", None) is not None or getattr(generator, "disk_page_cache", None):
-        return "host page tiers"
-    if not hasattr(generator, "pagetable") or not hasattr(generator.model, "prefill"):
-        return "this exllamav3 Generator has no pagetable / Model.prefill to hook"
-    return None
 
 
 def call_stands_aside(args: tuple[Any, ...], kwargs: dict[str, Any], cache: Any) -> str | None:
@@ -61,7 +44,7 @@ def call_stands_aside(args: tuple[Any, ...], kwargs: dict[str, Any], cache: Any)
     ids = kwargs.get("input_ids")
     if args or set(kwargs) != {"input_ids", "params"} or not isinstance(params, dict) or ids is None:
         return "not a Job's chunk"
-    if not set(params) <= PLAIN or params.get("attn_mode") != "flash_attn" or params.get("cache") is not cache:
+    if not set(params) <= PREFILL_PARAMS or params.get("attn_mode") != "flash_attn" or params.get("cache") is not cache:
         return "other parameters"
     if params.get("recurrent_states") or params.get("indexed_embeddings") or params.get("inv_freq") is not None:
         return "images, MRoPE or recurrent states"
@@ -107,7 +90,7 @@ class Chunk:
         return {int(p) for p in self.table[first:last].tolist()}
 
 
-def padding_refused(chunk: Chunk, width: int, pages: dict[int, Any], page: int) -> str | None:
+def padding_refused(chunk: Chunk, width: int, pages: dict[int, PageView], page: int) -> str | None:
     """Why ``chunk`` may not be padded to ``width`` rows, or None when it may.
 
     Every padded position must lie in a page of its block table (``pages``: exllamav3's pages by ``page_index``,
@@ -150,19 +133,22 @@ def groups(chunks: list[Chunk], most_rows: int, fits: Any) -> list[list[Chunk]]:
 
 
 class BatchedPrefill:
-    """Holds the prompt chunks of one exllamav3 ``Generator``'s ``iterate()`` and runs them in a few forwards."""
+    """Holds the prompt chunks of one exllamav3 ``Generator``'s ``iterate()`` and runs them in a few forwards.
 
-    def __init__(self, generator: Any, page: int | None = None) -> None:
-        """Hooks ``generator`` unless it :func:`stands aside <generator_stands_aside>`.
+    The seam (:class:`.seam.Seam`) routes ``Model.prefill`` and ``Cache.copy_page`` here (:meth:`prefill`,
+    :meth:`copy_page`); the fast path calls :meth:`flush` before any other forward and at the end of ``iterate()``.
+    """
 
-        ``page``: tokens per cache page (None: exllamav3's).
-        """
+    def __init__(self, generator: GeneratorView, page: int | None = None) -> None:
+        """``page``: tokens per cache page (None: exllamav3's)."""
         self.generator = generator
-        self.why_not = generator_stands_aside(generator)
+        self.why_not = generator.prefill_stands_aside()
         self.held: list[Chunk] = []
         self._writes: set[int] = set()  # pages the held chunks write
         self._copies: dict[int, tuple[int, int]] = {}  # page copies held: destination -> (source, tokens)
-        self._pages: dict[int, Any] = {}  # exllamav3's pages by page_index, while chunks are held
+        self._pages: dict[int, PageView] = {}  # exllamav3's pages by page_index, while chunks are held
+        self._prefill: Any = None  # exllamav3's own Model.prefill and Cache.copy_page (from the last call)
+        self._copy_page: Any = None
         self.chunks = 0  # chunks held
         self.forwards = 0  # forwards of several chunks
         self.batched = 0  # chunks run in them
@@ -172,65 +158,50 @@ class BatchedPrefill:
         self.not_padded: Counter[str] = Counter()  # chunks kept out of a wider forward, and why
         self.flushes: Counter[str] = Counter()  # what made the held chunks run
         self.on = self.why_not is None
-        if self.on:
-            from .run_ahead import page_size
+        self.page: int = page if page is not None else page_size()
 
-            self.page = page if page is not None else page_size()
-            self._hook()
+    def prefill(self, eager: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A job's ``Model.prefill`` call: held where it is a plain chunk, else run (after what is held)."""
+        self._prefill = eager
+        cache = self.generator.cache
+        why = "batched prefill off" if not self.on else call_stands_aside(args, kwargs, cache)
+        if why is not None:
+            self.flush("a prefill that cannot be held")
+            self.alone[why] += 1
+            return eager(*args, **kwargs)
+        chunk = Chunk(kwargs["input_ids"], kwargs["params"])
+        self._take_copy(chunk)
+        if chunk.pages(self.page, reads=True) & self._busy():
+            self.flush("a chunk over pages a held one writes")
+        self.held.append(chunk)
+        self._writes |= chunk.pages(self.page, reads=False)
+        self.chunks += 1
+        return None  # Job.prefill does not use it
 
-    def _hook(self) -> None:
-        gen = self.generator
-        prefill, iterate, cache = gen.model.prefill, gen.iterate, gen.cache
-        copy_page = getattr(cache, "copy_page", None)
-        self._prefill = prefill
+    def copy_page(self, eager: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``Cache.copy_page(cache, from, to, tokens)``: Job.prefill's reuse of a partly matching page.
 
-        def held_prefill(*args: Any, **kwargs: Any) -> Any:
-            why = "batched prefill off" if not self.on else call_stands_aside(args, kwargs, cache)
-            if why is not None:
-                self.flush("a prefill that cannot be held")
-                self.alone[why] += 1
-                return prefill(*args, **kwargs)
-            chunk = Chunk(kwargs["input_ids"], kwargs["params"])
-            self._take_copy(chunk)
-            if chunk.pages(self.page, reads=True) & self._busy():
-                self.flush("a chunk over pages a held one writes")
-            self.held.append(chunk)
-            self._writes |= chunk.pages(self.page, reads=False)
-            self.chunks += 1
-            return None  # Job.prefill does not use it
-
-        def flushing_iterate(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return iterate(*args, **kwargs)
-            finally:
-                self.flush("the end of iterate()")
-
-        gen.model.prefill = held_prefill  # instance attributes shadow the methods
-        gen.iterate = flushing_iterate
-        if copy_page is not None:
-            self._copy_page = copy_page
-
-            def held_copy_page(*args: Any, **kwargs: Any) -> Any:
-                # Job.prefill's reuse of a partly matching page: copy_page(cache, from, to, tokens). From a page a
-                # held chunk writes (prompts that share a prefix, arriving together), it is held too: the chunk of
-                # the job it copies for then computes those positions itself, in the same forward (see _take_copy)
-                if len(args) == 4 and not kwargs and args[0] is cache and int(args[1]) in self._writes:
-                    self._copies[int(args[2])] = (int(args[1]), int(args[3]))
-                    return None
-                if len(args) == 4 and not kwargs and not {int(args[1]), int(args[2])} & self._busy():
-                    return copy_page(*args)  # nothing held touches either page
-                self.flush("a page copy")
-                return copy_page(*args, **kwargs)
-
-            cache.copy_page = held_copy_page
+        From a page a held chunk writes (prompts that share a prefix, arriving together), it is held too: the chunk
+        of the job it copies for then computes those positions itself, in the same forward (see :meth:`_take_copy`).
+        """
+        self._copy_page = eager
+        cache = self.generator.cache
+        plain = len(args) == 4 and not kwargs and args[0] is cache
+        if plain and self.on and int(args[1]) in self._writes:
+            self._copies[int(args[2])] = (int(args[1]), int(args[3]))
+            return None
+        if plain and not {int(args[1]), int(args[2])} & self._busy():
+            return eager(*args)  # nothing held touches either page
+        self.flush("a page copy")
+        return eager(*args, **kwargs)
 
     def _busy(self) -> set[int]:
         """The pages held work writes: by held chunks, or as the destination of a held copy."""
         return self._writes | set(self._copies)
 
-    def _page_objects(self) -> dict[int, Any]:
+    def _page_objects(self) -> dict[int, PageView]:
         if not self._pages:  # built once while chunks are held (exllamav3 defragments only between steps)
-            self._pages.update((p.page_index, p) for p in self.generator.pagetable.all_pages)
+            self._pages.update(self.generator.pages_by_index())
         return self._pages
 
     def _take_copy(self, chunk: Chunk) -> None:
@@ -249,7 +220,7 @@ class BatchedPrefill:
         if page is None:
             return
         del self._copies[dst]
-        chunk.reach_back(page.sequence[0, : held[1]].clone())
+        chunk.reach_back(page.tokens(held[1]))
         self.copies_computed += 1
 
     def flush(self, why: str) -> None:
@@ -279,7 +250,7 @@ class BatchedPrefill:
                 self.not_padded[why] += 1
             return why is None
 
-        todo = groups(held, int(self.generator.max_chunk_size), fits)
+        todo = groups(held, self.generator.max_chunk_size, fits)
         for n, g in enumerate(todo):
             try:
                 self._run(g)
@@ -315,14 +286,8 @@ class BatchedPrefill:
         self.batched += len(g)
 
     def close(self) -> None:
-        """Run what is held and unhook the generator, its model and its cache."""
+        """Run what is held (the seam removes the wraps)."""
         self.flush("close")
-        gen = self.generator
-        if self.why_not is None and gen is not None:
-            vars(gen.model).pop("prefill", None)
-            vars(gen).pop("iterate", None)
-            vars(gen.cache).pop("copy_page", None)
-        self.generator = None
 
     def report(self) -> dict[str, Any]:
         """Whether prompt chunks are batched, how many, and which ran as exllamav3 runs them (and why)."""

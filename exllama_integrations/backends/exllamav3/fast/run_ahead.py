@@ -2,8 +2,8 @@
 
 Once a step's tokens are on the host (exllamav3 reads them back in one synchronize, then hands them to
 ``Model.prefetch_tokens``), the next step's captured forward is replayed at once
-(:meth:`.DecodeGraphs.launch_ahead`): the same rows, each one position further in the pages it already holds, each
-fed the token it just drew. The GPU computes it while the host does the step's bookkeeping (exllamav3's
+(:meth:`.graphs.DecodeGraphs.launch_ahead`): the same rows, each one position further in the pages it already
+holds, each fed the token it just drew. The GPU computes it while the host does the step's bookkeeping (exllamav3's
 ``receive_sample`` of every job, the next step's staging) instead of after it. When the next step's forward comes,
 its inputs are compared on the host with what ran ahead (:func:`ahead_differs`: ids, block table, cache lengths);
 all equal, its logits are those already computed (the same graph on the same inputs); anything else (a job that
@@ -19,13 +19,6 @@ pinned staging of its inputs. The fast path decides from its jobs when the rows 
 from __future__ import annotations
 
 from typing import Any
-
-
-def page_size() -> int:
-    """Tokens per page of exllamav3's paged cache."""
-    from exllamav3.constants import PAGE_SIZE
-
-    return int(PAGE_SIZE)
 
 
 def ahead_stands_aside(

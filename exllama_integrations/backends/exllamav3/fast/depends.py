@@ -1,0 +1,254 @@
+"""What a library's installed source says about the members we rely on, read without importing it.
+
+The fast path's seam (:mod:`.seam`) declares what of exllamav3 it reads and wraps: class members, the parameter
+names of the methods it wraps, the keys of the ``params`` dicts exllamav3 builds for the forwards it replaces, and
+module constants. Here those declarations are checked against a library's source files with :mod:`ast` (no import:
+it works on a machine without CUDA, and a module that fails to import still has its facts read), against a
+recorded copy of a release's facts (``recorded/``), and a release is compared by PEP 440 release number, local
+labels such as ``+cu128.torch2.9.0`` (exllamav3's own CUDA wheels) ignored.
+
+The command line (``python -m exllama_integrations.backends.exllamav3.fast``) is in ``__main__.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RECORDED = Path(__file__).with_name("recorded")
+"""Facts of the verified releases, as :func:`facts` read them from their source (``exllamav3-<release>.json``)."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """A member of a class.
+
+    A method (with the parameter names it must begin with, ``self`` left out), a property, an attribute assigned in the
+    class body or on ``self`` in one of its methods.
+    """
+
+    module: str
+    cls: str
+    name: str
+    params: tuple[str, ...] | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.cls}.{self.name}"
+
+
+@dataclass(frozen=True)
+class DictKeys:
+    """The keys of the first dict literal assigned to ``var`` in ``cls.func``: all must be among ``known``."""
+
+    module: str
+    cls: str
+    func: str
+    var: str
+    known: frozenset[str]
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.cls}.{self.func}:{self.var}"
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A module-level name (assigned, or imported into the module), and the literal value it must have if given."""
+
+    module: str
+    name: str
+    value: int | str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.name}"
+
+
+Requirement = Member | DictKeys | Constant
+
+
+def release(version: str) -> tuple[int, ...] | None:
+    """The release number of a PEP 440 version (``1.6.5+cu128.torch2.9.0`` -> ``(1, 6, 5)``), None if invalid."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        return None
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution``, or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def source_root(package: str) -> Path | None:
+    """The folder of an installed package's source, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+class _Module:
+    """One source file's classes and top-level names."""
+
+    def __init__(self, path: Path) -> None:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        self.classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+        self.names: set[str] = set()
+        self.values: dict[str, Any] = {}  # NAME = <literal>
+        for n in tree.body:
+            if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                    self.names |= {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
+                    if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant):
+                        self.values[t.id] = n.value.value
+            elif isinstance(n, ast.ImportFrom | ast.Import):
+                self.names |= {(a.asname or a.name).split(".")[0] for a in n.names}
+            elif isinstance(n, ast.FunctionDef | ast.ClassDef):
+                self.names.add(n.name)
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    for n in cls.body:
+        if isinstance(n, ast.FunctionDef) and n.name == name:
+            return n
+    return None
+
+
+def _members(cls: ast.ClassDef) -> set[str]:
+    out: set[str] = set()
+    for n in cls.body:
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+            out.add(n.name)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            out.add(n.target.id)
+        elif isinstance(n, ast.Assign):
+            out |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+    for node in ast.walk(cls):  # self.X = ... in any method
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+            targets = [node.target]
+        for t in targets:
+            for x in ast.walk(t):
+                if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id == "self":
+                    out.add(x.attr)
+    return out
+
+
+def _params(fn: ast.FunctionDef) -> list[str]:
+    a = fn.args
+    names = [x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]]
+    return names[1:] if names and names[0] in ("self", "cls") else names
+
+
+def _fingerprint(fn: ast.FunctionDef) -> str:
+    """A short hash of a function's code (its AST without positions or docstring).
+
+    Equal when only comments, blank lines or the docstring changed.
+    """
+    import hashlib
+
+    body = (
+        fn.body[1:]
+        if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant)
+        else fn.body
+    )
+    dump = "".join(ast.dump(n, annotate_fields=False) for n in [fn.args, *body])
+    return hashlib.sha256(dump.encode()).hexdigest()[:16]
+
+
+def _dict_keys(fn: ast.FunctionDef, var: str) -> list[str] | None:
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            if any(isinstance(t, ast.Name) and t.id == var for t in node.targets):
+                return [k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+    return None
+
+
+def facts(root: Path, requirements: list[Requirement]) -> dict[str, Any]:
+    """What the source under ``root`` (the package's folder) says about each requirement, by its key.
+
+    A member: ``{"present": bool, "params": [...]}`` (params for methods); dict keys: ``{"keys": [...]}`` or
+    ``{"keys": None}`` when the dict is not found; a constant: ``{"present": bool, "value": ...}`` (its value when a
+    literal is assigned).
+    """
+    cache: dict[str, _Module | None] = {}
+
+    def module(name: str) -> _Module | None:
+        if name not in cache:
+            rel = Path(*name.split(".")[1:])
+            path = next((p for p in (root / rel.with_suffix(".py"), root / rel / "__init__.py") if p.is_file()), None)
+            cache[name] = _Module(path) if path is not None else None
+        return cache[name]
+
+    out: dict[str, Any] = {}
+    for r in requirements:
+        m = module(r.module)
+        if isinstance(r, Constant):
+            out[r.key] = {"present": m is not None and r.name in m.names}
+            if m is not None and r.name in m.values:
+                out[r.key]["value"] = m.values[r.name]
+            continue
+        cls = m.classes.get(r.cls) if m is not None else None
+        if isinstance(r, Member):
+            fn = _method(cls, r.name) if cls is not None else None
+            present = cls is not None and r.name in _members(cls)
+            body = {"params": _params(fn), "body": _fingerprint(fn)} if fn is not None else {}
+            out[r.key] = {"present": present, **body}
+        else:
+            fn = _method(cls, r.func) if cls is not None else None
+            out[r.key] = {"keys": _dict_keys(fn, r.var) if fn is not None else None}
+    return out
+
+
+def problems(requirements: list[Requirement], found: dict[str, Any]) -> list[str]:
+    """What of ``requirements`` the facts ``found`` do not meet, each said in a line (empty: all met)."""
+    out = []
+    for r in requirements:
+        f = found.get(r.key)
+        if f is None:
+            out.append(f"{r.key}: not checked")
+        elif isinstance(r, Member | Constant) and not f.get("present"):
+            out.append(f"{r.key}: missing")
+        elif isinstance(r, Constant) and r.value is not None and f.get("value") != r.value:
+            out.append(f"{r.key}: is {f.get('value')!r}, the fast path assumes {r.value!r}")
+        elif isinstance(r, Member) and r.params is not None:
+            got = f.get("params")
+            if got is None or tuple(got[: len(r.params)]) != r.params:
+                out.append(f"{r.key}: parameters {got} do not begin with {list(r.params)}")
+        elif isinstance(r, DictKeys):
+            keys = f.get("keys")
+            if keys is None:
+                out.append(f"{r.key}: no dict literal assigned to {r.var!r} found")
+            elif set(keys) - r.known:
+                out.append(f"{r.key}: keys {sorted(set(keys) - r.known)} are new (the captured forward lacks them)")
+    return out
+
+
+def changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The requirements whose facts differ between two readings (a verified release's and another's).
+
+    Methods whose code changed, members that appeared or went, dict keys that moved: what the runbook reads before a
+    release joins the verified set (docs/exllamav3-releases.md).
+    """
+    return [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+
+
+def recorded(release_text: str) -> dict[str, Any] | None:
+    """The recorded facts of a release (``"1.6.5"``), or None."""
+    path = RECORDED / f"exllamav3-{release_text}.json"
+    return json.loads(path.read_text()) if path.is_file() else None

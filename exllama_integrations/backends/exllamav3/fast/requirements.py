@@ -1,0 +1,121 @@
+"""What the fast path relies on in exllamav3, and the rule for a release.
+
+:data:`REQUIREMENTS` declares every member :mod:`.seam` reads or wraps, the parameters of the methods it wraps, and
+the keys of the ``params`` dicts exllamav3 builds for the forwards it replaces; :func:`stands_aside` checks them
+against the installed library's source (:mod:`.depends`, no import) before anything is wrapped. The fast path runs
+on a release in :data:`VERIFIED` (compared by PEP 440 release number: exllamav3's own CUDA wheels carry local labels
+such as ``1.6.5+cu128.torch2.9.0``) whose installed source meets every requirement; on any other it stands aside
+with its reason, and exllamav3's own loop runs. ``EXLLAMA_FAST_UNVERIFIED=1`` lets a release that meets every
+requirement run unverified, for trying a new release (docs/exllamav3-releases.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import lru_cache
+
+from .depends import Constant, DictKeys, Member, Requirement, facts, installed_version, problems, release, source_root
+
+logger = logging.getLogger(__name__)
+
+VERIFIED = frozenset({(1, 6, 5)})
+"""Releases the fast path was proven on (greedy tokens identical to exllamav3's own loop at 1, 16 and 64 jobs on
+EXL3 and fp16 models; sampled draws matched to its ComboSampler; the GPU suite), by release number."""
+
+UNVERIFIED_ENV = "EXLLAMA_FAST_UNVERIFIED"
+
+PAGE_SIZE = 256
+"""Tokens per page of exllamav3's paged cache: the one source of it in this package (cache sizing, the captured
+step's tables, batched prefill), checked against exllamav3's own ``constants.PAGE_SIZE`` (a requirement)."""
+
+STEP_PARAMS = frozenset(
+    {"attn_mode", "block_table", "cache", "cache_seqlens", "recurrent_states", "indexed_embeddings", "positions",
+     "position_ids", "recurrent_history", "pinned_staging", "dev_cache"}
+)  # fmt: skip
+"""The parameters of a plain decode step (``Generator.iterate_gen`` without a draft model, and what
+``_upload_arena`` adds); a step with any other (``inv_freq``, ``position``, a draft model's) runs eagerly, since the
+captured graph was built without it."""
+
+PREFILL_PARAMS = frozenset(
+    {"attn_mode", "block_table", "cache", "cache_seqlens", "recurrent_states", "indexed_embeddings", "inv_freq",
+     "mm_span_prefix"}
+)  # fmt: skip
+"""The parameters of a text chunk's ``Model.prefill`` as ``Job.prefill`` builds them."""
+
+_G, _J, _M = "exllamav3.generator.generator", "exllamav3.generator.job", "exllamav3.model.model"
+_P, _MOD = "exllamav3.generator.pagetable", "exllamav3.modules"
+REQUIREMENTS: list[Requirement] = [
+    # wrapped
+    Member(_G, "Generator", "iterate"),
+    Member(_G, "Generator", "iterate_gen", ("results", "draft_tokens")),
+    Member(_G, "Generator", "__init__", ("model", "cache", "tokenizer")),
+    Member(_M, "Model", "forward", ("input_ids", "params")),
+    Member(_M, "Model", "prefill", ("input_ids", "params")),
+    Member(_M, "Model", "prefetch_tokens", ("ids",)),
+    Member("exllamav3.cache.cache", "Cache", "copy_page", ("target", "from_page", "to_page", "num_tokens")),
+    Member(_J, "Job", "receive_logits", ("logits",)),
+    Member(f"{_MOD}.multilinear", "SlicedMultiLinear", "c_ptrs", ("outputs",)),
+    DictKeys(_G, "Generator", "iterate_gen", "params", STEP_PARAMS - {"dev_cache", "position_ids"}),
+    DictKeys(_J, "Job", "prefill", "params", PREFILL_PARAMS),
+    # read
+    *(Member(_G, "Generator", n) for n in "pending_jobs active_jobs max_chunk_size pagetable draft_model "
+      "recurrent_cache cpu_page_cache disk_page_cache".split()),
+    *(Member(_J, "Job", n) for n in "new_tokens stop_tokens max_new_tokens max_rq_tokens rq_margin sequences "
+      "return_logits forced_ids device_logit_mask return_probs return_top_tokens current_device_ids "
+      "is_prefill_done".split()),
+    Member(_P, "Sequence", "allocated_pages"),
+    *(Member(_P, "CachePage", n) for n in "page_index ref_count kv_position sequence".split()),
+    Member(_P, "PageTable", "all_pages"),
+    *(Member(_M, "Model", n) for n in "fwd_modules modules caps _get_prefetch_layers prepare_inputs".split()),
+    Member("exllamav3.model.model_tp", "Model_TPMixin", "loaded_tp"),
+    *(Member(f"{_MOD}.module", "Module", n) for n in "prepare_for_device forward device".split()),
+    *(Member(f"{_MOD}.transformer", "TransformerBlock", n) for n in "attn mlp attn_hc mlp_hc".split()),
+    *(Member(f"{_MOD}.attn", "Attention", n) for n in "qsa_indexer multi_qkv".split()),
+    Member(f"{_MOD}.linear", "Linear", "quant_type"),
+    *(Member(f"{_MOD}.multilinear", "SlicedMultiLinear", n) for n in "slice_targets slice_offsets".split()),
+    *(Member(f"{_MOD}.mlp", c, "bc") for c in ("MLP", "GatedMLP")),
+    Constant(f"{_MOD}.attn", "_bc_attn_enable"),
+    Constant("exllamav3.constants", "PAGE_SIZE", PAGE_SIZE),
+    Constant("exllamav3.util.tensor", "get_for_device"),
+]  # fmt: skip
+"""What the fast path reads and wraps, checked against the installed exllamav3 before it hooks anything."""
+
+
+# ---------------------------------------------------------------------- the rule for a release
+
+
+def release_stands_aside(version: str | None, met: list[str] | None, unverified_ok: bool = False) -> str | None:
+    """Why the fast path cannot run on exllamav3 ``version`` whose source left ``met`` unmet, or None when it can.
+
+    ``met``: the requirements the installed source does not meet (empty: all met; None: not readable).
+    """
+    if version is None:
+        return "exllamav3 is not installed"
+    rel = release(version)
+    if rel is None:
+        return f"exllamav3 reports the version {version!r}, which is not a PEP 440 version"
+    if met is None:
+        return f"exllamav3 {version}'s source could not be read to check what the fast path relies on"
+    if met:
+        return f"exllamav3 {version} lacks what the fast path relies on: " + "; ".join(met[:4])
+    if rel not in VERIFIED and not unverified_ok:
+        shown = ", ".join(".".join(map(str, r)) for r in sorted(VERIFIED))
+        return (
+            f"exllamav3 {version} is not a verified release (verified: {shown}); its own loop runs. To try it, set "
+            f"{UNVERIFIED_ENV}=1 (docs/exllamav3-releases.md)"
+        )
+    return None
+
+
+@lru_cache(maxsize=1)
+def stands_aside() -> str | None:
+    """Why the fast path cannot run with the installed exllamav3, or None when it can (checked once a process)."""
+    version = installed_version("exllamav3")
+    root = source_root("exllamav3") if version is not None else None
+    unmet = problems(REQUIREMENTS, facts(root, REQUIREMENTS)) if root is not None else None
+    why = release_stands_aside(version, unmet, os.environ.get(UNVERIFIED_ENV) == "1")
+    rel = release(version) if version else None
+    if why is None and rel not in VERIFIED:
+        logger.warning("decode='fast' runs on exllamav3 %s, which is not verified (%s=1)", version, UNVERIFIED_ENV)
+    return why

@@ -1,0 +1,211 @@
+"""The fast path's one seam onto exllamav3: what it relies on, the rule for a release, and the one place it is touched.
+
+The requirements are checked against the installed exllamav3's source where it is installed (the GPU machine), and
+against the recorded facts of the verified release (read from exllamav3 1.6.5's own source) where it is not.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from exllama_integrations.backends.exllamav3.fast import depends
+from exllama_integrations.backends.exllamav3.fast.requirements import (
+    PAGE_SIZE,
+    REQUIREMENTS,
+    UNVERIFIED_ENV,
+    VERIFIED,
+    release_stands_aside,
+)
+
+PACKAGE = Path(__file__).resolve().parents[2] / "exllama_integrations"
+VERIFIED_165 = depends.recorded("1.6.5")
+
+
+def test_a_cuda_wheels_local_label_is_the_same_release() -> None:
+    assert depends.release("1.6.5+cu128.torch2.9.0") == (1, 6, 5)
+    assert release_stands_aside("1.6.5+cu128.torch2.9.0", []) is None  # exllamav3's own CUDA release wheels
+    assert release_stands_aside("1.6.5", []) is None
+    assert (1, 6, 5) in VERIFIED
+
+
+def test_another_release_stands_aside_with_its_reason_unless_tried_on_purpose() -> None:
+    why = release_stands_aside("1.6.6", [])
+    assert why is not None and "1.6.6 is not a verified release (verified: 1.6.5)" in why and UNVERIFIED_ENV in why
+    assert release_stands_aside("1.6.6", [], unverified_ok=True) is None  # the runbook's trial of a new release
+    lacks = release_stands_aside("1.6.6", ["exllamav3.model.model:Model.forward: missing"], unverified_ok=True)
+    assert lacks is not None and "Model.forward: missing" in lacks  # never past a requirement it does not meet
+    assert release_stands_aside(None, None) == "exllamav3 is not installed"
+    assert "not a PEP 440 version" in (release_stands_aside("nightly", []) or "")
+    assert "could not be read" in (release_stands_aside("1.6.5", None) or "")
+
+
+def test_the_verified_release_meets_every_requirement() -> None:
+    assert VERIFIED_165 is not None and VERIFIED_165["exllamav3"] == "1.6.5"
+    assert depends.problems(REQUIREMENTS, VERIFIED_165["facts"]) == []
+    assert {r.key for r in REQUIREMENTS} == set(VERIFIED_165["facts"])  # every requirement was recorded
+    assert VERIFIED_165["facts"]["exllamav3.constants:PAGE_SIZE"]["value"] == PAGE_SIZE  # one page size, checked
+
+
+def test_the_installed_exllamav3_is_read_from_its_source() -> None:
+    root = depends.source_root("exllamav3")
+    if root is None:
+        pytest.skip("exllamav3 is not installed here (the recorded 1.6.5 facts are checked above)")
+    version = depends.installed_version("exllamav3")
+    found = depends.facts(root, REQUIREMENTS)
+    assert set(found) == {r.key for r in REQUIREMENTS}
+    if depends.release(version or "") == (1, 6, 5):
+        assert VERIFIED_165 is not None and found == VERIFIED_165["facts"]  # the recording is of this very source
+
+
+def test_a_release_that_changed_what_the_seam_wraps_is_named() -> None:
+    assert VERIFIED_165 is not None
+    facts = copy.deepcopy(VERIFIED_165["facts"])
+    facts["exllamav3.generator.generator:Generator.iterate_gen"]["params"] = ["results", "draft", "window"]
+    facts["exllamav3.generator.generator:Generator.iterate_gen:params"]["keys"].append("sparse_flag")
+    facts["exllamav3.generator.job:Job.receive_logits"]["present"] = False
+    facts["exllamav3.constants:PAGE_SIZE"]["value"] = 128
+    got = depends.problems(REQUIREMENTS, facts)
+    assert got == [
+        "exllamav3.generator.generator:Generator.iterate_gen: parameters ['results', 'draft', 'window'] do not begin "
+        "with ['results', 'draft_tokens']",
+        "exllamav3.generator.job:Job.receive_logits: missing",
+        "exllamav3.generator.generator:Generator.iterate_gen:params: keys ['sparse_flag'] are new (the captured "
+        "forward lacks them)",
+        "exllamav3.constants:PAGE_SIZE: is 128, the fast path assumes 256",
+    ]
+    why = release_stands_aside("1.6.6", got, unverified_ok=True)
+    assert why is not None and why.startswith("exllamav3 1.6.6 lacks what the fast path relies on: ")
+    assert set(depends.changed(VERIFIED_165["facts"], facts)) == {
+        "exllamav3.generator.generator:Generator.iterate_gen",
+        "exllamav3.generator.generator:Generator.iterate_gen:params",
+        "exllamav3.generator.job:Job.receive_logits",
+        "exllamav3.constants:PAGE_SIZE",
+    }
+
+
+def test_the_source_reader_finds_members_signatures_keys_and_constants(tmp_path: Path) -> None:
+    pkg = tmp_path / "lib"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "gen.py").write_text(
+        "from .x import enabled as _on\nPAGE = 64\n\n"
+        "class Gen:\n    limit: int\n    def __init__(self, model, **kw):\n        self.jobs = []\n"
+        "    def step(self, results, draft=None):\n        '''doc'''\n        params = {'a': 1, 'b': 2}\n"
+        "        return params\n"
+    )
+    reqs: list[depends.Requirement] = [
+        depends.Member("lib.sub.gen", "Gen", "jobs"),
+        depends.Member("lib.sub.gen", "Gen", "limit"),
+        depends.Member("lib.sub.gen", "Gen", "step", ("results", "draft")),
+        depends.Member("lib.sub.gen", "Gen", "gone"),
+        depends.DictKeys("lib.sub.gen", "Gen", "step", "params", frozenset({"a"})),
+        depends.Constant("lib.sub.gen", "_on"),
+        depends.Constant("lib.sub.gen", "PAGE", 64),
+        depends.Member("lib.missing", "X", "y"),
+    ]
+    found = depends.facts(pkg, reqs)
+    assert found["lib.sub.gen:Gen.step"]["params"] == ["results", "draft"]
+    assert depends.problems(reqs, found) == [
+        "lib.sub.gen:Gen.gone: missing",
+        "lib.sub.gen:Gen.step:params: keys ['b'] are new (the captured forward lacks them)",
+        "lib.missing:X.y: missing",
+    ]
+    # a docstring or comment edit is not a change of code; a changed line is
+    before = found["lib.sub.gen:Gen.step"]["body"]
+    src = (pkg / "sub" / "gen.py").read_text()
+    (pkg / "sub" / "gen.py").write_text(src.replace("'''doc'''", "'''another doc'''  # note"))
+    assert depends.facts(pkg, reqs)["lib.sub.gen:Gen.step"]["body"] == before
+    (pkg / "sub" / "gen.py").write_text(src.replace("return params", "return dict(params)"))
+    assert depends.facts(pkg, reqs)["lib.sub.gen:Gen.step"]["body"] != before
+
+
+def test_the_recorded_facts_are_what_the_reader_makes_of_1_6_5() -> None:
+    """The recording is the reader's own output (written by ``python -m ...fast --record``), not edited by hand."""
+    path = depends.RECORDED / "exllamav3-1.6.5.json"
+    text = path.read_text()
+    assert text == json.dumps(json.loads(text), indent=1, sort_keys=True) + "\n"
+
+
+# ---------------------------------------------------------------------- the one place
+
+
+ALLOWED = {"backend.py", "driver.py", "options.py", "translate.py", "vision.py", "extras.py", "patches.py"}
+"""The exllamav3 backend's own modules, which build its objects (Config, Model, Cache, Generator, Job, samplers,
+filters, LoRA) and apply upstream fixes; the fast path reaches exllamav3 through fast/seam.py only."""
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+    return {m for m in out if m == "exllamav3" or m.startswith("exllamav3.")}
+
+
+def test_only_the_seam_touches_exllamav3_from_the_fast_path() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        found = _imports(path)
+        if not found or rel == "backends/exllamav3/fast/seam.py":
+            continue
+        in_backend = rel.startswith("backends/exllamav3/") and "/" not in rel.removeprefix("backends/exllamav3/")
+        if not (in_backend and Path(rel).name in ALLOWED):
+            offenders.append(f"{rel}: {sorted(found)}")
+    assert offenders == [], "exllamav3 imported outside the seam and the backend's own modules"
+    assert _imports(PACKAGE / "backends/exllamav3/fast/seam.py")  # (the check sees imports inside functions)
+
+
+# ---------------------------------------------------------------------- options the installed exllamav3 would ignore
+
+
+class Generator163:
+    """exllamav3 1.6.3's Generator: no prefill_cooldown or shared_chunk_size, both swallowed by ``**kwargs``."""
+
+    def __init__(self, model: object, cache: object, tokenizer: object, max_batch_size: int = 256, **kwargs: object):
+        pass
+
+
+def test_an_option_the_installed_generator_would_ignore_is_refused_typed(caplog: pytest.LogCaptureFixture) -> None:
+    from exllama_integrations import InvalidSettingsError
+    from exllama_integrations.backends.exllamav3.options import (
+        IGNORED_BY_OLD_RELEASES,
+        ExLlamaV3Options,
+        generator_kwargs,
+        generator_parameters,
+    )
+
+    old = generator_parameters(Generator163)
+    assert old is not None and "kwargs" not in old and not set(IGNORED_BY_OLD_RELEASES) & old
+    with pytest.raises(InvalidSettingsError, match="prefill_cooldown is not an argument of the installed") as e:
+        generator_kwargs(ExLlamaV3Options(prefill_cooldown=4), 2048, old)
+    assert e.value.param == "prefill_cooldown"
+    kw = generator_kwargs(ExLlamaV3Options(), 2048, old)  # our defaults, not the user's: dropped, and said
+    assert not set(IGNORED_BY_OLD_RELEASES) & set(kw) and "has no prefill_cooldown" in caplog.text
+    assert VERIFIED_165 is not None
+    new = set(VERIFIED_165["facts"]["exllamav3.generator.generator:Generator.__init__"]["params"])
+    assert set(IGNORED_BY_OLD_RELEASES) <= new  # the verified release takes both: passed as they are
+    assert {"prefill_cooldown": 0, "shared_chunk_size": 2048}.items() <= generator_kwargs(
+        ExLlamaV3Options(), 2048, new
+    ).items()
+
+
+def test_deterministic_decoding_refuses_what_would_break_its_guarantee() -> None:
+    from exllama_integrations import InvalidSettingsError
+    from exllama_integrations.backends.base import build_options
+    from exllama_integrations.backends.exllamav3.options import ExLlamaV3Options
+
+    with pytest.raises(InvalidSettingsError, match="deterministic=True prefills job by job"):
+        build_options(ExLlamaV3Options, "exllamav3", {"deterministic": True, "prefill": "batched"})
+    with pytest.raises(InvalidSettingsError, match="deterministic=True needs decode='fast'"):
+        build_options(ExLlamaV3Options, "exllamav3", {"deterministic": True, "decode": "exllamav3"})
+    opts = build_options(ExLlamaV3Options, "exllamav3", {"deterministic": True})
+    assert isinstance(opts, ExLlamaV3Options) and opts.prefill == "exllamav3"
+    assert ExLlamaV3Options().prefill == "exllamav3"  # job by job by default: tokens independent of neighbours
