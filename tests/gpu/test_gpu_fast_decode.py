@@ -35,7 +35,7 @@ def runtimes(model: Path) -> Iterator[tuple[Any, Any]]:
     from exllama_integrations import ExLlamaRuntime
 
     with ExLlamaRuntime(model, "exllamav3", cache_size=16384, decode="exllamav3") as plain:
-        with ExLlamaRuntime(model, "exllamav3", cache_size=16384, decode="fast", prefill="exllamav3") as fast:
+        with ExLlamaRuntime(model, "exllamav3", cache_size=16384) as fast:  # the defaults: decode="fast"
             yield plain, fast
 
 
@@ -43,7 +43,7 @@ def prompts(n: int) -> list[str]:
     return [f"{PROMPT} {i} {'again ' * (i % 5)}" for i in range(n)]
 
 
-@pytest.mark.parametrize("jobs", [1, 16])
+@pytest.mark.parametrize("jobs", [1, 4, 16])
 @pytest.mark.parametrize(
     "settings",
     [{}, {"repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.4, "logit_bias": {7: 3.0}}],
@@ -121,7 +121,7 @@ def test_batched_prefill_gives_exllamav3s_tokens_but_at_near_ties(runtimes: tupl
     plain, _ = runtimes
     kw = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True, "logprobs": 2}
     want = plain.batch(prompts(16), **kw)
-    with ExLlamaRuntime(model, "exllamav3", cache_size=16384, decode="fast") as batched:
+    with ExLlamaRuntime(model, "exllamav3", cache_size=16384, prefill="batched") as batched:
         got = batched.batch(prompts(16), **kw)
         report = batched.diagnostics()["fast_decode"].report()["prefill"]
     print(f"batched prefill report: {report}")
@@ -155,7 +155,7 @@ def test_fast_greedy_tokens_are_exllamav3s_on_every_family(tmp_path: Path, name:
         plain = ExLlamaRuntime(path, "exllamav3", cache_size=8192, decode="exllamav3")
     except UnsupportedModelError as e:
         pytest.skip(f"exllamav3 refuses {name}, typed: {e}")
-    with plain, ExLlamaRuntime(path, "exllamav3", cache_size=8192, decode="fast", prefill="exllamav3") as fast:
+    with plain, ExLlamaRuntime(path, "exllamav3", cache_size=8192) as fast:
         kw = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
         for jobs in (1, 16):
             want = [r.token_ids for r in plain.batch(prompts(jobs), **kw)]
@@ -164,3 +164,65 @@ def test_fast_greedy_tokens_are_exllamav3s_on_every_family(tmp_path: Path, name:
         report = fast.diagnostics()["fast_decode"].report()
         assert report["batched_tokens"] >= 16 * 31 and report["graphs"].get("capture_failed", {}) == {}
         print(f"{name}: decode='fast' greedy identical at 1 and 16 jobs; graphs {report['graphs']}")
+
+
+def test_deterministic_a_request_gets_its_tokens_alone_whatever_runs_beside_it(model: Path) -> None:
+    """deterministic=True: each probe's greedy and seeded tokens inside a batch of 16 (others beside it, another
+    order) are those it gets alone, and its greedy tokens alone are exllamav3's own loop's for it alone."""
+    from exllama_integrations import ExLlamaRuntime
+
+    probes = prompts(4)
+    greedy = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
+    sampled = {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 32, "ignore_eos": True, "seed": 5}
+    with ExLlamaRuntime(model, "exllamav3", cache_size=16384, decode="exllamav3") as plain:
+        own = [plain.generate(p, **greedy).token_ids for p in probes]
+    with ExLlamaRuntime(model, "exllamav3", cache_size=16384, deterministic=True) as det:
+        alone = [det.generate(p, **greedy).token_ids for p in probes]
+        mixed = det.batch(list(reversed(prompts(16))), **greedy)[::-1][:4]
+        assert [r.token_ids for r in mixed] == alone == own
+        drawn = [det.generate(p, **sampled).token_ids for p in probes]
+        mixed = det.batch(list(reversed(prompts(16))), **sampled)[::-1][:4]
+        assert [r.token_ids for r in mixed] == drawn
+        report = det.diagnostics()["fast_decode"].report()
+    assert report["deterministic"] and report["row_forwards"] > 0, report
+    print(f"deterministic=True: 4 probes alone == in 16 (reversed) == exllamav3 alone; {report}")
+
+
+def test_where_the_fast_path_stands_aside_close_still_releases_the_model(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.backends.exllamav3.fast import decode
+
+    why = "exllamav3 1.6.6 is not a verified release (verified: 1.6.5); its own loop runs"
+    monkeypatch.setattr(decode, "stands_aside", lambda: why)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    rt = ExLlamaRuntime(model, "exllamav3", cache_size=16384)
+    assert rt.diagnostics()["fast_decode"].report() == {"decode": "exllamav3", "stands_aside": why}
+    assert len(rt.generate(PROMPT, temperature=0, max_new_tokens=8, ignore_eos=True).token_ids) == 8
+    loaded = torch.cuda.memory_allocated()
+    rt.close()  # (raised AttributeError before, and the weights and cache stayed loaded)
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_allocated()
+    assert after - before < (loaded - before) / 10, (before, loaded, after)
+    print(f"stood aside, closed: {before >> 20} MiB -> {loaded >> 20} MiB loaded -> {after >> 20} MiB")
+
+
+def test_warmup_captures_every_batch_size_at_load(model: Path) -> None:
+    from exllama_integrations import ExLlamaRuntime
+
+    with ExLlamaRuntime(model, "exllamav3", cache_size=16384, max_batch_size=8, warmup=True) as rt:
+        info = rt.model_info().details
+        report = rt.diagnostics()["fast_decode"].report()
+        assert report["graphs"]["captured_at_load"] == 8 == info["graphs_captured"], (info, report)
+        kw = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+        for jobs in (1, 3, 8):
+            rt.batch(prompts(jobs), **kw)
+        report = rt.diagnostics()["fast_decode"].report()["graphs"]
+        # no step of 1..8 rows at the first width ran eagerly for want of a graph: each was captured at load
+        assert report["eager_forwards"] == {}, report
+        assert report["replays"] >= 3 * 15, report
+    print(f"warmup: {info['graphs_captured']} shapes captured at load in {info['capture_seconds']} s; {report}")
