@@ -96,10 +96,11 @@ class Static:
         self.block_tables: dict[int, Any] = {}  # width -> [rows, width] (a slice of rows stays contiguous)
         self.logits: Any = None  # [rows, 1, vocab]
 
-    def ensure(self, emb: Any, logits_like: Any, width: int) -> None:
+    def ensure(self, emb: Any, logits_like: Any, width: int, dev: Any) -> None:
+        """Allocate (once) what a graph of ``width`` pages needs on ``dev``, the layers' device (exllamav3 may keep
+        the embedding table on the host: its output is copied up, never read from there inside a capture)."""
         import torch
 
-        dev = emb.device
         if self.x is None or self.x.dtype != emb.dtype or self.x.shape[1:] != emb.shape[1:]:
             self.x = torch.zeros((self.rows, *emb.shape[1:]), dtype=emb.dtype, device=dev)
             self.cache_seqlens = torch.zeros((self.rows,), dtype=torch.int32, device=dev)
@@ -264,7 +265,7 @@ class DecodeGraphs:
             # the same ids again, for the embedding's shape and dtype (its pinned staging buffer takes equal bytes)
             emb = self.view.embed(x, dict(params))
             st = self.static
-            st.ensure(emb, out, width)
+            st.ensure(emb, out, width, self.view.device)
             static: dict[str, Any] = {
                 "attn_mode": "flash_attn",
                 "block_table": st.block_tables[width][:rows],
@@ -304,6 +305,7 @@ class DecodeGraphs:
             why = f"{type(e).__name__}: {str(e)[:300]}"
             self.failed[f"{rows} rows x {width} pages"] = why
             logger.warning("decode='fast': capturing a decode step of %d rows failed (%s); it runs eagerly", rows, why)
+            logger.debug("decode='fast': the failed capture", exc_info=True)
             try:
                 torch.cuda.synchronize(self.view.device)
             except Exception:  # noqa: BLE001 - a broken capture may leave an error on the stream
