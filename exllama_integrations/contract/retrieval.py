@@ -264,7 +264,7 @@ def _refuse(runtime: Any, wanted: str) -> UnsupportedTaskError:
     need = "an embedding" if wanted == "embed" else "a rerank"
     return UnsupportedTaskError(
         f"model {name!r} does not {wanted}: it is {what}. Load {need} model for it (its directory's task is found "
-        f"from its files, or say task={wanted!r}; see docs/embeddings.md)."
+        f"from its files, or say task={wanted!r}, model_task= in the framework classes; see docs/embeddings.md)."
     )
 
 
