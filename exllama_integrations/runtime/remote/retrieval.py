@@ -10,7 +10,7 @@ errors come back as the server's runtime made them, read within the runtime's de
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...contract import wire
 from ...contract.retrieval import EmbeddingInfo, EmbeddingRequest, EmbeddingResult, RerankRequest, RerankResult
@@ -28,9 +28,13 @@ class RemoteRetrieval:
     timeout: float
     _embedding: EmbeddingInfo | None
 
-    def _json(self, path: str, seconds: float, content: bytes | None = None) -> Any: ...
+    if TYPE_CHECKING:  # RemoteRuntime's own
 
-    def _aclient(self) -> Any: ...
+        def _json(self, path: str, seconds: float, content: bytes | None = None) -> Any: ...
+
+        def _aclient(self) -> Any: ...
+
+        def _failed(self, status: int, body: bytes) -> Exception: ...
 
     def embedding_info(self) -> EmbeddingInfo:
         """What the served model does (dimensions, token limit, prompts).
@@ -70,8 +74,6 @@ class RemoteRetrieval:
     async def _apost(self, path: str, body: bytes) -> bytes:
         import httpx
 
-        from .runtime import _error
-
         deadline = time.monotonic() + self.timeout
         headers = {"content-type": "application/json"}
         try:
@@ -84,7 +86,7 @@ class RemoteRetrieval:
                     if time.monotonic() > deadline:
                         raise ServerError(f"{self.base_url}{path} did not answer within {self.timeout:g} s.")
                 if response.status_code != 200:
-                    raise _error(response.status_code, bytes(data), self.base_url)
+                    raise self._failed(response.status_code, bytes(data))
                 return bytes(data)
         except httpx.HTTPError as e:
             raise ServerError(f"the connection to {self.base_url} failed: {type(e).__name__}: {e}") from None

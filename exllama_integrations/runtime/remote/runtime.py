@@ -239,6 +239,10 @@ class RemoteRuntime(RemoteRetrieval, RuntimeBase):
             raise ServerError(f"the connection to {self.base_url} failed: {type(e).__name__}: {e}") from None
         raise ProtocolError(f"{self.base_url} ended the stream before its last chunk.")
 
+    def _failed(self, status: int, body: bytes) -> Exception:
+        """The typed error of a server's error answer."""
+        return _error(status, body, self.base_url)
+
     def close(self) -> None:
         """Close the connections (the server and its model stay up). Idempotent."""
         self._closed = True
