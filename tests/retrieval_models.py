@@ -42,9 +42,11 @@ def make_cross_encoder(out: Path, tokenizer_from: Path, seed: int = 0) -> Path:
     return out
 
 
-def make_decoder_embedder(out: Path, seed: int = 0, matryoshka: bool = False) -> Path:
+def make_decoder_embedder(
+    out: Path, seed: int = 0, matryoshka: bool = False, size: str = "tiny", device: str = "cpu"
+) -> Path:
     """A random-weight Qwen3 with Qwen3-Embedding's sentence-transformers files (last token, Normalize, prompts)."""
-    make_arch("qwen3", out, seed=seed)
+    make_arch("qwen3", out, size=size, seed=seed, device=device)
     cfg = json.loads((out / "tokenizer_config.json").read_text())
     cfg["pad_token"] = "<|endoftext|>"
     (out / "tokenizer_config.json").write_text(json.dumps(cfg))
@@ -66,3 +68,13 @@ def make_decoder_embedder(out: Path, seed: int = 0, matryoshka: bool = False) ->
         config["matryoshka_dimensions"] = [16, 32]
         (out / "config.json").write_text(json.dumps(config))
     return out
+
+
+def with_yes_no(path: Path) -> Path:
+    """The model's tokenizer with single tokens "yes" and "no" (two filler tokens renamed), for a yes/no reranker."""
+    data = json.loads((path / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    for word, filler in (("yes", "x0"), ("no", "x1")):
+        vocab[word] = vocab.pop(filler)
+    (path / "tokenizer.json").write_text(json.dumps(data))
+    return path
