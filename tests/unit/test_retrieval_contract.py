@@ -101,3 +101,17 @@ def test_a_pipeline_module_not_computed_here_is_refused_by_name(tmp_path, minilm
         read_pooling(ModelDirectory.inspect(model))
     config = read_pooling(ModelDirectory.inspect(minilm_dir))
     assert (config.task, config.modes, config.normalize, config.max_tokens) == ("embed", ("mean",), True, 256)
+
+
+def test_serve_finds_what_a_directory_is_for(minilm_dir, demo_dir, tmp_path):
+    import shutil
+
+    from exllama_integrations.cli import _task_of
+
+    assert _task_of(str(minilm_dir)) == "embed"
+    assert _task_of(str(demo_dir)) == "generate"
+    head = tmp_path / "head"
+    shutil.copytree(minilm_dir, head, ignore=shutil.ignore_patterns("modules.json", "1_Pooling"))
+    config = json.loads((head / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps({**config, "architectures": ["BertForSequenceClassification"]}))
+    assert _task_of(str(head)) == "rerank"
