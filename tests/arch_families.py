@@ -28,8 +28,10 @@ _LINEAR_GPU = {
 _HYBRID_TINY = {**_DENSE_TINY, **_LINEAR_TINY, "num_hidden_layers": 4}
 _HYBRID_GPU = {
     "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 4,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "layer_types": ["linear_attention", "full_attention"],
+    "full_attention_interval": 2,
     "num_attention_heads": 2,
     "num_key_value_heads": 1,
     "head_dim": 128,
@@ -38,10 +40,10 @@ _HYBRID_GPU = {
 }
 _SMALL_GPU = {
     "hidden_size": 256,
-    "intermediate_size": 512,
+    "intermediate_size": 128,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
     "head_dim": 64,
     "max_position_embeddings": 4096,
 }
@@ -78,7 +80,7 @@ _MLA = {
 }
 _MLA_GPU = {
     "head_dim": 64,
-    "num_key_value_heads": 4,
+    "num_key_value_heads": 2,
     "q_lora_rank": 128,
     "kv_lora_rank": 128,
     "qk_nope_head_dim": 64,
@@ -338,14 +340,20 @@ ARCHS_2026: dict[str, Arch] = {
             **_SMALL_GPU,
             **_MLA_GPU,
             "q_lora_rank": None,
-            "num_hidden_layers": 4,
+            "num_hidden_layers": 2,
             "moe_intermediate_size": 128,
             "num_local_experts": 4,
             "num_experts_per_tok": 2,
             "linear_head_dim": 128,
             "linear_num_heads": 2,
-            "layer_types": _KIMI_LAYERS,
-            "linear_attn_config": {**_KIMI_KDA, "head_dim": 128, "num_heads": 2},
+            "layer_types": ["linear_attention", "full_attention"],
+            "linear_attn_config": {
+                "kda_layers": [1],
+                "full_attn_layers": [2],
+                "short_conv_kernel_size": 4,
+                "head_dim": 128,
+                "num_heads": 2,
+            },
         },
         _KIMI,
         "<|im_end|>",

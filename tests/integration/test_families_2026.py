@@ -147,3 +147,30 @@ def test_the_qwen3_5_fixture_carries_its_mtp_head_as_the_checkpoints_do(models):
         assert any(k.startswith("mtp.layers.0.self_attn.q_proj") for k in keys)
         assert not any(k.startswith("model.layers.") for k in keys)
         assert "model.language_model.embed_tokens.weight" in keys
+
+
+def test_the_docs_table_has_a_cpu_row_for_each_family():
+    """docs/backends.md names each family's class with "yes" on the CPU reference (the tests above are the claim)."""
+    import re
+
+    page = (Path(__file__).parents[2] / "docs" / "backends.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| [^|]*\(`(\w+)`\) \| (\w+) \|", page, re.M)}
+    for arch in ARCHS_2026.values():
+        assert rows.get(arch.model) == "yes", arch.model
+
+
+@pytest.mark.slow
+def test_the_carried_gpu_fixture_and_its_oracle_match_the_cpu_reference(tmp_path):
+    """tests/gpu/build_family_fixtures.py's oracle, read back by tests/gpu/family_matrix.py on the CPU reference:
+    every logit row and greedy token the same, a second turn warm as cold (what the GPU run checks on exllamav3)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "gpu"))
+    from build_family_fixtures import build
+    from family_matrix import check_family
+
+    built = build("glm4_moe", tmp_path / "glm4_moe", seed=7, steps=4)
+    assert built["architecture"] == "Glm4MoeForCausalLM" and built["turns_share_tokens"] > 2048
+    row = check_family(tmp_path / "glm4_moe", ("load", "oracle", "prefix"), backend="transformers")
+    assert row["status"] == "ok" and row["decode_max_logit_diff"] == 0.0 and row["greedy_tokens_agree"] == 4, row
+    assert row["prefix"]["warm_equals_cold"] and row["prefix"]["warm_tokens_agree_with_oracle"] == 8, row["prefix"]
