@@ -36,6 +36,8 @@ def test_glm47_writes_its_parts_without_newlines_and_reads_the_same():
     text = "Checking.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
     content, calls = _every_split(FORMATS["glm45"], text)
     assert content == "Checking." and [(c.name, c.arguments, c.error) for c in calls] == [*[(*ONE[0], None)]]
+    _, calls = _every_split(FORMATS["glm45"], "<tool_call>get_time</tool_call>", ())  # a call without arguments
+    assert [(c.name, c.arguments, c.error) for c in calls] == [("get_time", {}, None)]
 
 
 def test_glm_values_are_typed_by_the_tools_schema():
