@@ -13,7 +13,8 @@ reused.
 * sampled: the batched sampler against exllamav3's own ``ComboSampler`` on the same logits (``--draws`` draws
   per setting, chi-square over the tokens either drew at least 5 times in all)
 * families: every family of the architecture matrix, its bf16 weights and its 4-bit EXL3 conversion, greedy
-  tokens of ``decode="fast"`` against exllamav3's own loop at batch 1, 16 and 64 (as ``greedy``)
+  tokens of ``decode="fast"`` against exllamav3's own loop at batch 1, 16 and 64 (as ``greedy``); with ``--fixtures
+  DIR`` also the carried 2026 families (tests/gpu/build_family_fixtures.py; vocabulary 512)
 * prefill: where the prompts' prefill goes: 64 jobs enqueued together, the first ``iterate()`` (64 x
   ``Model.prefill`` of 127 tokens, then the first decode step) timed with a synchronize, with exllamav3's choice of
   GEMM (its EXL3 kernel up to 144 rows) and with ``reconstruct`` forced (dequantize, then an fp16 GEMM); per call
@@ -337,8 +338,16 @@ def section_families(args: Any, models: dict[str, Path]) -> None:
 
     root = Path("/tmp/models/families")
     built: dict[str, Path] = {}
-    wanted = [n for n in ARCHS if not args.families or n in args.families.split(",")]
-    for i, name in ((i, n) for i, n in enumerate(ARCHS) if n in wanted):
+    # the 2026 families come built (tests/gpu/build_family_fixtures.py, carried): this machine's transformers lacks some
+    carried = (
+        {p.name: p for p in sorted(args.fixtures.iterdir()) if (p / "oracle.json").is_file()} if args.fixtures else {}
+    )
+    names = [*(n for n in ARCHS if n not in carried), *carried]
+    wanted = [n for n in names if not args.families or n in args.families.split(",")]
+    for i, name in ((i, n) for i, n in enumerate(names) if n in wanted):
+        if name in carried:
+            built[name] = carried[name]
+            continue
         path = root / name
         if not (path / ".complete").exists():
             make_arch(name, path, size="gpu", seed=7 + i, device="cuda")
@@ -379,7 +388,7 @@ def section_families(args: Any, models: dict[str, Path]) -> None:
                 note(args.out, key, {"status": "refused by exllamav3", "why": f"{type(e).__name__}: {str(e)[:300]}"})
                 torch.cuda.empty_cache()
                 continue
-            prompts = Prompts(32000)
+            prompts = Prompts(vocab_size(path))
             rows = {}
             try:
                 for batch in BATCHES:
@@ -400,6 +409,14 @@ def section_families(args: Any, models: dict[str, Path]) -> None:
             raw.close()
             del raw, fast
             torch.cuda.empty_cache()
+
+
+def vocab_size(model_dir: Path) -> int:
+    """The model's vocabulary (a multimodal config keeps it in ``text_config``)."""
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text())
+    return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 32000)
 
 
 def margin(raw: Raw, ids: list[int], a: int, b: int) -> float | str:
@@ -656,6 +673,12 @@ def main() -> None:
     ap.add_argument("--models", default="exl3,fp16")
     ap.add_argument("--draws", type=int, default=4000)
     ap.add_argument("--families", default="", help="families: only these (comma-separated names of ARCHS)")
+    ap.add_argument(
+        "--fixtures",
+        type=Path,
+        default=None,
+        help="families: also the carried 2026 families (the folder tests/gpu/build_family_fixtures.py wrote)",
+    )
     ap.add_argument(
         "--no-sampler-alone", dest="sampler_alone", action="store_false", help="bench: leave out the sampler-alone row"
     )

@@ -157,18 +157,18 @@ SERVING = {
     "gpu_serve_run11_exl3_prefill.json": "run 11 (2026-12-04): EXL3, the fast server with a batched prefill (an "
     "experiment since removed), the same with `--option prefill=exllamav3` (job-by-job prefill, the code as it "
     "now stands) and exllamav3's own loop, 5 repetitions",
-    "gpu_serve_run12_exl3_run_ahead.json": "run 12 (2026-12-04): EXL3, `decode=\"fast\"` running the next "
+    "gpu_serve_run12_exl3_run_ahead.json": 'run 12 (2026-12-04): EXL3, `decode="fast"` running the next '
     "step's forward ahead of the step's bookkeeping, beside exllamav3's own loop, 5 repetitions (`--exl3 --rows "
     "process,process_exllamav3 --reps 5`)",
-    "gpu_serve_run13_exl3_batched_prefill.json": "run 13 (2026-12-04, evening): EXL3, `decode=\"fast\"` with "
+    "gpu_serve_run13_exl3_batched_prefill.json": 'run 13 (2026-12-04, evening): EXL3, `decode="fast"` with '
     "batched prefill (and every waiting prompt started at the next step), beside exllamav3's own loop, 5 "
     "repetitions (`--exl3 --rows process,process_exllamav3 --reps 5`)",
-    "gpu_serve_run14_fp16_batched_prefill.json": "run 14 (2026-12-05): the fp16 7B shape, `decode=\"fast\"` with "
+    "gpu_serve_run14_fp16_batched_prefill.json": 'run 14 (2026-12-05): the fp16 7B shape, `decode="fast"` with '
     "running ahead and batched prefill, beside exllamav3's own loop and `--engines 2` (`--rows "
     "process,process_exllamav3,engines2 --reps 7`)",
     "gpu_serve_run15_exl3_engines2.json": "run 15 (2026-12-05): EXL3, one fast engine beside `--engines 2` on the same "
     "GPU (`--exl3 --rows process,engines2 --reps 5`; the device time left allowed 5 repetitions and no own-loop row)",
-    "gpu_serve_run16_exl3.json": "run 16 (2026-12-05, on an H100 80GB HBM3, not the H200): EXL3, `decode=\"fast\"` "
+    "gpu_serve_run16_exl3.json": 'run 16 (2026-12-05, on an H100 80GB HBM3, not the H200): EXL3, `decode="fast"` '
     "as it is now beside exllamav3's own loop, 9 repetitions (`--exl3 --rows process,process_exllamav3 --reps 9`); "
     "its last round ran at the own loop's pace (3,083 tok/s, TTFT 1.96 s; not explained), the other eight at 2.9-3.3x",
 }
@@ -500,6 +500,23 @@ def render() -> str:
         ]
         for k, r in d["rows"]["full collection"].items():
             lines.append(f"| {k} | {r['objects_scanned']} | {_cell(r['ms'])} |")
+        lines.append("")
+    emb = RESULTS / "cpu_embeddings.json"
+    if emb.exists():
+        d = json.loads(emb.read_text())
+        lines += [
+            f"## Embeddings per second: EmbeddingRuntime vs sentence-transformers ({d['model']}, {d['device']})",
+            "",
+            f"{d['machine']}, torch {d['torch']}, `{d['command']}`. Both in one process with the same threads, their "
+            "order alternating each repetition; batch 1 is one text per call, batch 64 one call of 64 texts. "
+            f"Their vectors: cosine >= {d['min_cosine_to_sentence_transformers']}.",
+            "",
+            "| batch | ours (texts/s) | sentence-transformers (texts/s) | ours / theirs (paired) |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for k, r in d["rows"].items():
+            cells = [_cell(v) for v in r.values()]
+            lines.append(f"| {k} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 

@@ -17,6 +17,7 @@ from .contract.api import (
     Runtime,
     StreamChunk,
 )
+from .contract.retrieval import EmbeddingRequest, EmbeddingResult, RerankRequest, RerankResult
 from .contract.settings import GenerationSettings
 from .errors import (
     BackendUnavailableError,
@@ -27,6 +28,7 @@ from .errors import (
     EngineUnavailableError,
     ExLlamaIntegrationsError,
     GenerationError,
+    InputTooLongError,
     InvalidModelError,
     InvalidSettingsError,
     MediaError,
@@ -38,8 +40,9 @@ from .errors import (
     ServerBusyError,
     ServerError,
     UnsupportedModelError,
+    UnsupportedTaskError,
 )
-from .runtime.local import ExLlamaRuntime
+from .runtime.local import EmbeddingRuntime, ExLlamaRuntime
 
 try:
     __version__ = version("exllama-integrations")
@@ -70,6 +73,9 @@ __all__ = [
     "ConstraintError",
     "ConstraintViolationError",
     "ContextLengthError",
+    "EmbeddingRequest",
+    "EmbeddingResult",
+    "EmbeddingRuntime",
     "ExLlamaIntegrationsError",
     "ExLlamaRuntime",
     "EngineUnavailableError",
@@ -78,6 +84,7 @@ __all__ = [
     "GenerationResult",
     "GenerationSettings",
     "Grammar",
+    "InputTooLongError",
     "InvalidModelError",
     "InvalidSettingsError",
     "Media",
@@ -89,11 +96,14 @@ __all__ = [
     "ProtocolError",
     "Reasoning",
     "RemoteRuntime",
+    "RerankRequest",
+    "RerankResult",
     "Runtime",
     "RuntimeClosedError",
     "ServerBusyError",
     "ServerError",
     "StreamChunk",
     "UnsupportedModelError",
+    "UnsupportedTaskError",
     "__version__",
 ]

@@ -163,13 +163,21 @@ def _serve(args: argparse.Namespace) -> int:
     from .serve.app import ServeLimits, create_app
     from .serve.guard import header_deadline_protocol
 
-    rt = ExLlamaRuntime(
-        model_dir,
-        args.backend,
-        engine=args.engine,
-        engines=args.engines,
-        **serving_options(model_dir, args.backend, options),
-    )
+    rt: Any
+    task = args.task or _task_of(model_dir)
+    if task in ("embed", "rerank"):  # its batches run on a worker thread of the server (no engine process)
+        from .runtime.local import EmbeddingRuntime
+
+        options = {"max_seq_len": args.max_seq_len, "dtype": args.dtype, **_options(args.option)}
+        rt = EmbeddingRuntime(model_dir, args.backend, task=task, **{k: v for k, v in options.items() if v is not None})
+    else:
+        rt = ExLlamaRuntime(
+            model_dir,
+            args.backend,
+            engine=args.engine,
+            engines=args.engines,
+            **serving_options(model_dir, args.backend, options),
+        )
     limits = ServeLimits(
         max_body_bytes=args.max_body_bytes,
         max_tokens=args.max_tokens,
@@ -187,7 +195,7 @@ def _serve(args: argparse.Namespace) -> int:
         chat_template=template,
         tool_format=args.tool_format,
     )
-    print(f"serving {rt.model_name} ({rt.backend_name}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    print(f"serving {rt.model.name} ({rt.backend_name}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(
         app,
         host=args.host,
@@ -200,6 +208,15 @@ def _serve(args: argparse.Namespace) -> int:
         log_level="info" if args.verbose else "warning",
     )
     return 0
+
+
+def _task_of(model_dir: str) -> str:
+    """What a served directory is for, from its files (``embed``, ``rerank`` or ``generate``)."""
+    from .model.directory import ModelDirectory
+    from .model.hub import resolve_model_dir
+    from .model.pooling import detect_task
+
+    return detect_task(ModelDirectory.inspect(resolve_model_dir(model_dir)))
 
 
 def _format_names() -> str:
@@ -251,7 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("prompt")
     _sampling_flags(g)
 
-    add("prepare-demo", "download and convert the demo model, print its directory")
+    pd = add("prepare-demo", "download and convert the demo model, print its directory")
+    pd.add_argument(
+        "--embedding", action="store_true", help="also prepare the demo embedding model (all-MiniLM-L6-v2, 83 MB)"
+    )
 
     sv = add("serve", "an OpenAI-compatible HTTP server over one loaded model (or Ray Serve replicas)")
     sv.add_argument("model", nargs="?", help="model directory or Hub id, as vLLM takes it (or --model-dir)")
@@ -313,6 +333,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "decode='fast' two served 0.62-0.90x of one on an H200: keep 1 unless one engine leaves the GPU idle; "
         "costs the model's memory again per engine)",
     )
+    sv.add_argument(
+        "--task",
+        choices=("generate", "embed", "rerank"),
+        help="what to serve the model for (default: from its files: a sentence-transformers model embeds, a "
+        "classification head reranks, else generate); embed and rerank serve /v1/embeddings and /v1/rerank",
+    )
     sv.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas (extra 'ray')")
     sv.add_argument("--replicas", type=int, default=1, help="with --ray: number of replicas")
     sv.add_argument("--num-gpus", type=float, help="with --ray: GPUs per replica (default 1 on CUDA, else 0)")
@@ -324,6 +350,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .demo_model import demo_model_dir
 
             print(demo_model_dir())
+            if args.embedding:
+                from .demo_embedding import embedding_model_dir
+
+                print(embedding_model_dir())
         elif args.command == "serve":
             return _serve(args)
         elif args.command == "demo":

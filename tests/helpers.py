@@ -116,6 +116,8 @@ def error_instances() -> list:
     for cls in errors.ERRORS.values():
         if cls is errors.ContextLengthError:
             made.append(cls(900, 200, 1024))
+        elif cls is errors.InputTooLongError:
+            made.append(cls(2, 300, 256, "'all-MiniLM-L6-v2'"))
         elif cls is errors.MissingDependencyError:
             made.append(cls("exllamav3", "exllamav3", "the GPU backend"))
         elif issubclass(cls, errors.InvalidSettingsError):

@@ -124,6 +124,21 @@ def _images(nb) -> None:
     assert refused.count("MediaError in") == 3 and "truncated" in refused and "not an image" in refused
 
 
+def _retrieval(nb) -> None:
+    facts = shown(nb, "embedding_info()")
+    assert number(facts, r": (\d+) dimensions") == 384 and "normalized True" in facts
+    hits = [line.split("  ", 1) for line in shown(nb, "as_retriever(").strip().splitlines()]
+    assert len(hits) == 4 and hits[0][1].startswith("Paris is the capital")  # our embedding retrieves it first
+    scores = [float(s) for s, _ in hits]
+    assert scores == sorted(scores, reverse=True)
+    reranked = re.findall(r"relevance ([\d.]+)  (.+)", shown(nb, "rerank.postprocess_nodes("))
+    relevance = [float(r) for r, _ in reranked]
+    assert len(reranked) == 3 and all(0 < r < 1 for r in relevance) and relevance == sorted(relevance, reverse=True)
+    assert {t for _, t in reranked} <= {t for _, t in hits}  # the reranker reorders what was retrieved
+    answer = shown(nb, "node_postprocessors=[rerank]")
+    assert "Paris" in answer.split("\n")[0] and answer.count("', '") == 2  # answered from the 3 reranked passages
+
+
 CLAIMS: dict[str, Callable] = {
     "01_quickstart": _quickstart,
     "02_chat_and_structured_output": _chat,
@@ -132,6 +147,7 @@ CLAIMS: dict[str, Callable] = {
     "05_serving": _serving,
     "06_reasoning_and_agents": _reasoning,
     "07_images": _images,
+    "08_retrieval": _retrieval,
 }
 
 

@@ -84,6 +84,12 @@ def _agent(ns, out):
     assert steps[-1].text.strip() and steps[-1].text in out and "tool_response>" not in steps[-1].text
 
 
+def _embeddings(ns, out):
+    vectors = ns["vectors"]
+    assert len(vectors) == 1 and len(vectors[0]) == 384  # all-MiniLM-L6-v2's dimensions, as the comment says
+    assert abs(sum(x * x for x in vectors[0]) - 1.0) < 1e-4  # its Normalize module
+
+
 CHECKS = {
     "model_dir = str(demo_model_dir())": _model_dir,
     "chain = PromptTemplate": _llm,
@@ -93,6 +99,7 @@ CHECKS = {
     "rt = ExLlamaRuntime.shared(": _runtime,
     "thinker = ChatExLlama(": _reasoning,
     "agent = create_agent(": _agent,
+    "emb = ExLlamaEmbeddings(": _embeddings,
 }
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from arch_models import _DENSE_GPU, _DENSE_TINY, ARCHS, QWEN3, Arch, make_arch
+from arch_families import ARCHS_2026
+from arch_models import _DENSE_GPU, _DENSE_TINY, ARCHS, QWEN3, Arch, make_arch, template_file
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -103,6 +104,8 @@ class Family:
     """Other tokens that end a turn (listed after ``eos`` in generation_config's eos_token_id)."""
     call_id: str = "call_w1"
     """The call id ``history`` uses (Mistral's templates accept only 9 alphanumeric characters)."""
+    thinks_first: bool = False
+    """The generation prompt opens the thinking block: every reply starts inside it (DeepSeek R1, Qwen3.5)."""
 
 
 def _args(a: dict[str, Any]) -> str:
@@ -631,6 +634,7 @@ DEEPSEEK_FAMILY = Family(
         "answer": f"</think>\n\n{ANSWER}",
         "think_then_answer": f"{THOUGHT}\n</think>\n\n{ANSWER}",
     },
+    thinks_first=True,
 )
 
 # ---------------------------------------------------------------- GPT-OSS (harmony)
@@ -705,6 +709,223 @@ HARMONY_FAMILY = Family(
     stops=("<|call|>",),
 )
 
+# ---------------------------------------------------------------- the 2026 families (tests/data/chat_templates)
+
+
+def _thinks_first(calls: dict[str, str], close: str = "\n</think>\n\n") -> dict[str, str]:
+    """The replies ``one`` ... ``think_then_answer`` of a family that starts inside its thinking block."""
+    return {
+        "one": close.lstrip("\n") + calls["one"],
+        "two": close.lstrip("\n") + calls["two"],
+        "content_then_call": close.lstrip("\n") + calls["content_then_call"],
+        "think_then_call": THOUGHT + close + calls["one"],
+        "answer": close.lstrip("\n") + ANSWER,
+        "think_then_answer": THOUGHT + close + ANSWER,
+    }
+
+
+_CHATML_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+QWEN3_5_FAMILY = Family(
+    "qwen3_5",
+    "qwen3_5",
+    "qwen3_coder",
+    template_file("qwen3_5"),
+    _CHATML_TOKENS,
+    _HERMES_PLAIN,
+    "<|im_end|>",
+    None,
+    ("<think>", "</think>"),
+    _thinks_first({"one": _xml(ONE), "two": _xml(TWO), "content_then_call": f"{PREFACE}\n\n{_xml(ONE)}"}),
+    stops=("<|endoftext|>",),
+    thinks_first=True,
+)
+
+
+def _glm(calls: list[Call]) -> str:
+    def params(a: dict[str, Any]) -> str:
+        return "".join(
+            f"<arg_key>{k}</arg_key>\n<arg_value>{v if isinstance(v, str) else json.dumps(v)}</arg_value>\n"
+            for k, v in a.items()
+        )
+
+    return "\n".join(f"<tool_call>{n}\n{params(a)}</tool_call>" for n, a in calls)
+
+
+_GLM_PLAIN = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>")
+GLM45_FAMILY = Family(
+    "glm45",
+    "glm4_moe",
+    "glm45",
+    template_file("glm45"),
+    ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
+    (*_GLM_PLAIN, "</arg_value>", "<tool_response>", "</tool_response>"),
+    "<|endoftext|>",
+    None,
+    ("<think>", "</think>"),
+    {
+        "one": f"\n<think></think>\n{_glm(ONE)}",
+        "two": f"\n<think></think>\n{_glm(TWO)}",
+        "content_then_call": f"\n<think></think>\n{PREFACE}\n{_glm(ONE)}",
+        "think_then_call": f"\n<think>{THOUGHT}</think>\n{_glm(ONE)}",
+        "answer": f"\n<think></think>\n{ANSWER}",
+        "think_then_answer": f"\n<think>{THOUGHT}</think>\n{ANSWER}",
+    },
+    stops=("<|user|>", "<|observation|>"),
+)
+
+
+def _minimax(calls: list[Call]) -> str:
+    def params(a: dict[str, Any]) -> str:
+        return "".join(
+            f'<parameter name="{k}">{v if isinstance(v, str) else json.dumps(v)}</parameter>\n' for k, v in a.items()
+        )
+
+    return (
+        "<minimax:tool_call>\n"
+        + "".join(f'<invoke name="{n}">\n{params(a)}</invoke>\n' for n, a in calls)
+        + "</minimax:tool_call>"
+    )
+
+
+MINIMAX_M2_FAMILY = Family(
+    "minimax_m2",
+    "minimax_m2",
+    "minimax_m2",
+    template_file("minimax_m2"),
+    ("]~!b[", "]~b]", "[e~["),
+    ("<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"),
+    "[e~[",
+    None,
+    ("<think>", "</think>"),
+    _thinks_first({"one": _minimax(ONE), "two": _minimax(TWO), "content_then_call": f"{PREFACE}\n{_minimax(ONE)}"}),
+    thinks_first=True,
+)
+
+
+def _deepseek31(calls: list[Call]) -> str:
+    body = "".join(f"<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>{_args(a)}<｜tool▁call▁end｜>" for n, a in calls)
+    return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
+
+
+DEEPSEEK_V31_FAMILY = Family(
+    "deepseek_v31",
+    "deepseek_v3",
+    "deepseek_v31",
+    template_file("deepseek_v31"),
+    ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"),
+    ("<think>", "</think>", *_DS_CALLS, "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"),
+    "<｜end▁of▁sentence｜>",
+    "<｜begin▁of▁sentence｜>",
+    None,  # the generation prompt closes the thinking block unless thinking is asked for
+    {
+        "one": _deepseek31(ONE),
+        "two": _deepseek31(TWO),
+        "content_then_call": PREFACE + _deepseek31(ONE),
+        "answer": ANSWER,
+    },
+)
+
+
+def _dsml(calls: list[Call]) -> str:
+    def params(a: dict[str, Any]) -> str:
+        return "".join(
+            f'\n<｜DSML｜parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
+            f"{v if isinstance(v, str) else json.dumps(v)}</｜DSML｜parameter>"
+            for k, v in a.items()
+        )
+
+    body = "".join(f'\n<｜DSML｜invoke name="{n}">{params(a)}\n</｜DSML｜invoke>' for n, a in calls)
+    return f"<｜DSML｜tool_calls>{body}\n</｜DSML｜tool_calls>"
+
+
+DEEPSEEK_V4_FAMILY = Family(
+    "deepseek_v4",
+    "deepseek_v4",
+    "deepseek_v4",
+    template_file("deepseek_v4"),
+    ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "｜DSML｜"),
+    ("<think>", "</think>"),
+    "<｜end▁of▁sentence｜>",
+    "<｜begin▁of▁sentence｜>",
+    ("<think>", "</think>"),
+    _thinks_first(
+        {"one": "\n\n" + _dsml(ONE), "two": "\n\n" + _dsml(TWO), "content_then_call": f"{PREFACE}\n\n{_dsml(ONE)}"},
+        close="</think>",
+    ),
+    thinks_first=True,
+)
+
+
+def _gemma4(calls: list[Call]) -> str:
+    def value(v: Any) -> str:
+        return f'<|"|>{v}<|"|>' if isinstance(v, str) else json.dumps(v)
+
+    return "".join(
+        "<|tool_call>call:" + n + "{" + ",".join(f"{k}:{value(v)}" for k, v in sorted(a.items())) + "}<tool_call|>"
+        for n, a in calls
+    )
+
+
+GEMMA4_FAMILY = Family(
+    "gemma4",
+    "gemma4",
+    "gemma4",
+    template_file("gemma4"),
+    ARCHS_2026["gemma4"].specials,
+    (),
+    "<turn|>",
+    "<bos>",
+    None,  # thinking is off unless enable_thinking: the generation prompt closes an empty thought channel
+    {"one": _gemma4(ONE), "two": _gemma4(TWO), "content_then_call": PREFACE + _gemma4(ONE), "answer": ANSWER},
+    stops=("<|tool_response>", "<eos>"),
+)
+
+
+NEMOTRON_FAMILY = Family(
+    "nemotron",
+    "nemotron_h",
+    "nemotron",
+    template_file("nemotron_h"),
+    ("<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>", "<TOOLCALL>", "</TOOLCALL>", "<AVAILABLE_TOOLS>"),
+    ("</AVAILABLE_TOOLS>", "<TOOL_RESPONSE>", "</TOOL_RESPONSE>", "<think>", "</think>"),
+    "<SPECIAL_12>",
+    None,
+    ("<think>", "</think>"),
+    _thinks_first(
+        {
+            "one": f"<TOOLCALL>{_json_list(ONE)}</TOOLCALL>",
+            "two": f"<TOOLCALL>{_json_list(TWO)}</TOOLCALL>",
+            "content_then_call": f"{PREFACE}\n\n<TOOLCALL>{_json_list(ONE)}</TOOLCALL>",
+        }
+    ),
+    thinks_first=True,
+)
+
+
+def _kimi(calls: list[Call]) -> str:
+    body = "".join(
+        f"<|tool_call_begin|>functions.{n}:{i}<|tool_call_argument_begin|>{_args(a)}<|tool_call_end|>"
+        for i, (n, a) in enumerate(calls)
+    )
+    return f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>"
+
+
+KIMI_FAMILY = Family(
+    "kimi_k2",
+    "kimi_linear",
+    "kimi_k2",
+    template_file("kimi_linear"),
+    ARCHS_2026["kimi_linear"].specials,
+    (),
+    "<|im_end|>",
+    None,  # its template writes no BOS
+    None,
+    {"one": _kimi(ONE), "two": _kimi(TWO), "content_then_call": PREFACE + _kimi(ONE), "answer": ANSWER},
+    call_id="functions.get_weather:0",
+)
+
+
 # ---------------------------------------------------------------- no native format: the documented fallback
 
 
@@ -745,6 +966,21 @@ FAMILIES: dict[str, Family] = {
         _fallback_family("gemma3"),
     )
 }
+FAMILIES_2026: dict[str, Family] = {
+    f.name: f
+    for f in (
+        QWEN3_5_FAMILY,
+        GLM45_FAMILY,
+        MINIMAX_M2_FAMILY,
+        DEEPSEEK_V31_FAMILY,
+        DEEPSEEK_V4_FAMILY,
+        GEMMA4_FAMILY,
+        NEMOTRON_FAMILY,
+        KIMI_FAMILY,
+    )
+}
+"""The 2026 families' tool formats, on their own architectures (``arch_families.ARCHS_2026``)."""
+FAMILIES.update(FAMILIES_2026)
 EXTRA_ARCHS: dict[str, Arch] = {"granite": GRANITE_ARCH}
 """Weights a family uses that are not one of ``arch_models.ARCHS``."""
 
@@ -770,7 +1006,7 @@ def history(family: Family | str, json_arguments: bool = False) -> list[dict[str
 
 
 def _arch(family: Family) -> Arch:
-    base = EXTRA_ARCHS.get(family.arch) or ARCHS[family.arch]
+    base = EXTRA_ARCHS.get(family.arch) or ARCHS.get(family.arch) or ARCHS_2026[family.arch]
     return replace(
         base,
         specials=(*family.specials, *family.plain),

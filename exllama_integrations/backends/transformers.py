@@ -243,6 +243,21 @@ def _processor(model: ModelDirectory) -> tuple[Any, str | None]:
     return processor, None
 
 
+def new_cache(model: Any) -> Any:
+    """An empty cache for one request, laid out by the model's config.
+
+    Hybrid models keep a recurrent state beside the attention KV in some layers (Qwen3.5's and Qwen3-Next's Gated
+    DeltaNet, Nemotron-H's Mamba-2, Kimi Linear's KDA): a ``DynamicCache`` built without the config has no place for
+    it, and their second forward fails (``IndexError``). Given the config, it makes each layer's kind of cache.
+    """
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # transformers before the config argument: attention-only models, as before
+        return DynamicCache()
+
+
 def torch_threads() -> int:
     """Threads torch computes with now."""
     import torch
@@ -254,10 +269,8 @@ class _Session:
     """One request's KV cache on the loaded model."""
 
     def __init__(self, backend: TransformersBackend) -> None:
-        from transformers import DynamicCache
-
         self.backend = backend
-        self.cache: Any = DynamicCache()
+        self.cache: Any = new_cache(backend.model)
 
     rope_deltas: Any = None
 

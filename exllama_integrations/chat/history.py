@@ -79,12 +79,15 @@ def _arguments(function: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def family_ids(messages: Sequence[Mapping[str, Any]], style: str) -> list[dict[str, Any]]:
-    """The history with its call ids in the family's style (``alnum9``: Mistral's templates refuse any other).
+    """The history with its call ids in the family's style (``alnum9``, ``kimi``; others as they are).
 
-    An id another client made (``call_...``) becomes 9 letters and digits derived from it, the same in the
-    assistant's call and in the tool result that answers it, so the pair still matches.
+    ``alnum9``: Mistral's templates refuse any other; ``kimi``: ``functions.NAME:N``, which Kimi's template shows in
+    place of the name. An id another client made (``call_...``) becomes 9 letters and digits derived from it, the
+    same in the assistant's call and in the tool result that answers it, so the pair still matches.
     """
     out = [dict(m) for m in messages]
+    if style == "kimi":
+        return _kimi_ids(out)
     if style != "alnum9":
         return out
 
@@ -102,17 +105,42 @@ def family_ids(messages: Sequence[Mapping[str, Any]], style: str) -> list[dict[s
     return out
 
 
-def native_history(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """A history for a template that renders tools: tool-call arguments as objects, as templates expect."""
+def _kimi_ids(out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Kimi's ids: ``functions.NAME:N``, N counting the conversation's calls (its template shows the id)."""
+    given: dict[Any, str] = {}
+    for d in out:
+        calls = []
+        for c in d.get("tool_calls") or []:
+            name = (c.get("function") or {}).get("name", "")
+            new = given.setdefault(c.get("id"), f"functions.{name}:{len(given)}")
+            calls.append({**c, "id": new})
+        if calls:
+            d["tool_calls"] = calls
+        if d.get("role") == "tool" and d.get("tool_call_id") in given:
+            d["tool_call_id"] = given[d["tool_call_id"]]
+    return out
+
+
+def native_history(messages: Sequence[Mapping[str, Any]], json_arguments: bool = False) -> list[dict[str, Any]]:
+    """A history for a template that renders tools: tool-call arguments as objects, as templates expect.
+
+    ``json_arguments``: as JSON text instead, for a template that writes them with ``+`` (DeepSeek-V3.1's).
+    """
     out = []
     for m in messages:
         d = dict(m)
         if d.get("tool_calls"):
             d["tool_calls"] = [
-                {**c, "function": {**c["function"], "arguments": _arguments(c["function"])}} for c in d["tool_calls"]
+                {**c, "function": {**c["function"], "arguments": _history_arguments(c["function"], json_arguments)}}
+                for c in d["tool_calls"]
             ]
         out.append(d)
     return out
+
+
+def _history_arguments(function: Mapping[str, Any], as_json: bool) -> Any:
+    args = _arguments(function)
+    return json.dumps(args, ensure_ascii=False) if as_json else args
 
 
 _SENTINEL = re.compile("\ue000(\\d+)\ue001")

@@ -236,7 +236,11 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
     if request.prompt is not None:
         turn = turn_reasoning(reasoning, request.prompt[-256:], settings.max_reasoning_tokens)
         return _prepared(request.prompt, settings, grammar, turn, media, reply)
-    messages = native_history(family_ids(messages, fmt.ids)) if native else fallback_history(messages)
+    messages = (
+        native_history(family_ids(messages, fmt.ids), fmt.history_arguments == "json")
+        if native
+        else fallback_history(messages)
+    )
     if shown and not native:
         specs = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in shown)
         messages = add_system_note(messages, FALLBACK_TOOL_PROMPT.replace("{tools}", specs))

@@ -55,10 +55,12 @@ def tags_reasoning(tags: Sequence[str] | None) -> Reasoning | None:
 def generation_prompt(render: Callable[[bool], str], rendered: str) -> str:
     """The text the template adds for the assistant's turn: ``rendered`` less the same messages without it.
 
-    Falls back to the prompt's last 256 characters for a template whose two renderings do not share a prefix.
+    Falls back to the prompt's last 256 characters for a template whose two renderings do not share a prefix, and
+    for one whose user turn already ends with the assistant's opener (DeepSeek-V3.2 and V4 write
+    ``<｜Assistant｜><think>`` there and add nothing for the generation prompt).
     """
     without = render(False)
-    if rendered.startswith(without):
+    if rendered.startswith(without) and len(rendered) > len(without):
         return rendered[len(without) :]
     return rendered[-256:]
 

@@ -29,6 +29,7 @@ from ..errors import (
     error_to_wire,
 )
 from .api import GenerationRequest, GenerationResult, ModelInfo, StreamChunk
+from .retrieval import EmbeddingInfo, EmbeddingRequest, EmbeddingResult, RerankRequest, RerankResult
 
 T = TypeVar("T")
 
@@ -39,20 +40,42 @@ _REQUEST = TypeAdapter(GenerationRequest)
 _CHUNK = TypeAdapter(StreamChunk)
 _RESULT = TypeAdapter(GenerationResult)
 _INFO = TypeAdapter(ModelInfo)
+_EMBED_REQUEST = TypeAdapter(EmbeddingRequest)
+_EMBED_RESULT = TypeAdapter(EmbeddingResult)
+_RERANK_REQUEST = TypeAdapter(RerankRequest)
+_RERANK_RESULT = TypeAdapter(RerankResult)
+_EMBED_INFO = TypeAdapter(EmbeddingInfo)
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {
     GenerationRequest: _REQUEST,
     StreamChunk: _CHUNK,
     GenerationResult: _RESULT,
     ModelInfo: _INFO,
+    EmbeddingRequest: _EMBED_REQUEST,
+    EmbeddingResult: _EMBED_RESULT,
+    RerankRequest: _RERANK_REQUEST,
+    RerankResult: _RERANK_RESULT,
+    EmbeddingInfo: _EMBED_INFO,
 }
+Value = (
+    GenerationRequest
+    | StreamChunk
+    | GenerationResult
+    | ModelInfo
+    | EmbeddingRequest
+    | EmbeddingResult
+    | RerankRequest
+    | RerankResult
+    | EmbeddingInfo
+)
+"""Every contract value that has a wire form."""
 
 
-def dumps(value: GenerationRequest | StreamChunk | GenerationResult | ModelInfo) -> bytes:
+def dumps(value: Value) -> bytes:
     """A contract value as JSON bytes."""
     return _ADAPTERS[type(value)].dump_json(value)
 
 
-def to_data(value: GenerationRequest | StreamChunk | GenerationResult | ModelInfo) -> Any:
+def to_data(value: Value) -> Any:
     """A contract value as JSON-ready Python data (dicts, lists, strings, numbers)."""
     return json.loads(dumps(value))
 
@@ -104,6 +127,31 @@ def loads_info(data: str | bytes | dict[str, Any]) -> ModelInfo:
     return _read(_INFO, data, "model info", server=True)
 
 
+def loads_embedding_request(data: str | bytes | dict[str, Any]) -> EmbeddingRequest:
+    """An embedding request a client sent. Raises InvalidSettingsError (naming the field) when it is not one."""
+    return _read(_EMBED_REQUEST, data, "embedding request", server=False)
+
+
+def loads_rerank_request(data: str | bytes | dict[str, Any]) -> RerankRequest:
+    """A rerank request a client sent. Raises InvalidSettingsError (naming the field) when it is not one."""
+    return _read(_RERANK_REQUEST, data, "rerank request", server=False)
+
+
+def loads_embedding_result(data: str | bytes | dict[str, Any]) -> EmbeddingResult:
+    """Embeddings a server sent. Raises ProtocolError when they are not."""
+    return _read(_EMBED_RESULT, data, "embedding result", server=True)
+
+
+def loads_rerank_result(data: str | bytes | dict[str, Any]) -> RerankResult:
+    """A rerank result a server sent. Raises ProtocolError when it is not one."""
+    return _read(_RERANK_RESULT, data, "rerank result", server=True)
+
+
+def loads_embedding_info(data: str | bytes | dict[str, Any]) -> EmbeddingInfo:
+    """An embedding model's facts a server sent. Raises ProtocolError when they are not."""
+    return _read(_EMBED_INFO, data, "embedding info", server=True)
+
+
 def dumps_error(e: ExLlamaIntegrationsError) -> bytes:
     """A typed error as JSON bytes: ``{"error": {"code", "message", "fields"}}``."""
     return json.dumps({"error": error_to_wire(e)}, ensure_ascii=False).encode()
@@ -125,9 +173,14 @@ __all__ = [
     "dumps",
     "dumps_error",
     "loads_chunk",
+    "loads_embedding_info",
+    "loads_embedding_request",
+    "loads_embedding_result",
     "loads_error",
     "loads_info",
     "loads_request",
+    "loads_rerank_request",
+    "loads_rerank_result",
     "loads_result",
     "to_data",
 ]

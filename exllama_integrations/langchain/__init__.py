@@ -1,4 +1,8 @@
-"""LangChain integrations: ``ExLlamaLLM`` (BaseLLM) and ``ChatExLlama`` (BaseChatModel)."""
+"""LangChain integrations: chat and text models, embeddings, a reranker.
+
+``ExLlamaLLM`` (BaseLLM), ``ChatExLlama`` (BaseChatModel), ``ExLlamaEmbeddings`` and ``ExLlamaRerank`` (a document
+compressor).
+"""
 
 try:
     import langchain_core  # noqa: F401
@@ -8,6 +12,8 @@ except ImportError:  # pragma: no cover - exercised by the missing-extra test
     raise MissingDependencyError("langchain-core", "langchain", "the LangChain classes") from None
 
 from .chat_models import ChatExLlama
+from .embeddings import ExLlamaEmbeddings
 from .llms import ExLlamaLLM
+from .rerank import ExLlamaRerank
 
-__all__ = ["ChatExLlama", "ExLlamaLLM"]
+__all__ = ["ChatExLlama", "ExLlamaEmbeddings", "ExLlamaLLM", "ExLlamaRerank"]

@@ -1,4 +1,7 @@
-"""LlamaIndex integration: ``ExLlamaLLM`` (a ``FunctionCallingLLM``)."""
+"""LlamaIndex integration: an LLM, an embedding model, a reranker.
+
+``ExLlamaLLM`` (a ``FunctionCallingLLM``), ``ExLlamaEmbedding`` and ``ExLlamaRerank`` (a node postprocessor).
+"""
 
 try:
     import llama_index.core  # noqa: F401
@@ -7,6 +10,8 @@ except ImportError:  # pragma: no cover - exercised by the missing-extra test
 
     raise MissingDependencyError("llama-index-core", "llama-index", "the LlamaIndex LLM") from None
 
+from .embeddings import ExLlamaEmbedding
 from .llms import ExLlamaLLM
+from .postprocessor import ExLlamaRerank
 
-__all__ = ["ExLlamaLLM"]
+__all__ = ["ExLlamaEmbedding", "ExLlamaLLM", "ExLlamaRerank"]

@@ -79,6 +79,9 @@ class NativeTokenizer:
                 self._hf = Tokenizer.from_file(str(model.tokenizer_json))
             except Exception as e:  # tokenizers raises plain Exception subclasses
                 raise InvalidModelError(f"tokenizer.json could not be loaded: {e}") from None
+            # a tokenizer.json may carry padding or truncation (BERT exports pad every text to 128): ids are exact here
+            self._hf.no_padding()
+            self._hf.no_truncation()
             self._literal = Tokenizer.from_str(self._hf.to_str())
             self._literal.encode_special_tokens = True
             for tid, added in self._hf.get_added_tokens_decoder().items():

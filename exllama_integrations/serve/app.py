@@ -1,7 +1,8 @@
 """The HTTP app over any Runtime, assembled: the guard, the lifespan, the error answers, the routers.
 
 ``create_app(runtime)`` serves the OpenAI-compatible endpoints for third-party clients (``/v1/models``,
-``/v1/completions``, ``/v1/chat/completions``: :mod:`.openai`), the native endpoints RemoteRuntime speaks
+``/v1/completions``, ``/v1/chat/completions``, ``/v1/embeddings``: :mod:`.openai`; ``/v1/rerank``: :mod:`.rerank`),
+the native endpoints RemoteRuntime speaks
 (``/v1/exllama/{info,tokenizer,generate}``: :mod:`.native`) and ``/health``. Every error is an OpenAI-shaped
 error object with the status of the one error table (on the native endpoints, the contract's wire form);
 a client that disconnects cancels its generation at the next step.
@@ -32,13 +33,18 @@ from . import metrics, native
 from .anthropic import errors as anthropic_errors
 from .anthropic import messages as anthropic_messages
 from .guard import Guard, error_body, error_response, validation_response
-from .openai import chat, completions, models, tokenize
+from .openai import chat, completions, embeddings, models, tokenize
 from .openai.protocol import ALL_FIELDS
+from .openai.protocol.embeddings import EmbeddingBody
+from .rerank import endpoint as rerank
+from .rerank.protocol import RerankBody
 from .responses import endpoint as responses
 from .state import ServeLimits, ServeState, state_of
 from .streaming import ClientGone
 
 logger = logging.getLogger("exllama_integrations.serve")
+FIELDS = sorted({*ALL_FIELDS, *EmbeddingBody.model_fields, *RerankBody.model_fields})
+"""Every request field name of the OpenAI-shaped endpoints (for "did you mean" on a misspelt one)."""
 
 __all__ = ["ServeLimits", "create_app"]
 
@@ -99,7 +105,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_response(list(exc.errors()), ALL_FIELDS)  # 400, as OpenAI answers a bad body
+        return validation_response(list(exc.errors()), FIELDS)  # 400, as OpenAI answers a bad body
 
     @app.exception_handler(ExLlamaIntegrationsError)
     async def _typed(request: Request, exc: ExLlamaIntegrationsError) -> Response:
@@ -152,7 +158,8 @@ def create_app(
             return JSONResponse(body, 503)
         return JSONResponse(body)
 
-    for router in (models.router, completions.router, chat.router, tokenize.router, native.router, metrics.router):
+    routers = (models.router, completions.router, chat.router, embeddings.router, rerank.router, tokenize.router)
+    for router in (*routers, native.router, metrics.router):
         app.include_router(router)
     app.include_router(anthropic_messages.router)
     app.include_router(responses.router)

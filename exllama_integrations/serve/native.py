@@ -4,6 +4,9 @@
 * ``GET /v1/exllama/tokenizer``: its tokenizer files (clients count tokens and render prompts exactly);
 * ``POST /v1/exllama/tokenize``: a request in the wire form -> ``{"token_ids": [...]}``, the ids its model reads
   (images counted as it reads them);
+* ``POST /v1/exllama/embed`` and ``/v1/exllama/rerank``: an embedding or rerank request in the wire form, its result
+  back (``/info`` carries the model's :class:`~exllama_integrations.contract.retrieval.EmbeddingInfo` as ``embedding``
+  when it embeds or reranks);
 * ``POST /v1/exllama/generate``: a :class:`~exllama_integrations.contract.api.GenerationRequest` in, its
   :class:`~exllama_integrations.contract.api.StreamChunk` values out as server-sent events (``data: {...}``),
   a typed error as ``data: {"error": {"code", "message", "fields"}}`` (or, before any output, as the
@@ -17,11 +20,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
 from ..contract import wire
 from ..contract.api import GenerationRequest, SharesTokenizer
+from ..contract.retrieval import Embeds, Reranks, embedder, reranker
 from ..errors import BackendUnavailableError, ExLlamaIntegrationsError, InvalidSettingsError
 from .state import ServeState, record, state_of
 from .streaming import start_stream
@@ -33,7 +37,37 @@ router = APIRouter(prefix="/v1/exllama", tags=["native"])
 async def info(request: Request) -> JSONResponse:
     """The served model's facts and the name clients use for it."""
     state = state_of(request.app)
-    return JSONResponse({"info": wire.to_data(state.info), "served_model_name": state.name, "version": __version__})
+    body = {"info": wire.to_data(state.info), "served_model_name": state.name, "version": __version__}
+    runtime = state.runtime
+    if isinstance(runtime, (Embeds, Reranks)):
+        facts = runtime.embedding_info()
+        if facts.task != "generate":
+            body["embedding"] = wire.to_data(facts)
+    return JSONResponse(body)
+
+
+@router.post("/embed")
+async def embed(request: Request) -> Response:
+    """Embed a request given in the wire form; its result in the wire form (each input counts in admission)."""
+    state = state_of(request.app)
+    runtime = embedder(state.runtime_for(None))
+    req = wire.loads_embedding_request(await request.body())
+    with state.in_flight(len(req.inputs)):
+        result = await runtime.aembed(req)
+    request.state.usage = (result.prompt_tokens, 0, 0.0)
+    return Response(wire.dumps(result), media_type="application/json")
+
+
+@router.post("/rerank")
+async def rerank(request: Request) -> Response:
+    """Rerank a request given in the wire form; its result in the wire form (each document counts in admission)."""
+    state = state_of(request.app)
+    runtime = reranker(state.runtime_for(None))
+    req = wire.loads_rerank_request(await request.body())
+    with state.in_flight(max(1, len(req.documents))):
+        result = await runtime.arerank(req)
+    request.state.usage = (result.prompt_tokens, 0, 0.0)
+    return Response(wire.dumps(result), media_type="application/json")
 
 
 @router.get("/tokenizer")

@@ -1,7 +1,8 @@
 """What the endpoints of one server share: the runtime, its served name and limits, and admission.
 
-Admission counts requests in flight (decoding or waiting), streamed or not, until their response ends;
-past ``max_pending`` a request is refused with 503 and ``Retry-After`` before anything runs.
+Admission counts work in flight (a generation, decoding or waiting, streamed or not, until its response ends; an
+embedding or rerank request counts each of its inputs); past ``max_pending`` a request is refused with 503 and
+``Retry-After`` before anything runs. :meth:`ServeState.runtime_for` is where a request's ``model`` finds its runtime.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class ServeLimits:
     max_tokens: int | None = None
     """Most tokens a request may generate (None: the context decides); a request that sets none gets at most this."""
     max_pending: int = 256
-    """Requests in flight at once (decoding or waiting); more get 503 with ``Retry-After``."""
+    """Work in flight at once (generations decoding or waiting; each input of an embedding or rerank request); more
+    gets 503 with ``Retry-After``."""
     body_timeout: float = 30.0
     """Seconds a client has to send a whole request body; a slower one gets 408 and is disconnected."""
     media: MediaLimits = field(default_factory=MediaLimits)
@@ -153,29 +155,43 @@ class ServeState:
             e.param = "model"
             raise e
 
-    def admit(self) -> None:
-        """Count one more request in flight, or refuse it when the server is full.
+    def runtime_for(self, model: str | None) -> Runtime:
+        """The runtime that serves ``model`` (None: the served one).
+
+        One model per server here; a server of several models resolves the name in its registry instead.
 
         Raises:
-            ServerBusyError: (503) the server has ``max_pending`` requests in flight.
+            ModelNotFoundError: (404) the body names a model this server does not serve.
         """
-        if self.pending >= self.limits.max_pending:
+        self.check_model(model)
+        return self.runtime
+
+    def admit(self, work: int = 1) -> None:
+        """Count ``work`` more in flight (a generation: 1; an embedding request: its inputs), or refuse it when full.
+
+        A request larger than the whole limit is admitted only when nothing else is in flight (and the limit is not 0).
+
+        Raises:
+            ServerBusyError: (503) the server has ``max_pending`` in flight.
+        """
+        limit = self.limits.max_pending
+        if self.pending + work > limit and (self.pending or limit <= 0):
             self.metrics.refuse("busy")
             raise ServerBusyError(f"the server has {self.pending} requests in flight (its limit); retry shortly.")
-        self.pending += 1
+        self.pending += work
 
-    def release(self) -> None:
-        """One request fewer in flight."""
-        self.pending -= 1
+    def release(self, work: int = 1) -> None:
+        """``work`` fewer in flight."""
+        self.pending -= work
 
     @contextlib.contextmanager
-    def in_flight(self) -> Iterator[None]:
-        """A request in flight for the block."""
-        self.admit()
+    def in_flight(self, work: int = 1) -> Iterator[None]:
+        """``work`` in flight for the block."""
+        self.admit(work)
         try:
             yield
         finally:
-            self.release()
+            self.release(work)
 
     async def stream(self, items: AsyncIterator[bytes], close: Any) -> AsyncIterator[bytes]:
         """``items`` while the request counts as in flight; ``close`` (shielded from a disconnect) at the end."""

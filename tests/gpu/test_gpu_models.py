@@ -29,6 +29,8 @@ measured 0.137 at decode against 0.0016 at prefill (tolerance 0.032), every gree
 
 @pytest.fixture(scope="module")
 def archs(tmp_path_factory) -> dict[str, Path]:
+    # the 2026 families run from carried fixtures (test_families_2026_... below): this machine's transformers may lack
+    # their classes
     root = tmp_path_factory.mktemp("archs")
     return {name: make_arch(name, root / name, size="gpu", seed=7 + i, device="cuda") for i, name in enumerate(ARCHS)}
 
@@ -185,6 +187,41 @@ def test_prompt_tokens_read_from_the_prefix_cache_are_reported(archs):
         assert r.usage.cached_tokens >= 768
     finally:
         rt.close()
+
+
+FAMILY_FIXTURES = os.environ.get("EXLLAMA_FAMILY_FIXTURES")
+"""The folder tests/gpu/build_family_fixtures.py wrote on a machine with transformers 5.24 (carried here)."""
+FAMILIES_2026 = [
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_next",
+    "gemma4",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "deepseek_v3",
+    "deepseek_v4",
+    "minimax_m2",
+    "nemotron_h",
+    "kimi_linear",
+    "gpt_oss",
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES_2026)
+def test_families_2026_match_their_carried_oracle_and_reuse_prefixes(family):
+    """tests/gpu/family_matrix.py's checks for one family: its row goes to ``$OUT/arch_matrix.jsonl``."""
+    from family_matrix import check_family
+
+    if not FAMILY_FIXTURES or not (Path(FAMILY_FIXTURES) / family / "oracle.json").is_file():
+        pytest.skip("set EXLLAMA_FAMILY_FIXTURES to the folder tests/gpu/build_family_fixtures.py wrote")
+    record = check_family(Path(FAMILY_FIXTURES) / family)
+    _write(record)
+    print(json.dumps(record))
+    if record["status"] == "refused":
+        pytest.skip(f"refused, typed: {record['why']}")
+    assert record["status"] in ("ok", "approximate"), record
+    assert record["prefix"].get("warm_equals_cold"), record["prefix"]
+    assert record["fast"].get("jobs_16_identical") == 16, record["fast"]
 
 
 def _write(record: dict) -> None:

@@ -17,7 +17,7 @@ import re
 
 import jsonschema
 import pytest
-from tool_families import EXPECTED, EXPECTED_TEXT, FAMILIES, TOOLS, history, make_family
+from tool_families import EXPECTED, EXPECTED_TEXT, FAMILIES, FAMILIES_2026, TOOLS, history, make_family
 
 from exllama_integrations import ExLlamaRuntime
 from exllama_integrations.chat.formats import FORMATS
@@ -40,10 +40,16 @@ def _bounded(schema):
 
 
 FORCED_TOOLS = _bounded(TOOLS)
-# harmony ends its turn after one call (<|call|> is an end-of-turn token): one call a reply
-KEYS = [(f, k) for f, fam in FAMILIES.items() for k in fam.replies if not (f == "gpt_oss" and k == "two")]
 # the other doors read the same replies: there, the ones that carry most (two calls, text or thinking first)
 _RICH = ("two", "content_then_call", "think_then_call")
+# harmony ends its turn after one call (<|call|> is an end-of-turn token): one call a reply; the 2026 families'
+# other replies are read at every split and token by token in tests/unit/test_tool_format_reader.py
+KEYS = [
+    (f, k)
+    for f, fam in FAMILIES.items()
+    for k in fam.replies
+    if not (f == "gpt_oss" and k == "two") and (f not in FAMILIES_2026 or k in _RICH)
+]
 DOOR_KEYS = [(f, k) for f, k in KEYS if k in _RICH or (f, k) == ("gpt_oss", "one")]
 
 
@@ -65,7 +71,7 @@ class Scripted:
             if not r.started:
                 prompt = prompt + r.start + "\n"
             r = dataclasses.replace(r, started=True, budget=2)
-        grammar = Grammar.lark(f"start: {exact(self._inner, reply)}\n")
+        grammar = Grammar.lark(f"start: {exact(self._inner, reply, FAMILIES[self.family].plain)}\n")
         return dataclasses.replace(request, prompt=prompt, reasoning=r, grammar=grammar)
 
     def open(self, request):
@@ -75,13 +81,16 @@ class Scripted:
         return self._inner.aopen(self._script(request))
 
 
-def exact(runtime: ExLlamaRuntime, text: str) -> str:
-    """Lark for exactly ``text``: the family's tokens as themselves, the rest as text; a final end-of-turn left off."""
+def exact(runtime: ExLlamaRuntime, text: str, plain_tokens: tuple[str, ...] = ()) -> str:
+    """Lark for exactly ``text``: the family's tokens as themselves, the rest as text; a final end-of-turn left off.
+
+    ``plain_tokens``: the family's added tokens that are not special (they show in text, as GLM's ``<arg_key>``).
+    """
     tok = runtime.tokenizer
     ends = set(tok.eos_token_ids)
     names = sorted((t for t in tok._special_by_text if t), key=len, reverse=True)  # noqa: SLF001
     plain = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
-    plain += ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>")
+    plain += ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", *plain_tokens)
     pieces = re.split("(" + "|".join(re.escape(t) for t in [*names, *plain]) + ")", text)
     out = []
     for p in pieces:
@@ -99,7 +108,7 @@ def exact(runtime: ExLlamaRuntime, text: str) -> str:
 def answer_of(family: str, key: str) -> str:
     """The reply less its thinking (the runtime thinks and closes the block itself)."""
     reply, fam = FAMILIES[family].replies[key], FAMILIES[family]
-    if fam.thinking and fam.thinking[1] in reply and (key.startswith("think") or family == "deepseek_v3"):
+    if fam.thinking and fam.thinking[1] in reply and (reply.lstrip().startswith(fam.thinking[0]) or fam.thinks_first):
         return reply[reply.find(fam.thinking[1]) + len(fam.thinking[1]) :]
     return reply
 

@@ -106,3 +106,16 @@ def test_the_architecture_table_is_the_committed_oracle_results() -> None:
         elif "approximate" in status:
             assert "tolerance" in line  # and one outside the tolerance says by how much
     assert rows >= 9, "the Architectures table lost its rows"
+
+
+def test_the_embedding_speeds_docs_quote_are_the_committed_result() -> None:
+    """docs/embeddings.md's table: each median [min..max] is a summary of benchmarks/results/cpu_embeddings.json."""
+    page = (ROOT / "docs" / "embeddings.md").read_text()
+    table = page[page.index("## Speed (CPU)") :]
+    summaries = [s for row in _rows(json.loads((RESULTS / "cpu_embeddings.json").read_text())) for s in row.values()]
+    quoted = TRIPLE.findall(table)
+    assert len(quoted) == 6
+    for median, lo, hi in quoted:
+        assert any(_same(median, s["median"]) and _same(lo, s["min"]) and _same(hi, s["max"]) for s in summaries), (
+            f"{median} [{lo}..{hi}] is no committed result"
+        )

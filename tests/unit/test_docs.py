@@ -23,6 +23,11 @@ PUBLIC_CLASSES = [
     ("exllama_integrations", "GenerationRequest"),
     ("exllama_integrations.runtime.remote", "RemoteRuntime"),
     ("exllama_integrations.model.grammar", "TokenConstraint"),
+    ("exllama_integrations", "EmbeddingRuntime"),
+    ("exllama_integrations.langchain", "ExLlamaEmbeddings"),
+    ("exllama_integrations.langchain", "ExLlamaRerank"),
+    ("exllama_integrations.llama_index", "ExLlamaEmbedding"),
+    ("exllama_integrations.llama_index", "ExLlamaRerank"),
 ]
 MODULES = sorted(
     m.name
@@ -44,6 +49,7 @@ def test_public_class_has_an_example(module: str, name: str) -> None:
         "exllama_integrations.contract.settings",
         "exllama_integrations.contract.api",
         "exllama_integrations.contract.wire",
+        "exllama_integrations.contract.retrieval",
         "exllama_integrations.model.template",
         "exllama_integrations.model.media",
         "exllama_integrations.chat.content",

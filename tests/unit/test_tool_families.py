@@ -12,7 +12,8 @@ import pytest
 from tokenizers import Tokenizer
 from tool_families import EXPECTED, EXPECTED_TEXT, FAMILIES, TOOLS, Family, TokenizerFiles, history, make_tokenizer
 
-from exllama_integrations.chat.history import fallback_history, native_history
+from exllama_integrations.chat.formats import FORMATS
+from exllama_integrations.chat.history import fallback_history, family_ids, native_history
 from exllama_integrations.errors import ChatTemplateError
 from exllama_integrations.model.tokenizer import NativeTokenizer
 
@@ -34,8 +35,13 @@ def test_template_renders_tools_and_an_agent_history(dirs: dict[str, Path], name
     family = FAMILIES[name]
     tok = NativeTokenizer(TokenizerFiles(dirs[name]))
     # the runtime hands templates histories as native_history / fallback_history leave them, from OpenAI's form
-    shape = native_history if _native(family) else fallback_history
-    messages = shape(history(family, json_arguments=True))
+    if _native(family):  # arguments as the family's template takes them (DeepSeek-V3.1's joins JSON text with +)
+        as_json = FORMATS[family.tool_format].history_arguments == "json"
+        messages = native_history(
+            family_ids(history(family, json_arguments=True), FORMATS[family.tool_format].ids), as_json
+        )
+    else:
+        messages = fallback_history(history(family, json_arguments=True))
     tools = TOOLS if _native(family) else None
     prompt = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
     first = tok.apply_chat_template(messages[:1], tools=tools, add_generation_prompt=True)

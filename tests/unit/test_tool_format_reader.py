@@ -24,7 +24,7 @@ CASES = [(f, k) for f, fam in FAMILIES.items() for k in fam.replies]
 def _answer(family: str, reply: str) -> str:
     """The reply less its thinking, as the runtime's reasoning split hands it on."""
     r = find_reasoning(FAMILIES[family].template)
-    if r is not None and r.end in reply and (reply.lstrip().startswith(r.start) or family == "deepseek_v3"):
+    if r is not None and r.end in reply and (reply.lstrip().startswith(r.start) or FAMILIES[family].thinks_first):
         return reply[reply.find(r.end) + len(r.end) :]
     return reply
 

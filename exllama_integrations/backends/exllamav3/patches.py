@@ -114,6 +114,28 @@ def gemma3_image_attention(model: Any) -> int:
     return 1
 
 
+def qwen3_5_text_mtp(config: Any) -> int:
+    """Work around exllamav3 (1.6.5) on text-only Qwen3.5/3.6 checkpoints (``Qwen3_5ForCausalLM``, ``...MoeFor...``).
+
+    Their configs read ``mtp_num_hidden_layers`` but register no ``mtp`` component (only the ``...ForConditional
+    Generation`` configs pass one), so ``Model.from_config(config, component="mtp")`` has nothing to build and MTP
+    drafting is not offered, though the checkpoint carries the head (``mtp.*``, the same keys in both layouts). This
+    registers exllamav3's own ``Qwen3_5MTPModel`` / ``Qwen3_5MoeMTPModel`` for them. Checked on the CPU against
+    exllamav3 1.6.5's classes (tests/gpu/preflight_exllamav3.py): the MTP model it then builds reads every ``mtp.*``
+    tensor of the fixture and no module lacks one; not yet run on the GPU. Returns 1 when registered.
+    """
+    try:
+        from exllamav3.architecture.qwen3_5 import Qwen3_5Config, Qwen3_5MoeConfig
+        from exllamav3.architecture.qwen3_5_mtp import Qwen3_5MoeMTPModel, Qwen3_5MTPModel
+    except ImportError:
+        return 0
+    heads = {Qwen3_5Config: Qwen3_5MTPModel, Qwen3_5MoeConfig: Qwen3_5MoeMTPModel}.get(type(config))
+    if heads is None or not getattr(config, "mtp_num_hidden_layers", 0) or "mtp" in config.model_classes:
+        return 0
+    config.model_classes["mtp"] = heads
+    return 1
+
+
 def apply(model: Any) -> dict[str, int]:
     """Every fix that applies to ``model``; how many places each changed (those that changed any)."""
     done = {

@@ -18,6 +18,7 @@ from typing import Any
 
 from ...model.grammar import JSON_OPTIONS
 from .table import SPECIAL_SHAPE, ToolFormat
+from .tagged import SLOTS, slot_rule, write_slots
 
 MAX_PARALLEL = 4
 """Most calls a forced reply may hold where the family writes several."""
@@ -116,6 +117,8 @@ class _Builder:
                 parts.append(self.keyword_rule(f"{rule}_xml", params, xml=True))
             elif slot == "python_arguments":
                 parts.append(self.keyword_rule(f"{rule}_py", params, xml=False))
+            elif slot in SLOTS:
+                parts.append(slot_rule(self, fmt.body_args, slot, f"{rule}_kv", params))
             else:
                 raise ValueError(f"unknown slot {{{slot}}} in the {fmt.name} call text")
         self.rules.append(f"{rule}: {' '.join(p for p in parts if p)}")
@@ -178,6 +181,7 @@ def write_call(fmt: ToolFormat, name: str, arguments: Mapping[str, Any]) -> str:
         arguments=json.dumps(dict(arguments), ensure_ascii=False),
         xml_parameters=xml,
         python_arguments=", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items()),
+        **write_slots(fmt.body_args, arguments),
     )
 
 

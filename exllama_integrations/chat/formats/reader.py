@@ -22,8 +22,11 @@ from typing import Any
 
 from .response_template import FoundCall, TemplateReader
 from .table import ToolFormat
+from .tagged import read_tagged
 
-_NAME_RE = re.compile(r'"name"\s*:\s*"([^"]+)"|<function=([^>\n]+)>|to=(?:functions\.)?([^\s<]+)')
+_NAME_RE = re.compile(
+    r'"name"\s*:\s*"([^"]+)"|<function=([^>\n]+)>|to=(?:functions\.)?([^\s<]+)|invoke name="([^"]+)"|call:([\w.-]+)'
+)
 _ALNUM = string.ascii_letters + string.digits
 
 
@@ -237,6 +240,8 @@ def _read_body(fmt: ToolFormat, body: str, schemas: Mapping[str, Any]) -> list[t
         return [_xml_call(body, schemas)]
     if kind == "python":
         return _python_calls(body)
+    if kind in ("tagged", "gemma"):
+        return read_tagged(fmt.body_args, kind, body, schemas, _typed)
     raise ValueError(f"unknown body kind {kind!r}")
 
 

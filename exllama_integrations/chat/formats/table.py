@@ -17,10 +17,15 @@ Body kinds (how the text between ``opens`` and ``closes`` becomes calls):
   ``NAME[ARGS]{...}``, DeepSeek's ``function<｜tool▁sep｜>NAME ```json ...````, harmony's ``to=functions.NAME``;
 - ``xml``: ``<function=NAME><parameter=KEY>VALUE</parameter>...</function>`` (Qwen3-Coder), values read by the
   tool's schema;
-- ``python``: ``[f(a=1), g(b="x")]`` (Llama 4, Llama 3.2 pythonic).
+- ``python``: ``[f(a=1), g(b="x")]`` (Llama 4, Llama 3.2 pythonic);
+- ``tagged``: calls and parameters in tags of the family's own (GLM-4.5's ``<arg_key>``/``<arg_value>``, MiniMax-M2's
+  and DeepSeek's ``<invoke name=..>``/``<parameter name=..>``), found by the ``call`` and ``param`` regexes of
+  ``body_args`` and written with its ``write_param`` (:mod:`.tagged`);
+- ``gemma``: Gemma 4's ``call:NAME{key:<|"|>text<|"|>,...}`` (:mod:`.tagged`).
 
 ``call`` is a string with slots: ``{name}`` (the bare name), ``{name_json}`` (the name as a JSON string),
-``{arguments}`` (the arguments as a JSON object), ``{xml_parameters}``, ``{python_arguments}``.
+``{arguments}`` (the arguments as a JSON object), ``{xml_parameters}``, ``{python_arguments}``,
+``{tagged_parameters}``, ``{gemma_arguments}``.
 """
 
 from __future__ import annotations
@@ -70,9 +75,16 @@ class ToolFormat:
     parallel: bool = True
     """Whether a reply may hold several calls."""
     ids: str = "openai"
-    """Call ids: ``openai`` (``call_`` + 24 hex) or ``alnum9`` (9 letters and digits, which Mistral checks)."""
+    """Call ids: ``openai`` (``call_`` + 24 hex) or ``alnum9`` (9 letters and digits, which Mistral checks); ``kimi``:
+    ``call_`` ids at the API, ``functions.NAME:N`` in the history the template sees."""
     thinking: tuple[str, str] | None = None
     """The family's own thinking delimiters, where they are not a ``<think>`` pair found in the template."""
+    history_arguments: str = "object"
+    """How an earlier turn's call arguments reach the template: ``object`` (as most templates iterate them) or
+    ``json`` (text: DeepSeek-V3.1's template joins them to its markup with ``+``)."""
+    tokens: tuple[str, ...] = ()
+    """Control tokens inside the markup that no other field names whole (DeepSeek's ``｜DSML｜``): the forced
+    grammar writes them as the tokens they are."""
     response_template: Mapping[str, Any] | None = None
     """The checkpoint's own ``response_template`` (tokenizer_config.json): replies are read with transformers'
     parser over it (:mod:`.response_template`); the rest of the entry still writes calls."""
@@ -80,7 +92,7 @@ class ToolFormat:
     @property
     def markup(self) -> tuple[str, ...]:
         """Every literal of the format and the control tokens inside them: what a reply must show as text."""
-        parts = [*self.opens, *self.closes, *self.strip, self.before, self.between, self.after]
+        parts = [*self.opens, *self.closes, *self.strip, self.before, self.between, self.after, *self.tokens]
         if self.thinking:
             parts += list(self.thinking)
         if self.response_template is not None:
@@ -110,6 +122,64 @@ FORMATS: dict[str, ToolFormat] = {
             "<|call|>",
             parallel=False,
             thinking=("<|channel|>analysis<|message|>", "<|end|>"),
+        ),
+        ToolFormat(
+            "glm45",
+            markers=("<tool_call>", "<arg_key>"),
+            opens=("<tool_call>",),
+            closes=("</tool_call>",),
+            body="tagged",
+            body_args={
+                "call": r"^\s*(?P<name>[^\s<]+)(?P<params>.*)$",
+                "param": r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>",
+                "write_param": "<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n",
+            },
+            call="<tool_call>{name}\n{tagged_parameters}</tool_call>",
+            between="\n",
+            tokens=("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+        ),
+        ToolFormat(
+            "minimax_m2",
+            markers=("<minimax:tool_call>",),
+            opens=("<minimax:tool_call>",),
+            closes=("</minimax:tool_call>",),
+            body="tagged",
+            body_args={
+                "call": r'<invoke name="(?P<name>[^"]*)">(?P<params>.*?)</invoke>',
+                "param": r'<parameter name="(?P<key>[^"]+)">(?P<value>.*?)</parameter>',
+                "write_param": '<parameter name="{key}">{value}</parameter>\n',
+            },
+            call='<invoke name="{name}">\n{tagged_parameters}</invoke>\n',
+            before="<minimax:tool_call>\n",
+            after="</minimax:tool_call>",
+        ),
+        ToolFormat(
+            "deepseek_v4",
+            markers=("｜DSML｜",),
+            opens=("<｜DSML｜tool_calls>", "<｜DSML｜function_calls>"),  # V4, V3.2
+            closes=("</｜DSML｜tool_calls>", "</｜DSML｜function_calls>"),
+            body="tagged",
+            body_args={
+                "call": r'<｜DSML｜invoke name="(?P<name>[^"]*)">(?P<params>.*?)</｜DSML｜invoke>',
+                "param": r'<｜DSML｜parameter name="(?P<key>[^"]+)" string="(?P<string>true|false)">(?P<value>.*?)'
+                r"</｜DSML｜parameter>",
+                "write_param": '<｜DSML｜parameter name="{key}" string="{string}">{value}</｜DSML｜parameter>\n',
+            },
+            call='<｜DSML｜invoke name="{name}">\n{tagged_parameters}</｜DSML｜invoke>\n',
+            before="<｜DSML｜tool_calls>\n",
+            after="</｜DSML｜tool_calls>",
+            tokens=("｜DSML｜",),
+        ),
+        ToolFormat(
+            "gemma4",
+            markers=("<|tool_call>", "<tool_call|>"),
+            opens=("<|tool_call>",),
+            closes=("<tool_call|>",),
+            body="gemma",
+            body_args={"call": r"^\s*call:(?P<name>[\w.-]+)\s*(?P<params>\{.*\})\s*$"},
+            call="<|tool_call>call:{name}{gemma_arguments}<tool_call|>",
+            tokens=('<|"|>',),
+            thinking=("<|channel>thought", "<channel|>"),
         ),
         ToolFormat(
             "qwen3_coder",
@@ -150,6 +220,17 @@ FORMATS: dict[str, ToolFormat] = {
             ids="alnum9",
         ),
         ToolFormat(
+            "nemotron",
+            markers=("<TOOLCALL>",),
+            opens=("<TOOLCALL>",),
+            closes=("</TOOLCALL>",),
+            body="json-list",
+            call=_JSON_CALL,
+            before="<TOOLCALL>[",
+            between=", ",
+            after="]</TOOLCALL>",
+        ),
+        ToolFormat(
             "phi4_mini",
             markers=("<|tool_call|>", "<|/tool_call|>"),
             opens=("<|tool_call|>",),
@@ -172,7 +253,7 @@ FORMATS: dict[str, ToolFormat] = {
         ),
         ToolFormat(
             "deepseek_v3",
-            markers=("<｜tool▁calls▁begin｜>",),
+            markers=("<｜tool▁calls▁begin｜>", "```json"),
             opens=("<｜tool▁call▁begin｜>",),
             closes=("<｜tool▁call▁end｜>",),
             body="pattern",
@@ -184,6 +265,35 @@ FORMATS: dict[str, ToolFormat] = {
             call="<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{arguments}\n```<｜tool▁call▁end｜>",
             before="<｜tool▁calls▁begin｜>",
             after="<｜tool▁calls▁end｜>",
+        ),
+        ToolFormat(
+            "deepseek_v31",
+            markers=("<｜tool▁calls▁begin｜>",),
+            opens=("<｜tool▁call▁begin｜>",),
+            closes=("<｜tool▁call▁end｜>",),
+            body="pattern",
+            body_args={"pattern": r"^\s*(?P<name>[^<\n]+?)\s*<｜tool▁sep｜>(?P<arguments>.*?)\s*$"},
+            strip=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+            call="<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{arguments}<｜tool▁call▁end｜>",
+            history_arguments="json",
+            before="<｜tool▁calls▁begin｜>",
+            after="<｜tool▁calls▁end｜>",
+        ),
+        ToolFormat(
+            "kimi_k2",
+            markers=("<|tool_calls_section_begin|>",),
+            opens=("<|tool_call_begin|>",),
+            closes=("<|tool_call_end|>",),
+            body="pattern",
+            body_args={
+                "pattern": r"^\s*(?:functions\.)?(?P<name>[^\s:<]+)(?::\d+)?\s*<\|tool_call_argument_begin\|>"
+                r"(?P<arguments>.*?)\s*$"
+            },
+            strip=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+            call="<|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>{arguments}<|tool_call_end|>",
+            before="<|tool_calls_section_begin|>",
+            after="<|tool_calls_section_end|>",
+            ids="kimi",
         ),
         ToolFormat(
             "pythonic",

@@ -43,6 +43,7 @@ from ...contract.settings import GenerationSettings
 from ...model.tokenizer import NativeTokenizer
 from ...model.tokenizer_files import TokenizerFiles
 from ..base import RuntimeBase, check_request
+from .retrieval import RemoteRetrieval
 from .stream import RemoteStream, alines, chunk_of_line
 
 _shared: dict[tuple[str, str], weakref.ref[RemoteRuntime]] = {}
@@ -51,7 +52,7 @@ MAX_BODY_BYTES = 1 << 30
 """Largest answer read whole (the tokenizer files)."""
 
 
-class RemoteRuntime(RuntimeBase):
+class RemoteRuntime(RemoteRetrieval, RuntimeBase):
     """A model on an exllama-integrations server, as a Runtime.
 
     Example:
@@ -99,6 +100,8 @@ class RemoteRuntime(RuntimeBase):
                 raise ProtocolError(f"{self.base_url} is not an exllama-integrations server (no model info).")
             self._info: ModelInfo = wire.loads_info(answer["info"])
             self.served_model_name = str(answer.get("served_model_name") or self._info.name)
+            facts = answer.get("embedding")
+            self._embedding = wire.loads_embedding_info(facts) if facts is not None else None
             self._bundle = self._json("/v1/exllama/tokenizer", setup)
             folder = Path(cache_dir) if cache_dir else _default_cache() / "remote-tokenizers"
             try:
@@ -235,6 +238,10 @@ class RemoteRuntime(RuntimeBase):
         except httpx.HTTPError as e:
             raise ServerError(f"the connection to {self.base_url} failed: {type(e).__name__}: {e}") from None
         raise ProtocolError(f"{self.base_url} ended the stream before its last chunk.")
+
+    def _failed(self, status: int, body: bytes) -> Exception:
+        """The typed error of a server's error answer."""
+        return _error(status, body, self.base_url)
 
     def close(self) -> None:
         """Close the connections (the server and its model stay up). Idempotent."""

@@ -1,0 +1,188 @@
+"""Tag-shaped call bodies (GLM-4.5, MiniMax-M2, DeepSeek DSML) and Gemma 4's argument syntax: read and written.
+
+Two body kinds of :mod:`.table`, described by each entry's ``body_args``:
+
+- ``tagged``: calls matched by the ``call`` regex (groups ``name`` and ``params``; several in one region where the
+  family writes them so: MiniMax's ``<invoke>``s inside one ``<minimax:tool_call>``), each parameter by the ``param``
+  regex (groups ``key`` and ``value``, and ``string`` where the family says a value's type itself: DeepSeek's
+  ``string="true|false"``). A value is text; it is read as the tool's schema types it (the reader's ``typed``).
+  Written with ``write_param`` (slots ``{key}``, ``{value}``, ``{string}``) for each argument.
+- ``gemma``: ``call:NAME{key:value,...}`` where strings sit between ``<|"|>`` tokens, keys are bare and other values
+  are JSON's; written with keys in sorted order, as Gemma 4's template writes them.
+
+Only what the table cannot say as data lives here; the reader (:mod:`.reader`) and the grammar (:mod:`.grammar`)
+call in for these two kinds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+GEMMA_QUOTE = '<|"|>'
+"""Gemma 4's string delimiter (one token of its vocabulary)."""
+
+_GEMMA_STRING = re.compile(r'<\|"\|>(.*?)<\|"\|>|"((?:[^"\\]|\\.)*)"', re.S)
+_GEMMA_KEY = re.compile(r"([{,]\s*)([A-Za-z_][\w.-]*)\s*:")
+
+Typed = Callable[[str, Any], Any]
+"""How a value's text becomes the schema's type (the reader's ``_typed``)."""
+
+
+def read_tagged(
+    body_args: Mapping[str, Any], kind: str, body: str, schemas: Mapping[str, Any], typed: Typed
+) -> list[tuple[str, dict[str, Any]]]:
+    """The calls of one region's ``body`` (``kind`` ``tagged`` or ``gemma``); ValueError where it is not that shape."""
+    calls = []
+    end = 0
+    for m in re.finditer(body_args["call"], body, re.S):
+        if body[end : m.start()].strip():
+            raise ValueError(f"unexpected text between calls: {body[end : m.start()][:40]!r}")
+        end = m.end()
+        name = m.group("name").strip()
+        if not name:
+            raise ValueError("a call without a name")
+        params = m.group("params") or ""
+        if kind == "gemma":
+            calls.append((name, gemma_object(params)))
+            continue
+        props = (schemas.get(name) or {}).get("properties") or {}
+        args: dict[str, Any] = {}
+        at = 0
+        for p in re.finditer(body_args["param"], params, re.S):
+            if params[at : p.start()].strip():
+                raise ValueError(f"unexpected text between parameters: {params[at : p.start()][:40]!r}")
+            at = p.end()
+            key, value = p.group("key").strip(), p.group("value").strip()
+            said = p.groupdict().get("string")
+            if said == "true":
+                args[key] = value
+            elif said == "false":
+                args[key] = json.loads(value)
+            else:
+                args[key] = typed(value, props.get(key))
+        if params[at:].strip():
+            raise ValueError(f"unexpected text after the parameters: {params[at:][:40]!r}")
+        calls.append((name, args))
+    if body[end:].strip():
+        raise ValueError(f"the call does not have the expected shape: {body[end:][:40]!r}")
+    return calls
+
+
+def gemma_object(text: str) -> dict[str, Any]:
+    """``{key:<|"|>text<|"|>,n:3}`` (Gemma 4's arguments) as a dict; ValueError where it does not read."""
+    strings: list[str] = []
+
+    def keep(m: re.Match[str]) -> str:
+        strings.append(m.group(1) if m.group(1) is not None else json.loads(f'"{m.group(2)}"'))
+        return f"\x00{len(strings) - 1}\x00"
+
+    protected = _GEMMA_STRING.sub(keep, text.strip())
+    if not protected.startswith("{"):
+        raise ValueError("Gemma arguments must be an object {...}")
+    quoted = _GEMMA_KEY.sub(lambda m: f'{m.group(1)}"{m.group(2)}":', protected)
+    restored = re.sub("\x00(\\d+)\x00", lambda m: json.dumps(strings[int(m.group(1))]), quoted)
+    value = json.loads(restored)
+    if not isinstance(value, dict):
+        raise TypeError("the arguments must be an object")
+    return value
+
+
+def gemma_value(value: Any) -> str:
+    """One argument value as Gemma 4 writes it."""
+    if isinstance(value, str):
+        return GEMMA_QUOTE + value + GEMMA_QUOTE
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{gemma_value(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(gemma_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def write_slots(body_args: Mapping[str, Any], arguments: Mapping[str, Any]) -> dict[str, str]:
+    """The ``{tagged_parameters}`` and ``{gemma_arguments}`` slots of a call with these arguments."""
+    template = body_args.get("write_param", "")
+    tagged = "".join(
+        template.format(
+            key=k,
+            value=v if isinstance(v, str) else json.dumps(v, ensure_ascii=False),
+            string="true" if isinstance(v, str) else "false",
+        )
+        for k, v in arguments.items()
+    )
+    gemma = "{" + ",".join(f"{k}:{gemma_value(v)}" for k, v in sorted(arguments.items())) + "}"
+    return {"tagged_parameters": tagged, "gemma_arguments": gemma}
+
+
+SLOTS = ("tagged_parameters", "gemma_arguments")
+"""The call-text slots this module fills (see :func:`write_slots` and :func:`slot_rule`)."""
+
+
+class Builder(Protocol):
+    """What :func:`slot_rule` needs of the grammar builder."""
+
+    rules: list[str]
+
+    def lit(self, text: str) -> str: ...
+
+    def json_rule(self, rule: str, schema: Any) -> str: ...
+
+
+def slot_rule(g: Builder, body_args: Mapping[str, Any], slot: str, rule: str, params: Mapping[str, Any]) -> str:
+    """Lark for the arguments slot ``slot``: each property written as the family writes it, required first."""
+    props: Mapping[str, Any] = params.get("properties") or {}
+    required = set(params.get("required") or ())
+    names = [k for k in props if k in required] + [k for k in props if k not in required]
+    if slot == "gemma_arguments":
+        names = sorted(names)  # Gemma's template writes keys in sorted order
+    items = []
+    for j, key in enumerate(names):
+        value = _value_rule(g, f"{rule}_{j}", props[key], gemma=slot == "gemma_arguments")
+        if slot == "gemma_arguments":
+            item = f"{json.dumps(key + ':')} {value}"
+        else:
+            kind = props[key].get("type") if isinstance(props[key], dict) else None
+            before, after = body_args["write_param"].split("{value}")
+            string = "true" if kind == "string" else "false"
+            pieces = [g.lit(before.format(key=key, string=string)), value, g.lit(after.format(key=key, string=string))]
+            item = " ".join(p for p in pieces if p)
+        items.append((item, key in required))
+    if slot == "gemma_arguments":
+        return _gemma_sequence(g, rule, items)
+    seq = " ".join(item if req else f"({item})?" for item, req in items)
+    g.rules.append(f"{rule}: {seq or chr(34) * 2}")
+    return rule
+
+
+def _gemma_sequence(g: Builder, rule: str, items: list[tuple[str, bool]]) -> str:
+    """``{`` items joined by ``,`` ``}``; an optional item carries its comma (the first present one has none)."""
+    if not items:
+        g.rules.append(f'{rule}: "{{}}"')
+        return rule
+    seq = []
+    for j, (item, req) in enumerate(items):
+        if j == 0:
+            seq.append(item)  # the first argument is written (as the other keyword formats do)
+        else:
+            seq.append(f'"," {item}' if req else f'("," {item})?')
+    g.rules.append(f'{rule}: "{{" {" ".join(seq)} "}}"')
+    return rule
+
+
+def _value_rule(g: Builder, rule: str, schema: Any, gemma: bool) -> str:
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind == "string":
+        if "enum" in schema:
+            body = " | ".join(json.dumps(str(v)) for v in schema["enum"])
+        else:
+            most = schema.get("maxLength")
+            body = rf"/[^<\n]{{1,{int(most)}}}/" if isinstance(most, int) else r"/[^<\n]+/"
+        quote = g.lit(GEMMA_QUOTE) if gemma else ""
+        g.rules.append(f"{rule}: {quote} ({body}) {quote}" if quote else f"{rule}: {body}")
+        return rule
+    return g.json_rule(rule, schema if isinstance(schema, dict) else {})
+
+
+__all__ = ["GEMMA_QUOTE", "SLOTS", "gemma_object", "gemma_value", "read_tagged", "slot_rule", "write_slots"]
