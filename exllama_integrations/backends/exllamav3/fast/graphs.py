@@ -97,8 +97,10 @@ class Static:
         self.logits: Any = None  # [rows, 1, vocab]
 
     def ensure(self, emb: Any, logits_like: Any, width: int, dev: Any) -> None:
-        """Allocate (once) what a graph of ``width`` pages needs on ``dev``, the layers' device (exllamav3 may keep
-        the embedding table on the host: its output is copied up, never read from there inside a capture)."""
+        """Allocate (once) what a graph of ``width`` pages needs on ``dev``, the layers' device.
+
+        (exllamav3 may keep the embedding table on the host: its output is copied up, never read there in a capture.)
+        """
         import torch
 
         if self.x is None or self.x.dtype != emb.dtype or self.x.shape[1:] != emb.shape[1:]:
