@@ -667,6 +667,24 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
         torch.cuda.empty_cache()
 
 
+def device_copy_bandwidth(gib: int = 4, reps: int = 10) -> float:
+    """GB/s of a device-to-device copy (read + write counted): the bandwidth a weight-reading step can reach."""
+    import torch
+
+    a = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - t) / reps
+    del a, b
+    torch.cuda.empty_cache()
+    return round(2 * (gib << 30) / seconds / 1e9, 1)
+
+
 def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--sections", default="profile,greedy,sampled,bench")
@@ -701,6 +719,9 @@ def main() -> None:
 
     note(args.out, "exllamav3", version("exllamav3"))
     models = load_models(args)
+    note(args.out, "device_copy_GBps", device_copy_bandwidth())
+    for name, path in models.items():  # the bytes a decode step reads at least: every weight once
+        note(args.out, f"{name} weight bytes", sum(p.stat().st_size for p in path.glob("*.safetensors")))
     sections = args.sections.split(",")
     for s in sections:
         t0 = time.perf_counter()

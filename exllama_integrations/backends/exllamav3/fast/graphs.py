@@ -423,6 +423,7 @@ class DecodeGraphs:
             "shapes": sorted(self.captured, key=lambda k: tuple(int(n) for n in k.split()[::3])),
             "captured_at_load": self.captured_at_load,
             "replays": self.replays,
+            "replayed_share": round(self.replays / max(1, self.replays + sum(self.eager.values())), 4),
             "eager_forwards": dict(self.eager),
             "capture_failed": dict(self.failed),
             "run_ahead": {
