@@ -104,7 +104,8 @@ class _Module:
     """One source file's classes and top-level names."""
 
     def __init__(self, path: Path) -> None:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        self.source = path.read_text(encoding="utf-8")
+        tree = ast.parse(self.source, filename=str(path))
         self.classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
         self.names: set[str] = set()
         self.values: dict[str, Any] = {}  # NAME = <literal>
@@ -155,20 +156,25 @@ def _params(fn: ast.FunctionDef) -> list[str]:
     return names[1:] if names and names[0] in ("self", "cls") else names
 
 
-def _fingerprint(fn: ast.FunctionDef) -> str:
-    """A short hash of a function's code (its AST without positions or docstring).
+def _fingerprint(fn: ast.FunctionDef, source: str) -> str:
+    """A short hash of a function's code: its lines, less the docstring, blank lines, comment lines, indentation.
 
-    Equal when only comments, blank lines or the docstring changed.
+    Plain text, so the same on every Python version (an AST dump is not: 3.12 added fields to nested functions; nor
+    are tokens: 3.12 splits f-strings). A changed trailing comment counts as a change: a false alarm, read away in
+    the runbook.
     """
     import hashlib
 
-    body = (
-        fn.body[1:]
-        if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant)
-        else fn.body
-    )
-    dump = "".join(ast.dump(n, annotate_fields=False) for n in [fn.args, *body])
-    return hashlib.sha256(dump.encode()).hexdigest()[:16]
+    first = fn.body[0]
+    doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    lines = source.splitlines()
+    kept = lines[fn.lineno - 1 : first.lineno - 1]  # the signature
+    if doc and len(fn.body) > 1:
+        kept += lines[fn.body[1].lineno - 1 : fn.end_lineno]
+    elif not doc:
+        kept += lines[first.lineno - 1 : fn.end_lineno]
+    text = "\n".join(x.strip() for x in kept if x.strip() and not x.strip().startswith("#"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _dict_keys(fn: ast.FunctionDef, var: str) -> list[str] | None:
@@ -207,7 +213,7 @@ def facts(root: Path, requirements: list[Requirement]) -> dict[str, Any]:
         if isinstance(r, Member):
             fn = _method(cls, r.name) if cls is not None else None
             present = cls is not None and r.name in _members(cls)
-            body = {"params": _params(fn), "body": _fingerprint(fn)} if fn is not None else {}
+            body = {"params": _params(fn), "body": _fingerprint(fn, m.source)} if fn is not None and m else {}
             out[r.key] = {"present": present, **body}
         else:
             fn = _method(cls, r.func) if cls is not None else None
