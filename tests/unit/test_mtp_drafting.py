@@ -1,6 +1,6 @@
 """``draft="mtp"`` without a GPU: the option and its refusals, the check for a checkpoint's MTP heads (on the Qwen3.5
 fixture of tests/arch_families.py, with and without its head), ``serve --draft mtp``, the driver's count of accepted
-drafts, and the benchmark's checkpoint (tests/mtp_models.py) read by transformers' own Qwen3.5 class.
+drafts, and the benchmark's checkpoint (tests/mtp_models.py) counting upward on the CPU reference backend.
 
 exllamav3 itself drafts on the lent GPU (tests/gpu/test_gpu_mtp.py, benchmarks/gpu_mtp.py).
 """
@@ -142,13 +142,13 @@ def test_the_driver_counts_each_finished_jobs_accepted_and_rejected_drafts():
 
 
 def test_the_benchmarks_checkpoint_counts_upward_and_its_heads_acceptance_is_known(qwen3_5, tmp_path):
-    import torch
-    import transformers
     from mtp_models import TINY, window_acceptance
     from safetensors import safe_open
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_mtp import PROMPT, prepare
+
+    from exllama_integrations import ExLlamaRuntime
 
     fixture = prepare(tmp_path, TINY, new=96, window=4, target=0.7, device="cpu")
     perfect, mix = (fixture["levels"][k] for k in ("perfect", "mix"))
@@ -162,12 +162,13 @@ def test_the_benchmarks_checkpoint_counts_upward_and_its_heads_acceptance_is_kno
 
     assert layout(Path(perfect["dir"])) == layout(qwen3_5[0])  # key for key what transformers writes for Qwen3.5
     assert mtp_layers(_options(draft="mtp"), ModelDirectory.inspect(mix["dir"])) == 1
-    model = transformers.Qwen3_5ForCausalLM.from_pretrained(perfect["dir"], dtype=torch.float32)
-    tok = transformers.AutoTokenizer.from_pretrained(perfect["dir"])
-    ids = tok(PROMPT, return_tensors="pt").input_ids
-    assert ids[0, -1].item() == fixture["start"]
-    out = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :].tolist()
-    assert out == [fixture["start"] + 1 + i for i in range(12)]  # the next token is the current one + 1
+    rt = ExLlamaRuntime(perfect["dir"], "transformers")  # transformers' own Qwen3_5ForCausalLM reads it
+    try:
+        assert rt.encode(PROMPT)[-1] == fixture["start"]
+        out = rt.generate(PROMPT, temperature=0, max_new_tokens=12, ignore_eos=True).token_ids
+    finally:
+        rt.close()
+    assert list(out) == [fixture["start"] + 1 + i for i in range(12)]  # the next token is the current one + 1
     # exllamav3's accounting of a 96-token job drafting 4 a step: always right, all but the last window's tail
     assert window_acceptance(lambda t: True, 0, 96, 4) == (76, 4)  # 19 whole windows, then the job ends a window
     assert window_acceptance(lambda t: False, 0, 96, 4) == (0, 96 * 4)
