@@ -49,6 +49,8 @@ def test_draft_mtp_is_a_load_option_beside_the_other_drafters_and_refused_with_t
         _options(draft="eagle")
     with pytest.raises(InvalidSettingsError, match="num_draft_tokens needs draft_model_dir, draft='mtp' or ngram"):
         _options(num_draft_tokens=4)
+    with pytest.raises(InvalidSettingsError, match=r"a drafted step \(draft\) verifies every job's window in one"):
+        _options(draft="mtp", deterministic=True, prefill="exllamav3")
 
 
 @pytest.fixture(scope="module")

@@ -202,6 +202,11 @@ class ExLlamaV3Options(BackendOptions):
             raise ValueError("deterministic=True needs decode='fast' (the rows of a step run apart there)")
         if self.deterministic and self.prefill == "batched":
             raise ValueError("deterministic=True prefills job by job: leave prefill='exllamav3'")
+        if self.deterministic and ways:
+            raise ValueError(
+                f"deterministic=True runs the rows of a decode step apart, but a drafted step ({ways[0]}) verifies "
+                "every job's window in one forward, where rows part at near-ties: choose one"
+            )
         return self
 
     @property
