@@ -51,20 +51,34 @@ class RawExLlamaV3:
         max_batch_size: int = 64,
         draft_dir: Path | None = None,
         pauses: GcPauses | None = None,
+        mtp: bool = False,
         **generator_kw: Any,
     ) -> None:
+        """``draft_dir``: a draft model; ``mtp``: the checkpoint's own MTP heads draft (as exllamav3's ``model_init
+        --mtp`` and TabbyAPI's ``draft_mode: mtp`` build them: ``Model.from_config(config, component="mtp")``)."""
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
         config = Config.from_directory(str(model_dir))
         self.model = Model.from_config(config)
-        self.cache = Cache(self.model, max_num_tokens=cache_tokens)
-        self.model.load(progressbar=False)
         self.draft = None
-        if draft_dir is not None:  # speculative decoding, as exllamav3's examples set it up
+        if mtp:
+            from exllama_integrations.backends.exllamav3.patches import qwen3_5_text_mtp
+
+            qwen3_5_text_mtp(config)  # exllamav3 1.6.5 registers no MTP component for text-only Qwen3.5 configs
+            self.draft = Model.from_config(config, component="mtp")
+        elif draft_dir is not None:  # speculative decoding, as exllamav3's examples set it up
             self.draft = Model.from_config(Config.from_directory(str(draft_dir)))
-            generator_kw["draft_cache"] = Cache(self.draft, max_num_tokens=cache_tokens)
+        drafted = generator_kw.get("num_draft_tokens") or (self.draft.caps.get("default_draft_size", 4) if mtp else 4)
+        drafting = self.draft is not None or generator_kw.get("ngram_match_min")
+        history = {"max_history": drafted} if drafting else {}  # a recurrent model's rollback room (Qwen3.5)
+        self.cache = Cache(self.model, max_num_tokens=cache_tokens, **history)
+        self.model.load(progressbar=False)
+        if self.draft is not None:
+            generator_kw["draft_cache"] = Cache(self.draft, max_num_tokens=cache_tokens, **history)
             self.draft.load(progressbar=False)
             generator_kw["draft_model"] = self.draft
+        self.last: dict[str, Any] = {}
+        """After :meth:`jobs` of one prompt: its ``token_ids`` and, when drafting, its accepted and rejected drafts."""
         self.tokenizer = Tokenizer.from_config(config)
         self.generator = Generator(
             self.model, self.cache, self.tokenizer, max_batch_size=max_batch_size, **generator_kw
@@ -83,6 +97,7 @@ class RawExLlamaV3:
             self.generator.enqueue(job)
         tokens = 0
         last = t0
+        got: list[int] = []
         with torch.inference_mode():
             while self.generator.num_remaining_jobs():
                 for r in self.generator.iterate():
@@ -92,6 +107,10 @@ class RawExLlamaV3:
                         tokens += t.numel()
                         first.setdefault(id(r["job"]), now - t0)
                         last = now
+                        got += t.flatten().tolist()
+                    if r.get("eos"):
+                        self.last = {k: r[k] for k in ("accepted_draft_tokens", "rejected_draft_tokens") if k in r}
+        self.last["token_ids"] = got
         wall = time.perf_counter() - t0
         out = {"tokens": tokens, "wall": wall, "tps": tokens / wall, "ttft": statistics.median(first.values())}
         if len(prompts) == 1:

@@ -110,6 +110,14 @@ def _options(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def _load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The served model's load options: ``--max-seq-len``, ``--dtype``, each ``--option`` and ``--draft``."""
+    options = {"max_seq_len": args.max_seq_len, "dtype": args.dtype, **_options(args.option)}
+    if args.draft is not None:
+        options["draft"] = args.draft
+    return options
+
+
 def _serve(args: argparse.Namespace) -> int:
     import os
 
@@ -119,7 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
         from .demo_model import demo_model_dir
 
         model_dir = str(demo_model_dir())
-    options = {"max_seq_len": args.max_seq_len, "dtype": args.dtype, **_options(args.option)}
+    options = _load_options(args)
     if args.tool_format is not None:
         from .chat.formats import find_format
 
@@ -168,7 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
     if task in ("embed", "rerank"):  # its batches run on a worker thread of the server (no engine process)
         from .runtime.local import EmbeddingRuntime
 
-        options = {"max_seq_len": args.max_seq_len, "dtype": args.dtype, **_options(args.option)}
+        options = _load_options(args)
         rt = EmbeddingRuntime(model_dir, args.backend, task=task, **{k: v for k, v in options.items() if v is not None})
     else:
         rt = ExLlamaRuntime(
@@ -317,6 +325,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="a backend load option, e.g. cache_size=65536 (repeatable; values parsed as JSON)",
+    )
+    sv.add_argument(
+        "--draft",
+        choices=("mtp",),
+        help="speculative decoding with the checkpoint's own multi-token-prediction heads (exllamav3: the option "
+        "draft='mtp'; a checkpoint without them is refused at load); tokens a step: --option num_draft_tokens=N",
     )
     sv.add_argument(
         "--engine",

@@ -3,7 +3,8 @@
 #   tests:  the GPU test suite, output in $OUT/gpu_tests.txt
 #   bench:  benchmarks/gpu_load.py, JSON in $OUT
 #   spec:   benchmarks/gpu_speculative.py, JSON in $OUT
-# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec [pytest -k / benchmark args]
+#   mtp:    benchmarks/gpu_mtp.py (MTP drafting at known acceptance), JSON in $OUT
+# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp [pytest -k / benchmark args]
 set -u
 source tests/gpu/device_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -20,4 +21,7 @@ case "${1:-tests}" in
   spec)
     shift || true
     python3 benchmarks/gpu_speculative.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_speculative.txt" | grep -vE "^\s*$" | tail -40 ;;
+  mtp)
+    shift || true
+    python3 benchmarks/gpu_mtp.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_mtp.txt" | grep -vE "^\s*$" | tail -60 ;;
 esac

@@ -136,6 +136,7 @@ def test_the_recorded_facts_are_what_the_reader_makes_of_1_6_5() -> None:
 
 ALLOWED = {"backend.py", "driver.py", "options.py", "translate.py", "vision.py", "extras.py", "patches.py"}
 ALLOWED |= {"pooling.py"}  # the exllamav3 embedding backend (its own Model forward)
+ALLOWED |= {"mtp.py"}  # draft="mtp": the checkpoint's MTP heads built as exllamav3's draft model
 """The exllamav3 backend's own modules, which build its objects (Config, Model, Cache, Generator, Job, samplers,
 filters, LoRA, the embedding forward) and apply upstream fixes; the fast path reaches exllamav3 through
 fast/seam.py only."""

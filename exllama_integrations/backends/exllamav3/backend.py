@@ -1,8 +1,9 @@
 """ExLlamaV3 backend (primary): the load chain, the driver it starts, and what it frees on close.
 
 Config -> Model (upstream fixes applied, see :mod:`.patches`) -> Cache -> ``load()`` -> LoRA adapters and a
-draft model (:mod:`.extras`) -> Tokenizer -> Generator. Requests go to the :class:`~.driver.Driver`'s inbox;
-``close()`` stops the driver after the step in flight, then frees the cache and the weights.
+draft model (:mod:`.extras`) or the checkpoint's MTP heads (:mod:`.mtp`) -> Tokenizer -> Generator. Requests go
+to the :class:`~.driver.Driver`'s inbox; ``close()`` stops the driver after the step in flight, then frees the
+cache and the weights.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from . import patches
 from .driver import Driver
 from .extras import inspect_draft, load_draft, load_loras
 from .fast import FastDecode
+from .mtp import build_mtp, default_draft, load_mtp, mtp_layers
 from .options import (
     ExLlamaV3Options,
     auto_cache_tokens,
@@ -32,7 +34,7 @@ from .options import (
     show_progress,
     whole_pages,
 )
-from .translate import job_for, matcher_filter
+from .translate import DraftCounts, job_for, matcher_filter
 from .vision import NO_VISION_COMPONENT, Vision, vision_support
 
 if TYPE_CHECKING:
@@ -108,6 +110,7 @@ class ExLlamaV3Backend(Backend):
         draft = inspect_draft(options, model)
         if draft is not None:
             self.check_model(draft)
+        heads = mtp_layers(options, model)  # draft="mtp" on a checkpoint without heads: refused before any load
         self._model = self._cache = self._generator = self._draft = None
         self._fast: FastDecode | None = None
         self._vision: Vision | None = None
@@ -121,16 +124,21 @@ class ExLlamaV3Backend(Backend):
             config = Config.from_directory(self._overlay.name if self._overlay else str(model.path))
             self._model = Model.from_config(config)
             self._patched = {**patches.apply(self._model), **({"config_keys": len(overrides)} if overrides else {})}
+            mtp = None
+            if heads:
+                mtp, fixes = build_mtp(config, model.architectures[0])
+                self._draft = (mtp, None)  # unloaded by _free whatever happens from here
+                self._patched.update(fixes)
             if self._patched:
                 logger.info("exllamav3: upstream fixes applied: %s", self._patched)
             context = min(options.max_seq_len or model.context_length, model.context_length)
             self._sizing: dict[str, Any] = {}
             if options.cache_size == "auto":
-                cache_tokens, self._sizing = auto_cache_tokens(model, options, context, draft)
+                cache_tokens, self._sizing = auto_cache_tokens(model, options, context, draft, heads)
             else:
                 cache_tokens = whole_pages(int(options.cache_size))
             chunk = min(options.max_chunk_size or 2048, cache_tokens)  # a prefill chunk must fit the cache
-            cache_kw = cache_kwargs(options)
+            cache_kw = cache_kwargs(options, default_draft(mtp) if mtp is not None else 4)
             self._cache = Cache(self._model, max_num_tokens=cache_tokens, **cache_kw)
             load_kw: dict[str, Any] = {"progressbar": show_progress(options.progressbar), "max_chunk_size": chunk}
             if options.gpu_split:
@@ -157,6 +165,9 @@ class ExLlamaV3Backend(Backend):
             gen_kw = generator_kwargs(options, chunk, generator_parameters(Generator))
             if draft is not None:
                 self._draft = load_draft(draft, cache_tokens, cache_kw, load_kw)
+            elif mtp is not None:
+                self._draft = (mtp, load_mtp(mtp, cache_tokens, cache_kw, load_kw))
+            if self._draft is not None:
                 gen_kw.update(draft_model=self._draft[0], draft_cache=self._draft[1])
             self._generator = Generator(self._model, self._cache, self._xtok, **gen_kw)
             if options.decode == "fast":
@@ -184,7 +195,10 @@ class ExLlamaV3Backend(Backend):
         self._context = min(context, cache_tokens)
         self._cache_tokens = cache_tokens
         self._batch = options.max_batch_size
-        self._speculative = "draft model" if draft is not None else "n-gram" if options.ngram_match_min else None
+        ngram = "n-gram" if options.ngram_match_min else None
+        self._speculative = "draft model" if draft is not None else "MTP heads" if heads else ngram
+        drafted = int(getattr(self._generator, "num_draft_tokens", 0) or 0)
+        self._drafts = DraftCounts(self._speculative, drafted) if self._speculative else None
         self._full_context_jobs = cache_tokens // whole_pages(self._context)
         logger.info(
             "exllamav3: cache of %d tokens (%d jobs of the full %d-token context at once) %s",
@@ -202,6 +216,7 @@ class ExLlamaV3Backend(Backend):
             self._filter_for,
             interval=options.stream_interval,
             step_context=torch.inference_mode,
+            drafts=self._drafts,
         )
         self.driver.start()
 
@@ -222,6 +237,7 @@ class ExLlamaV3Backend(Backend):
             "lora": [getattr(lora, "name", "") for lora in self._loras],
             **({"lora_fused_paths_off": self._unfused} if self._loras else {}),
             "speculative": self._speculative,
+            **({"drafting": self._drafts.report()} if self._drafts is not None else {}),
             **({"cache_sizing": self._sizing} if self._sizing else {}),
             **({"upstream_fixes": self._patched} if self._patched else {}),
             **self._vision_info(),
@@ -264,6 +280,7 @@ class ExLlamaV3Backend(Backend):
             "driver": self.driver,
             "vision": self._vision,
             "fast_decode": self._fast,
+            "drafting": self._drafts,
         }
 
     # ------------------------------------------------------------------ requests

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..base import BackendRequest, TokenStep, fail_all
 from ..inbox import Inbox
-from .translate import LiveJob, finish_of, tokens_of
+from .translate import DraftCounts, LiveJob, finish_of, tokens_of
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +55,15 @@ class Driver:
         make_filter: FilterFactory,
         interval: int | str = 1,
         step_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        drafts: DraftCounts | None = None,
     ) -> None:
-        """``step_context``: entered around each ``iterate()`` (``torch.inference_mode`` on the GPU)."""
+        """The driver of ``generator``; its thread starts with :meth:`start`.
+
+        ``step_context``: entered around each ``iterate()`` (``torch.inference_mode`` on the GPU); ``drafts``: where
+        a finished job's drafted tokens are counted (speculative decoding).
+        """
         self.generator, self.inbox = generator, inbox
+        self.drafts = drafts
         self._make_job, self._make_filter = make_job, make_filter
         self.interval = interval
         self._step_context = step_context
@@ -163,6 +169,8 @@ class Driver:
             if entry.tokens and (entry.steps >= interval or not entry.sent or req.settings.stop):
                 req.emit(entry.take())  # the first token and stop-string watching never wait for the interval
             return False
+        if self.drafts is not None:
+            self.drafts.add(r)
         finish = finish_of(r)
         if finish == "stop_token":
             # exllamav3 holds the stop token (and any pieces before it) back; pass them on so that the

@@ -45,14 +45,19 @@ def cache_bytes_per_token(config: dict[str, Any], cache_bits: int | tuple[int, i
 
 
 def auto_cache_tokens(
-    model: ModelDirectory, options: ExLlamaV3Options, context: int, draft: ModelDirectory | None = None
+    model: ModelDirectory,
+    options: ExLlamaV3Options,
+    context: int,
+    draft: ModelDirectory | None = None,
+    mtp_layers: int = 0,
 ) -> tuple[int, dict[str, Any]]:
     """The cache size for ``cache_size="auto"``, and how it was chosen (for the log and model info).
 
     Free memory on the devices the model loads on (at most ``memory_share`` of their total, when several
     runtimes share them), times ``cache_memory``, less the weights (their size on disk) and a reserve for
     activations; at most ``max_batch_size`` jobs of the full context. A draft model's weights and its cache
-    (as large as the main one) count too.
+    (as large as the main one) count too, and so does the cache of ``mtp_layers`` MTP layers (``draft="mtp"``:
+    their weights are in the model's files).
     """
     import torch
 
@@ -64,6 +69,8 @@ def auto_cache_tokens(
     models = [model] if draft is None else [model, draft]
     weights = sum(p.stat().st_size for m in models for p in m.weight_files)
     per_token = sum(cache_bytes_per_token(m.text_config, options.cache_bits) for m in models)
+    if mtp_layers:
+        per_token += cache_bytes_per_token({**model.text_config, "num_hidden_layers": mtp_layers}, options.cache_bits)
     budget = free * options.cache_memory - weights - RESERVE
     most = options.max_batch_size * context
     tokens = max(PAGE, min(int(budget // per_token), most) // PAGE * PAGE)
@@ -157,8 +164,12 @@ class ExLlamaV3Options(BackendOptions):
     """Scale of each adapter (on top of its alpha / r): one for all, or one per ``lora_dir``."""
     draft_model_dir: str | None = None
     """A smaller model with the same vocabulary that drafts tokens for speculative decoding."""
+    draft: Literal["mtp"] | None = None
+    """``"mtp"``: draft with the checkpoint's own multi-token-prediction heads (Qwen3.5/3.6, GLM, DeepSeek-V4,
+    Nemotron-H, MiMo checkpoints that carry them), through exllamav3's MTP drafter; a checkpoint without them is
+    refused at load, saying what it lacks (:mod:`.mtp`)."""
     num_draft_tokens: int | None = Field(default=None, ge=1, le=32)
-    """Tokens drafted per step with ``draft_model_dir`` or ``ngram_match_min``; None: exllamav3's 4."""
+    """Tokens drafted per step with ``draft_model_dir``, ``draft`` or ``ngram_match_min``; None: exllamav3's 4."""
     ngram_match_min: int = Field(default=0, ge=0, le=64)
     """Speculative decoding with no draft model: draft from the job's own context where its last this many
     tokens occurred before (0: off)."""
@@ -182,15 +193,26 @@ class ExLlamaV3Options(BackendOptions):
         dirs = self.lora_dirs
         if isinstance(self.lora_scaling, list) and len(self.lora_scaling) != len(dirs):
             raise ValueError(f"lora_scaling has {len(self.lora_scaling)} values for {len(dirs)} lora_dir entries")
-        if self.draft_model_dir and self.ngram_match_min:
-            raise ValueError("draft_model_dir and ngram_match_min are two ways to draft: choose one")
-        if self.num_draft_tokens is not None and not (self.draft_model_dir or self.ngram_match_min):
-            raise ValueError("num_draft_tokens needs draft_model_dir or ngram_match_min")
+        ways = [k for k in ("draft_model_dir", "draft", "ngram_match_min") if getattr(self, k)]
+        if len(ways) > 1:
+            raise ValueError(f"{' and '.join(ways)} are {len(ways)} ways to draft: choose one")
+        if self.num_draft_tokens is not None and not ways:
+            raise ValueError("num_draft_tokens needs draft_model_dir, draft='mtp' or ngram_match_min")
         if self.deterministic and self.decode != "fast":
             raise ValueError("deterministic=True needs decode='fast' (the rows of a step run apart there)")
         if self.deterministic and self.prefill == "batched":
             raise ValueError("deterministic=True prefills job by job: leave prefill='exllamav3'")
+        if self.deterministic and ways:
+            raise ValueError(
+                f"deterministic=True runs the rows of a decode step apart, but a drafted step ({ways[0]}) verifies "
+                "every job's window in one forward, where rows part at near-ties: choose one"
+            )
         return self
+
+    @property
+    def drafting(self) -> bool:
+        """Whether a step drafts tokens (a draft model, MTP heads or n-grams)."""
+        return bool(self.draft_model_dir or self.draft or self.ngram_match_min)
 
     @property
     def lora_dirs(self) -> list[str]:
@@ -212,14 +234,20 @@ class ExLlamaV3Options(BackendOptions):
         return v
 
 
-def cache_kwargs(options: ExLlamaV3Options) -> dict[str, Any]:
-    """exllamav3 ``Cache`` arguments for ``cache_bits`` (empty: fp16)."""
+def cache_kwargs(options: ExLlamaV3Options, default_draft: int = 4) -> dict[str, Any]:
+    """exllamav3 ``Cache`` arguments for ``cache_bits`` (none: fp16), and the rollback room drafting needs.
+
+    A recurrent model (Qwen3.5's Gated DeltaNet layers, Mamba) verifies a drafted window and rolls its state back
+    over the rejected part: exllamav3 refuses a speculative pass longer than the cache's ``max_history``, which is
+    ``num_draft_tokens``, else the drafter's ``default_draft`` (exllamav3's 4; an MTP head's own, 1 to 4).
+    """
+    kw: dict[str, Any] = {"max_history": options.num_draft_tokens or default_draft} if options.drafting else {}
     if options.cache_bits is None:
-        return {}
+        return kw
     from exllamav3.cache import CacheLayer_quant
 
     k, v = options.cache_bits if isinstance(options.cache_bits, tuple) else (options.cache_bits,) * 2
-    return {"layer_type": CacheLayer_quant, "k_bits": k, "v_bits": v}
+    return {**kw, "layer_type": CacheLayer_quant, "k_bits": k, "v_bits": v}
 
 
 IGNORED_BY_OLD_RELEASES = ("prefill_cooldown", "shared_chunk_size")

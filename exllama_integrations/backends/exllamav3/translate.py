@@ -3,12 +3,13 @@
 A request's settings become a ``ComboSampler`` and the Job's arguments; its grammar matcher (the one
 owner of the grammar state, see :class:`MatcherFilter`) becomes the Job's filter, waiting for the end of
 the thinking block when the model reasons; ``iterate()`` results become :class:`TokenStep` values with
-log-probabilities when they were asked for.
+log-probabilities when they were asked for, and a finished job's drafted tokens are counted (:class:`DraftCounts`).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from typing import TYPE_CHECKING, Any
 
 from ..base import BackendRequest, RawLogprob, StepFinish, TokenStep
@@ -230,3 +231,38 @@ def finish_of(r: dict[str, Any]) -> StepFinish:
     if reason == "stop_token":
         return "stop_token"
     return "length" if reason == "max_new_tokens" else "end"
+
+
+class DraftCounts:
+    """Drafted tokens the target accepted and rejected, over every job that finished (speculative decoding).
+
+    exllamav3 reports a job's ``accepted_draft_tokens`` and ``rejected_draft_tokens`` in its last result (every
+    drafted position is one or the other); the driver adds them here as jobs end, and :meth:`report` reads them.
+    """
+
+    def __init__(self, mode: str, num_draft_tokens: int) -> None:
+        self.mode, self.num_draft_tokens = mode, num_draft_tokens
+        self.jobs = self.accepted = self.rejected = 0
+        self._lock = threading.Lock()
+
+    def add(self, r: dict[str, Any]) -> None:
+        """Count a finished job's result (one without draft counts: nothing)."""
+        accepted, rejected = r.get("accepted_draft_tokens"), r.get("rejected_draft_tokens")
+        if isinstance(accepted, int) and isinstance(rejected, int):
+            with self._lock:
+                self.jobs += 1
+                self.accepted += accepted
+                self.rejected += rejected
+
+    def report(self) -> dict[str, Any]:
+        """The drafter, its window, and the counts so far: ``acceptance`` is accepted / drafted (None before any)."""
+        with self._lock:
+            drafted = self.accepted + self.rejected
+            return {
+                "mode": self.mode,
+                "num_draft_tokens": self.num_draft_tokens,
+                "jobs": self.jobs,
+                "accepted_draft_tokens": self.accepted,
+                "rejected_draft_tokens": self.rejected,
+                "acceptance": round(self.accepted / drafted, 4) if drafted else None,
+            }

@@ -1,0 +1,109 @@
+"""``draft="mtp"`` on exllamav3: greedy tokens identical with and without drafting, at known acceptance.
+
+The checkpoints (tests/mtp_models.py, ``GPU_TEST``: a small Qwen3.5 shape, fp16) count upward: every layer's output
+projections are zero and the LM head maps token ``t`` to ``t + 1``. Their MTP head drafts every token right
+("perfect"), or is perturbed so that 70% of the drafts of ``PROMPT``'s job are accepted ("mix"); a third copy lacks
+the head's weights (config.json still names one, as a quantization that dropped it) and is refused before loading.
+
+Run on the lent GPU: ``pytest -m gpu tests/gpu/test_gpu_mtp.py -v -s``. Skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mtp_models import GPU_TEST, Probe, calibrate, make_trunk, make_variant, window_acceptance
+
+pytestmark = pytest.mark.gpu
+PROMPT = "the quick brown fox jumps over the lazy dog"
+NEW, WINDOW = 96, 4
+GREEDY = {"temperature": 0.0, "max_new_tokens": NEW, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from tokenizers import Tokenizer
+
+    root = tmp_path_factory.mktemp("mtp")
+    trunk = make_trunk(root / "trunk", GPU_TEST, device="cuda")
+    start = Tokenizer.from_file(str(trunk / "tokenizer.json")).encode(PROMPT).ids[-1]
+    sigma, rate = calibrate(Probe(trunk, GPU_TEST, device="cuda"), start, NEW, WINDOW, target=0.7)
+    accepted, rejected = window_acceptance(lambda t: True, start, NEW, WINDOW)
+    return {
+        "perfect": make_variant(trunk, root / "perfect", GPU_TEST, 0.0, device="cuda"),
+        "mix": make_variant(trunk, root / "mix", GPU_TEST, sigma, device="cuda"),
+        "none": make_variant(trunk, root / "none", GPU_TEST, None, device="cuda"),
+        "start": start,
+        "predicted": {"perfect": accepted / (accepted + rejected), "mix": rate},
+    }
+
+
+@pytest.mark.parametrize("level", ["perfect", "mix"])
+def test_mtp_drafting_is_greedy_identical_and_reports_its_acceptance(checkpoints: dict[str, Any], level: str) -> None:
+    from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.langchain import ExLlamaLLM
+
+    model: Path = checkpoints[level]
+    prompts = [PROMPT, "a b c a b c a b c", "one two three four", "the lazy dog sleeps"]
+    plain = ExLlamaRuntime(model, "exllamav3", cache_size=4096)
+    try:
+        t0 = time.perf_counter()
+        results = [plain.generate(p, **GREEDY) for p in prompts]
+        want = [list(r.token_ids) for r in results]
+        t_plain = time.perf_counter() - t0
+    finally:
+        plain.close()
+    llm = ExLlamaLLM(
+        model_dir=str(model),
+        backend="exllamav3",
+        shared_runtime=False,
+        temperature=0,
+        max_new_tokens=NEW,
+        backend_options={"draft": "mtp", "num_draft_tokens": WINDOW, "cache_size": 4096},
+    )
+    rt: Any = llm.exllama_runtime
+    try:
+        details = rt.model_info().details
+        first = list(rt.generate(PROMPT, **GREEDY).token_ids)
+        alone = rt.diagnostics()["drafting"].report()  # PROMPT's job: the one whose acceptance was predicted
+        t0 = time.perf_counter()
+        got = [list(rt.generate(p, **GREEDY).token_ids) for p in prompts]
+        t_mtp = time.perf_counter() - t0
+        with ThreadPoolExecutor(4) as ex:  # dynamic batching: four jobs drafting together
+            together = [list(r.token_ids) for r in ex.map(lambda p: rt.generate(p, **GREEDY), prompts)]
+        streamed = "".join(llm.stream(PROMPT, ignore_eos=True))
+        report = rt.diagnostics()["drafting"].report()
+        fast = rt.diagnostics()["fast_decode"].report()
+        print(
+            f"MTP drafting ({level}): 4 prompts x {NEW} greedy tokens in {t_mtp:.2f}s vs {t_plain:.2f}s without; "
+            f"{PROMPT!r}: acceptance {alone['acceptance']} (predicted {checkpoints['predicted'][level]:.3f}); all "
+            f"jobs: {report}; speculative={details['speculative']!r} {details.get('drafting')}; fast path: {fast}"
+        )
+    finally:
+        rt.close()
+    assert want[0] == [checkpoints["start"] + 1 + i for i in range(NEW)]  # the checkpoint counts upward
+    assert first == want[0] and got == want and together == want
+    assert streamed == results[0].text
+    assert details["speculative"] == "MTP heads" and details["drafting"]["num_draft_tokens"] == WINDOW
+    assert details["upstream_fixes"]["qwen3_5_text_mtp"] == 1  # text-only Qwen3.5: the head registered for it
+    assert alone["jobs"] == 1 and report["jobs"] == 1 + 2 * len(prompts) + 1
+    assert abs(alone["acceptance"] - checkpoints["predicted"][level]) <= 0.1
+
+
+def test_a_checkpoint_without_mtp_heads_is_refused_before_anything_loads(checkpoints: dict[str, Any]) -> None:
+    from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.errors import UnsupportedModelError
+
+    t0 = time.perf_counter()
+    with pytest.raises(UnsupportedModelError, match=r"declares 1 MTP layer\(s\) .* but its weights hold none"):
+        ExLlamaRuntime(checkpoints["none"], "exllamav3", cache_size=4096, draft="mtp")
+    assert time.perf_counter() - t0 < 5
+    rt = ExLlamaRuntime(checkpoints["none"], "exllamav3", cache_size=4096)  # without drafting it loads and counts
+    try:
+        assert list(rt.generate(PROMPT, **GREEDY).token_ids)[:3] == [checkpoints["start"] + 1 + i for i in range(3)]
+    finally:
+        rt.close()
