@@ -201,7 +201,7 @@ def _fast(path: Path, ids: list[int], steps: int) -> dict[str, Any]:
         for jobs in (1, 16):
             got = [list(r.token_ids) for r in fast.batch(prompts[:jobs], **kw)]
             out[f"jobs_{jobs}_identical"] = sum(a == b for a, b in zip(got, want[jobs]))
-        out["report"] = _plain(fast.model_info().details.get("decode"))
+        out["report"] = _plain(fast.diagnostics()["fast_decode"].report())  # (model_info is a snapshot at load)
     return out
 
 
