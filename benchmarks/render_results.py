@@ -233,6 +233,11 @@ FAST_DECODE = {
     "first `iterate()` with exllamav3's choice of GEMM and with `reconstruct` forced, with and without a synchronize "
     "after each call; the kernel tables: 426 of 454 ms of GPU time in the EXL3 GEMM kernel at 127 rows, and with "
     "reconstruct forced 178 ms of GPU time but more host time per call",
+    "gpu_fast_decode_run15_h100_bench.json": "run 15 (2026-12-06, on an H100 80GB HBM3, not the H200): the fast path "
+    "behind its one seam, the whole decode step captured from 1 row on, beside raw exllamav3 and "
+    "`deterministic=True`, 1, 16 and 64 jobs enqueued together, 48 new tokens, 5 interleaved repetitions "
+    "(`--sections bench --models exl3 --reps 5 --new 48 --no-sampler-alone --no-ahead-row`); the notes hold the "
+    "device-to-device copy bandwidth and the model's weight bytes (the floor of a step)",
     "gpu_fast_decode_run14_batched_prefill.json": "run 14 (2026-12-04, evening), batched prefill (`--sections "
     "prefill --models exl3 --reps 5 --new 128`): the first step of 64 jobs interleaved with exllamav3's job-by-job "
     "prefill (0.173 of it) and with reconstruct forced, the kernel tables, and greedy tokens against exllamav3's own "
@@ -240,6 +245,13 @@ FAST_DECODE = {
     "logit margin (the first 16 of a row); padding was then refused everywhere (mended after: pages found by index "
     "after a defragmentation, and the next input exllamav3 counts in a page before the decode step allowed)",
 }
+
+INVARIANCE = {
+    "gpu_invariance_run1_h100.json": "run 1 (2026-12-06, on an H100 80GB HBM3): the EXL3 1B-class model and its fp16 "
+    "weights, 8 probe requests of 300 random token ids, 32 new tokens, through `ExLlamaRuntime` "
+    "(`python benchmarks/gpu_invariance.py --models exl3,fp16 --new 32`)",
+}
+"""The invariance runs: does a request's output depend on what runs beside it (rendered as tables)."""
 
 RAY = {
     "gpu_ray.json": "Ray Serve, 2 model replicas sharing the H200 beside a 1-replica baseline, 16 conversations "
@@ -325,6 +337,31 @@ def _families(notes: dict) -> list[str]:
     return [*lines, ""]
 
 
+def _invariance() -> list[str]:
+    """Per model: probes (of 8) whose tokens equal their tokens alone, in each situation, for each decode mode."""
+    lines: list[str] = []
+    for name, label in INVARIANCE.items():
+        path = RESULTS / name
+        if not path.exists():
+            continue
+        notes = json.loads(path.read_text())["notes"]
+        lines += [f"## Invariance: {label}", ""]
+        for key in (k for k in notes if k.startswith("table ")):
+            table = notes[key]
+            modes = list(table)
+            situations = [k for k in table[modes[-1]] if k != "seconds"]
+            lines += [
+                f"{key[6:]}, probes of 8 equal to their tokens alone (or, `vs own loop`, to exllamav3's own "
+                "loop in the same situation):",
+                "",
+            ]
+            lines += ["| situation | " + " | ".join(modes) + " |", "| --- |" + " ---: |" * len(modes)]
+            for sit in situations:
+                lines.append(f"| {sit} | " + " | ".join(str(table[m].get(sit, "")) for m in modes) + " |")
+            lines.append("")
+    return lines
+
+
 def _profile(key: str, processes: dict) -> list[str]:
     """A py-spy note: per process, each thread that ran, with the share of its samples in its commonest frames (a
     ``--gil`` note, whose samples are of the GIL's holder only: each thread's share of them first)."""
@@ -378,11 +415,13 @@ def _load_sections() -> list[str]:
         "",
         "Raw exllamav3 1.6.5 on a 1B-class Llama shape in 4-bit EXL3 (`exl3`) and the Llama-2-7B shape in fp16",
         '(`fp16`), random weights, fresh random 128-token prompts, greedy, 128 new tokens; `decode="fast"` is the',
-        "same Generator with every job's token drawn in one batched pass (`backends/exllamav3/fast_decode.py`),",
-        "from run 3 on with the decode forward replayed from a CUDA graph (`backends/exllamav3/decode_graphs.py`).",
+        "same Generator with every job's token drawn in one batched pass (then `backends/exllamav3/fast_decode.py`,",
+        "now `backends/exllamav3/fast/`), from run 3 on with the decode forward replayed from a CUDA graph (then",
+        "`decode_graphs.py`, now `fast/graphs.py`: the whole step, 1 row and up, since run 15).",
         "",
     ]
     lines += _runs(FAST_DECODE)
+    lines += _invariance()
     lines += ["## Ray Serve, prefix-aware routing, H200 (2026-12-02)", ""]
     lines += _runs(RAY)
     cpu = RESULTS / "serve_cpu.json"

@@ -13,8 +13,9 @@ exactly; sampled draws depend on the request's seed and step only (counter-based
 exllamav3's own kernels choose their attention split and GEMM tiles by the number of rows in a step, so a request
 alone and the same request inside a batch may part where two logits nearly tie. ``deterministic=True`` removes
 that: each row of a decode step runs as a step of its own (its own table width, exllamav3's own launch for one
-row), so a request's tokens are those exllamav3's own loop gives it alone, whatever runs beside it; the cost is one
-forward per row (measured in benchmarks/results). Batched prefill is refused with it (its GEMMs round differently).
+row), so a request's tokens are those exllamav3's own loop gives it alone, whatever decodes beside it; the cost is
+one forward per row (benchmarks/results, run 15). Batched prefill is refused with it (its GEMMs round differently);
+a prompt prefix another request prefilled is not covered (docs/determinism.md).
 
 Where it stands aside (:meth:`FastDecode.report` says which and how often):
 
