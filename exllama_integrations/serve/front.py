@@ -93,14 +93,15 @@ class Dispatch:
             body, receive = await _whole_body(receive)
         try:
             if body[:1] == b"{":
-                data = json.loads(body) if len(body) <= INLINE_JSON_BYTES else await asyncio.to_thread(json.loads, body)
-                if isinstance(data, dict):
-                    model = model if model is not None else _text(data.get("model"))
-                    if "keep_alive" in data:
-                        keep = data.pop("keep_alive")
-                        body = json.dumps(data).encode()  # the model's app knows no keep_alive
+                if len(body) <= INLINE_JSON_BYTES:
+                    named, kept, body = _read_body(body)
+                else:
+                    named, kept, body = await asyncio.to_thread(_read_body, body)
+                model = model if model is not None else named
+                keep = keep if keep is not None else kept
             keep_alive = None if keep is None else parse_duration(keep, "keep_alive")
             entry = self.registry.entry(model)
+            scope.setdefault("state", {})["model"] = entry.name
             self.registry.check_kind(entry, path)
             lease = await self.registry.acquire(entry.name, keep_alive)
         except (ValueError, RecursionError) as e:  # not JSON, or a bad keep_alive
@@ -116,8 +117,20 @@ class Dispatch:
             lease.release()
 
 
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _read_body(body: bytes) -> tuple[str | None, Any, bytes]:
+    """A JSON body's ``model`` and ``keep_alive``, and the body without ``keep_alive`` (the model's app knows none).
+
+    Raises:
+        ValueError: the body is not JSON.
+    """
+    data = json.loads(body)
+    if not isinstance(data, dict):
+        return None, None, body
+    model = None if data.get("model") is None else str(data["model"])
+    if "keep_alive" not in data:
+        return model, None, body
+    keep = data.pop("keep_alive")
+    return model, keep, json.dumps(data).encode()
 
 
 async def _whole_body(receive: Any) -> tuple[bytes, Any]:

@@ -204,6 +204,7 @@ def test_a_third_model_unloads_the_least_recently_used_never_the_pinned(server):
     log = server.log.read_text()
     assert "loading 'smol-2' (transformers) for a request" in log and "unloading 'tiny' (least recently used)" in log
     assert "unloaded 'tiny' to make room for 'smol-2'" in log and "loaded 'smol-2' in" in log
+    assert "POST '/v1/completions' 200 model='smol-2' prompt=" in log  # each request's line names its model
 
 
 def test_a_model_serving_a_request_stays_and_the_refusal_says_why(server):
