@@ -93,6 +93,17 @@ def estimate(model: ModelDirectory, backend: str, options: BackendOptions, engin
     return Footprint(one.gpu * engines, one.ram * engines)
 
 
+def estimate_weights(model: ModelDirectory, backend: str, options: BackendOptions) -> Footprint:
+    """The memory of a model that runs in the server's own process and keeps no cache (an embedding model)."""
+    device = str(getattr(options, "device", None) or "")
+    if backend == "transformers":
+        element = _DTYPE_BYTES.get(str(options.dtype or "float32").replace("torch.", ""), 4)
+        held = int(sum(math.prod(shape) for shape in model.tensor_shapes.values()) * element)
+    else:
+        held, device = sum(p.stat().st_size for p in model.weight_files), "cuda"
+    return Footprint(held + GPU_WORKSPACE, 0) if device.startswith("cuda") else Footprint(0, held)
+
+
 def measure(pids: list[int | None], gpu_bytes: int) -> Footprint:
     """What a loaded model's engine processes hold now: their resident memory, and ``gpu_bytes`` (their torch's)."""
     try:
@@ -139,4 +150,4 @@ def default_budget() -> Footprint:
     return Footprint(int(gpu * 0.9), int(ram * 0.9))
 
 
-__all__ = ["Footprint", "default_budget", "estimate", "measure"]
+__all__ = ["Footprint", "default_budget", "estimate", "estimate_weights", "measure"]

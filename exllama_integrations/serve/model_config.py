@@ -1,9 +1,10 @@
 """What a server of several models serves: each model's entry and the server's memory budget, read and checked.
 
-An entry names a model directory (or Hub id) with its backend, load options, kind (``chat``; ``embedding`` and
-``rerank`` are entries like any other), pinning (loaded at start and never unloaded), ``keep_alive`` (Ollama's
-meaning: how long after its last request the model stays loaded; 0: unloaded after each request; negative: never
-unloaded for idleness) and, where the estimate from its files should not be used, its memory. Entries come from the
+An entry names a model directory (or Hub id) with its backend, load options, kind (``chat``, ``embedding`` or
+``rerank``; found from the directory's files unless given), pinning (loaded at start and never unloaded),
+``keep_alive`` (Ollama's meaning: how long after its last request the model stays loaded; 0: unloaded after each
+request; negative: never unloaded for idleness) and, where the estimate from its files should not be used, its
+memory. Entries come from the
 command line (``serve DIR DIR ...``) or a config file (TOML, YAML or JSON)::
 
     gpu_memory = "20GiB"   # the budget models load within (default: 90% of the GPUs' memory, where there are GPUs)
@@ -101,7 +102,8 @@ class ModelSpec:
     backend: str = "auto"
     options: Mapping[str, Any] = field(default_factory=dict)
     """Backend load options (``max_seq_len``, ``dtype``, exllamav3's ``cache_size`` ...)."""
-    kind: str = "chat"
+    kind: str | None = None
+    """``chat``, ``embedding`` or ``rerank``; None: found from the directory's files."""
     pinned: bool = False
     keep_alive: float | None = None
     """Seconds it stays loaded after its last request (0: unloaded after each; negative: for ever); None: the
@@ -169,8 +171,8 @@ def model_spec(entry: Mapping[str, Any], where: str, base: Path | None = None) -
     if base is not None and not os.path.isabs(path) and (base / path).exists():
         path = str(base / path)
     name = entry.get("name") or Path(path).name or path
-    kind = entry.get("kind", "chat")
-    if kind not in KINDS:
+    kind = entry.get("kind")
+    if kind is not None and kind not in KINDS:
         raise InvalidSettingsError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}.")
     options = entry.get("options") or {}
     if not isinstance(options, Mapping):

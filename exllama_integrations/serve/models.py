@@ -19,6 +19,7 @@ What each kind of model loads as, and which endpoints need which kind, is :mod:`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -29,7 +30,7 @@ from ..errors import ExLlamaIntegrationsError, InvalidSettingsError, ModelNotFou
 from .footprint import Footprint, default_budget, gib, measure
 from .metrics import Families, Metrics
 from .model_config import ModelSpec, ServerModels
-from .model_kinds import ENDPOINT_KINDS, LOADERS, Plan
+from .model_kinds import ENDPOINT_KINDS, LOADERS, Plan, kind_of
 
 logger = logging.getLogger("exllama_integrations.serve")
 
@@ -62,6 +63,11 @@ class Entry:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def kind(self) -> str:
+        """What it serves (its entry's kind, or what its files say)."""
+        return self.spec.kind or "chat"
 
     @property
     def held(self) -> Footprint:
@@ -126,6 +132,7 @@ class ModelRegistry:
         self.app_for = app_for
         self.entries: dict[str, Entry] = {}
         for spec in config.models:
+            spec = dataclasses.replace(spec, kind=kind_of(spec))  # found from its files where its entry says none
             if spec.kind not in self.loaders:
                 raise InvalidSettingsError(f"model {spec.name!r}: no model of kind {spec.kind!r} can be served here.")
             entry = Entry(spec, self.loaders[spec.kind][0](spec))
@@ -199,8 +206,8 @@ class ModelRegistry:
             InvalidSettingsError: (400) naming the endpoint and the model's kind.
         """
         need = ENDPOINT_KINDS.get(path)
-        if need is not None and need != e.spec.kind:
-            why = f"{path} serves {need} models; {e.name!r} is of kind {e.spec.kind!r}."
+        if need is not None and need != e.kind:
+            why = f"{path} serves {need} models; {e.name!r} is of kind {e.kind!r}."
             raise InvalidSettingsError(why, param="model", reason="wrong_kind")
 
     async def acquire(self, name: str | None, keep_alive: float | None = None) -> Lease:
@@ -279,7 +286,7 @@ class ModelRegistry:
         ticker = loop.create_task(progress())
         try:
             await asyncio.gather(*(self._unload(v, f"to make room for {e.name!r}") for v in victims))
-            runtime = await asyncio.to_thread(self.loaders[e.spec.kind][1], e.spec, e.plan)
+            runtime = await asyncio.to_thread(self.loaders[e.kind][1], e.spec, e.plan)
             try:
                 app = None if self.app_for is None else self.app_for(e, runtime)
                 e.measured = await asyncio.to_thread(_measured, runtime)
@@ -395,7 +402,7 @@ class ModelRegistry:
                     "id": e.name,
                     "state": e.state,
                     "pinned": e.spec.pinned,
-                    "kind": e.spec.kind,
+                    "kind": e.kind,
                     "keep_alive": -1.0 if keep < 0 or e.spec.pinned else keep,
                     "expires_in": None if e.expires is None else max(0.0, round(e.expires - now, 1)),
                     "in_flight": e.leases,

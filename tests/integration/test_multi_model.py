@@ -27,6 +27,7 @@ from servers import wait_until_up
 pytestmark = pytest.mark.slow
 
 ENGINE_MODULE = "exllama_integrations.runtime.engine.process"
+UNLOADED = {name: "unloaded" for name in ("smol", "tiny", "smol-2", "minilm", "broken")}
 
 
 def _free_port() -> int:
@@ -72,7 +73,7 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, demo_dir):
+def server(tmp_path_factory, demo_dir, minilm_dir):
     from arch_models import make_arch
 
     root = tmp_path_factory.mktemp("multi")
@@ -110,6 +111,11 @@ backend = "transformers"
 ram = "400MiB"
 
 [[models]]
+name = "minilm"       # an embedding model: its kind is found from its files
+model_dir = "{minilm_dir}"
+ram = "100MiB"
+
+[[models]]
 name = "broken"
 model_dir = "broken-dir"
 backend = "transformers"
@@ -141,8 +147,9 @@ ram = "100MiB"
 
 def test_every_model_is_listed_with_its_state(server):
     cards = server.cards()
-    assert list(cards) == ["smol", "tiny", "smol-2", "broken"]
-    assert server.states() == {"smol": "loaded", "tiny": "unloaded", "smol-2": "unloaded", "broken": "unloaded"}
+    assert list(cards) == ["smol", "tiny", "smol-2", "minilm", "broken"]
+    assert server.states() == {**UNLOADED, "smol": "loaded"}
+    assert cards["minilm"]["kind"] == "embedding" and cards["tiny"]["kind"] == "chat"
     smol = cards["smol"]
     assert smol["pinned"] and smol["keep_alive"] == -1 and smol["kind"] == "chat" and smol["backend"] == "transformers"
     assert smol["memory"]["counted"]["ram_bytes"] == 800 * 2**20 and smol["memory"]["measured"]["ram_bytes"] > 0
@@ -167,7 +174,7 @@ def test_the_classes_reach_each_model_by_name(server):
     assert text == direct and text.strip(), "the class and the OpenAI endpoint ran the same model"
     index = LlamaIndexLLM(base_url=server.url, model="tiny", max_tokens=3, temperature=0)
     assert index.complete("Hi").raw["usage"]["completion_tokens"] == 3
-    with pytest.raises(ModelNotFoundError, match="this server serves 'smol', 'tiny', 'smol-2', 'broken'"):
+    with pytest.raises(ModelNotFoundError, match="this server serves 'smol', 'tiny', 'smol-2', 'minilm', 'broken'"):
         ChatExLlama(base_url=server.url, model="nope")
     assert server.states()["tiny"] == "loaded" and len(server.engines()) == 2
 
@@ -198,7 +205,7 @@ def test_requests_to_two_models_run_at_once(server):
 def test_a_third_model_unloads_the_least_recently_used_never_the_pinned(server):
     before = server.engines()
     assert server.complete("smol-2").status_code == 200  # no room for three: tiny (idle, unpinned) makes room
-    assert server.states() == {"smol": "loaded", "tiny": "unloaded", "smol-2": "loaded", "broken": "unloaded"}
+    assert server.states() == {**UNLOADED, "smol": "loaded", "smol-2": "loaded"}
     after = server.engines()
     assert len(after) == 2 and len(before - after) == 1, "tiny's engine process did not end"
     log = server.log.read_text()
@@ -231,12 +238,35 @@ def test_keep_alive_0_unloads_a_model_once_its_request_has_ended(server):
     reply = server.complete("tiny", keep_alive=0)
     assert reply.status_code == 200 and reply.json()["model"] == "tiny"
     server.wait_for("tiny", "unloaded")
-    assert server.states() == {"smol": "loaded", "tiny": "unloaded", "smol-2": "unloaded", "broken": "unloaded"}
+    assert server.states() == {**UNLOADED, "smol": "loaded"}
     t0 = time.monotonic()
     while len(server.engines()) != 1:
         assert time.monotonic() - t0 < 20, "an unloaded model's engine process is still running"
         time.sleep(0.05)
     assert "unloaded 'tiny' after 0 s idle (keep_alive)" in server.log.read_text()
+
+
+def test_an_embedding_model_is_one_more_entry(server):
+    import numpy as np
+
+    from exllama_integrations.langchain import ExLlamaEmbeddings
+    from exllama_integrations.llama_index import ExLlamaEmbedding
+
+    wrong = server.complete("minilm")
+    assert wrong.status_code == 400 and "serves chat models; 'minilm' is of kind 'embedding'" in wrong.text
+    assert server.states()["minilm"] == "unloaded", "a request its model cannot serve loaded it"
+    body = {"model": "minilm", "input": ["a cat sits on the mat", "stock markets fell"]}
+    r = httpx.post(server.url + "/v1/embeddings", json=body, timeout=120)  # loads it: the request waits
+    assert r.status_code == 200 and r.json()["model"] == "minilm"
+    vectors = [np.array(d["embedding"]) for d in r.json()["data"]]
+    assert [v.shape for v in vectors] == [(384,), (384,)] and server.states()["minilm"] == "loaded"
+    lc = ExLlamaEmbeddings(base_url=server.url, model="minilm").embed_documents(["a cat sits on the mat"])[0]
+    li = ExLlamaEmbedding(base_url=server.url, model="minilm").get_text_embedding("stock markets fell")
+    for got, want in ((lc, vectors[0]), (li, vectors[1])):
+        got = np.array(got)
+        assert got @ want / np.linalg.norm(got) / np.linalg.norm(want) > 0.9999
+    chat_model = httpx.post(server.url + "/v1/embeddings", json={**body, "model": "smol"}, timeout=30)
+    assert chat_model.status_code == 400 and "'smol' is of kind 'chat'" in chat_model.text
 
 
 def test_a_load_that_fails_is_typed_and_leaves_nothing(server):
@@ -255,7 +285,7 @@ def test_a_load_that_fails_is_typed_and_leaves_nothing(server):
 def test_refusals_are_typed_before_anything_loads(server):
     missing = server.complete("nope")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
-    assert "this server serves 'smol', 'tiny', 'smol-2', 'broken'" in missing.json()["error"]["message"]
+    assert "this server serves 'smol', 'tiny', 'smol-2', 'minilm', 'broken'" in missing.json()["error"]["message"]
     bad = server.complete("tiny", keep_alive="soon")
     assert bad.status_code == 400 and "keep_alive must be seconds or a duration" in bad.json()["error"]["message"]
     messages = httpx.post(
@@ -279,9 +309,9 @@ def test_metrics_are_per_model_with_what_happened(server):
         assert len(found) == 1, (name, model, labels)
         return found[0]
 
-    for model in ("smol", "tiny", "smol-2", "broken"):
+    for model in UNLOADED:
         assert value("vllm:num_requests_running", model) == 0
-        assert value("exllama:model_loaded", model) == (model == "smol")
+        assert value("exllama:model_loaded", model) == (model in ("smol", "minilm"))
     assert value("exllama:request_rejected_total", "tiny", reason="no_room") >= 1
     assert value("exllama:request_rejected_total", "broken", reason="load_failed") == 1
     assert value("vllm:prefix_cache_queries_total", "smol") > 0

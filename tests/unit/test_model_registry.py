@@ -60,7 +60,7 @@ class Loader:
 
 
 def registry(loader: Loader, *entries: dict, ram: int = 2, keep_alive: float = 300.0) -> ModelRegistry:
-    specs = tuple(model_spec(e, f"models[{i}]") for i, e in enumerate(entries))
+    specs = tuple(model_spec({"kind": "chat", **e}, f"models[{i}]") for i, e in enumerate(entries))
     config = ServerModels(specs, gpu_memory=0, ram=ram * GIB, keep_alive=keep_alive)
     return ModelRegistry(config, loaders={kind: (loader.plan, loader.load) for kind in KINDS})
 

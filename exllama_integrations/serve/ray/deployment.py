@@ -185,6 +185,11 @@ def _build_models(serve: Any, args: dict[str, Any]) -> Any:
         entry = dict(entry)
         if not entry.get("model_dir"):
             raise InvalidSettingsError(f"models[{i}] needs model_dir (a model directory or Hub id).")
+        if entry.get("kind", "chat") != "chat":
+            raise InvalidSettingsError(
+                f"models[{i}] is of kind {entry['kind']!r}: Ray's deployments serve chat models here; serve an "
+                "embedding or rerank model with `exllama-integrations serve`."
+            )
         name = str(entry.get("name") or os.path.basename(str(entry["model_dir"]).rstrip("/")))
         if name in handles:
             raise InvalidSettingsError(f"two models are named {name!r}; give each its own 'name'.")
