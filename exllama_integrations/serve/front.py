@@ -41,19 +41,20 @@ INLINE_JSON_BYTES = 256 * 1024
 """Bodies up to this size are read for their ``model`` on the event loop; larger ones on a worker thread."""
 
 
-def _model_paths() -> tuple[frozenset[str], tuple[str, ...]]:
-    """The paths a model's app answers (exact, and prefixes of those with parameters), less what the front answers."""
-    exact, prefixes = set(), []
+def _model_paths() -> dict[str, frozenset[str]]:
+    """The paths a model's app answers, each with its methods, less what the front answers itself.
+
+    A catch-all route (the Messages API's answer to an unknown path under it) is the front's to answer: a stray
+    request loads no model.
+    """
+    out: dict[str, set[str]] = {}
     for router in model_routers():
         for route in router.routes:
             path = getattr(route, "path", "")
-            if path.startswith("/v1/models") or path in ("/metrics", "/v1/loads"):
+            if path.startswith("/v1/models") or path in ("/metrics", "/v1/loads") or "{" in path:
                 continue
-            if "{" in path:
-                prefixes.append(path.split("{", 1)[0])
-            else:
-                exact.add(path)
-    return frozenset(exact), tuple(prefixes)
+            out.setdefault(path, set()).update(getattr(route, "methods", None) or ())
+    return {path: frozenset(methods) for path, methods in out.items()}
 
 
 def typed_answer(path: str, e: BaseException) -> Response:
@@ -76,14 +77,15 @@ class Dispatch:
 
     def __init__(self, registry: ModelRegistry, control: FastAPI) -> None:
         self.registry, self.control = registry, control
-        self.exact, self.prefixes = _model_paths()
+        self.paths = _model_paths()
 
-    def _for_a_model(self, path: str) -> bool:
-        return path in self.exact or path.startswith(self.prefixes)
+    def _for_a_model(self, path: str, method: str) -> bool:
+        """Whether a model's app answers ``method`` on ``path`` (anything else, the front answers or refuses)."""
+        return method in self.paths.get(path, ())
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or not self._for_a_model(path):
+        if scope["type"] != "http" or not self._for_a_model(path, scope.get("method", "")):
             await self.control(scope, receive, send)
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))

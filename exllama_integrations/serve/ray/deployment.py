@@ -255,7 +255,14 @@ def run_ray_models(config: Any, args: Any, api_key: str | None) -> int:
         "models": models,
         "num_gpus": args.num_gpus,
         "api_key": api_key,
-        "limits": {"max_tokens": args.max_tokens},
+        "limits": {
+            "max_tokens": args.max_tokens,
+            "max_pending": args.max_pending,
+            "max_body_bytes": args.max_body_bytes,
+            "body_timeout": args.body_timeout,
+            "allow_image_urls": args.allow_image_urls or None,
+            "image_url_allow": args.image_url_allow or None,
+        },
     }
     return _run(app_args, args.host, args.port, f"{', '.join(config.names)} as Ray deployments")
 
