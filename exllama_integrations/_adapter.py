@@ -4,7 +4,8 @@ Rules decided here, once, for every class:
 
 * Where the model is: exactly one of ``model_dir=`` (load it in this process, shared; ``model=`` is accepted
   as its name, as ChatOllama and vLLM spell it), ``base_url=`` (a server's model, through
-  :class:`~exllama_integrations.runtime.remote.RemoteRuntime`) or ``runtime=`` (any object with the core
+  :class:`~exllama_integrations.runtime.remote.RemoteRuntime`; with ``model=``, that one of a server of several)
+  or ``runtime=`` (any object with the core
   :class:`~exllama_integrations.contract.api.Runtime` protocol).
 * Settings: the classes' setting fields are :class:`~exllama_integrations.contract.settings.GenerationSettings`'
   own (declared there once, with their docs), optional here; names are those settings accept (``max_tokens``,
@@ -118,6 +119,9 @@ class ExLlamaConfig(SettingFields):
     """Model directory (config.json, safetensors or EXL3 weights, tokenizer) or a Hugging Face Hub id, loaded here."""
     base_url: str | None = None
     """An exllama-integrations server (``http://127.0.0.1:8000``): use its model instead of loading one."""
+    server_model: str | None = None
+    """With ``base_url=``: which of the server's models (its name in ``/v1/models``; ``model=`` sets it, as for
+    ChatOpenAI); None: the server's first."""
     api_key: SecretStr | None = None
     """Bearer key for ``base_url``'s server (or set ``EXLLAMA_API_KEY``)."""
     runtime: Any = Field(default=None, exclude=True)
@@ -227,7 +231,9 @@ class ExLlamaConfig(SettingFields):
                 data.setdefault("model_kwargs", {})[name] = value
         if "model" in data:  # ChatOllama's / ChatOpenAI's / vLLM's name for the model
             model = data.pop("model")
-            if not (data.get("base_url") or data.get("runtime")):
+            if data.get("base_url"):
+                data.setdefault("server_model", model)  # a model of the server
+            elif not data.get("runtime"):
                 data.setdefault("model_dir", model)
         if isinstance(data.get("stop"), str):
             data["stop"] = [data["stop"]]
@@ -263,8 +269,8 @@ class ExLlamaConfig(SettingFields):
         aliased = ALIASES.get(name)
         if aliased is not None and aliased in fields:
             return aliased
-        if name == "model" and self.model_dir:
-            return "model_dir"
+        if name == "model" and (self.model_dir or self.base_url):
+            return "model_dir" if self.model_dir else "server_model"
         if name in ACCEPTED_NAMES:
             hint = f"make 'model_kwargs' configurable (a dict of settings: {{{name!r}: ...}}) or pass it per call"
         else:
@@ -291,7 +297,7 @@ class ExLlamaConfig(SettingFields):
             from .runtime.remote import RemoteRuntime
 
             key = self.api_key.get_secret_value() if self.api_key is not None else None
-            return RemoteRuntime.shared(self.base_url, api_key=key)
+            return RemoteRuntime.shared(self.base_url, api_key=key, model=self.server_model)
         from .runtime.local import ExLlamaRuntime
 
         factory = ExLlamaRuntime.shared if self.shared_runtime else ExLlamaRuntime

@@ -5,7 +5,8 @@ Rules decided here, once, for the four classes (``ExLlamaEmbeddings`` / ``ExLlam
 
 * Where the model is: exactly one of ``model_dir=`` (loaded in this process by
   :class:`~exllama_integrations.runtime.local.EmbeddingRuntime`, shared; ``model=`` is accepted as its name),
-  ``base_url=`` (a server's model, through :class:`~exllama_integrations.runtime.remote.RemoteRuntime`) or
+  ``base_url=`` (a server's model, through :class:`~exllama_integrations.runtime.remote.RemoteRuntime`; with
+  ``model=``, that one of a server of several) or
   ``runtime=`` (any runtime with the :class:`~.contract.retrieval.Embeds` or ``Reranks`` capability). A runtime
   whose model does not do the class's task is refused when the class is built, with
   :class:`~exllama_integrations.errors.UnsupportedTaskError`.
@@ -38,6 +39,9 @@ class RetrievalConfig(BaseModel):
     """An embedding or rerank model's directory (or Hugging Face Hub id), loaded in this process."""
     base_url: str | None = None
     """An exllama-integrations server of an embedding or rerank model (``http://127.0.0.1:8000``)."""
+    server_model: str | None = None
+    """With ``base_url=``: which of the server's models (its name in ``/v1/models``; ``model=`` sets it); None: the
+    server's first."""
     api_key: SecretStr | None = None
     """Bearer key for ``base_url``'s server (or set ``EXLLAMA_API_KEY``)."""
     runtime: Any = Field(default=None, exclude=True)
@@ -69,7 +73,9 @@ class RetrievalConfig(BaseModel):
             InvalidSettingsError: an unknown argument, or not exactly one of model_dir, base_url and runtime.
             UnsupportedTaskError: the model does not do this class's task.
         """
-        if "model" in data and not (data.get("base_url") or data.get("runtime")):
+        if "model" in data and data.get("base_url"):
+            data.setdefault("server_model", data.pop("model"))  # a model of a server of several
+        elif "model" in data and not data.get("runtime"):
             data.setdefault("model_dir", data.pop("model"))
         known = {k for name, f in type(self).model_fields.items() for k in (name, f.alias) if k}
         unknown = sorted(k for k in data if k not in known)
@@ -103,7 +109,7 @@ class RetrievalConfig(BaseModel):
             from .runtime.remote import RemoteRuntime
 
             key = self.api_key.get_secret_value() if self.api_key is not None else None
-            return RemoteRuntime.shared(self.base_url, api_key=key)
+            return RemoteRuntime.shared(self.base_url, api_key=key, model=self.server_model)
         from .runtime.local import EmbeddingRuntime
 
         factory = EmbeddingRuntime.shared if self.shared_runtime else EmbeddingRuntime

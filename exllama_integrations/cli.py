@@ -122,12 +122,16 @@ def _serve(args: argparse.Namespace) -> int:
     import os
 
     key = args.api_key or os.environ.get("EXLLAMA_API_KEY")
-    model_dir = args.model_dir or args.model
+    options = _load_options(args)
+    if args.config or len(args.model) + bool(args.model_dir) > 1:
+        from .serve.launch import serve_models
+
+        return serve_models(args, options, key)
+    model_dir = args.model_dir or (args.model[0] if args.model else None)
     if model_dir is None:
         from .demo_model import demo_model_dir
 
         model_dir = str(demo_model_dir())
-    options = _load_options(args)
     if args.tool_format is not None:
         from .chat.formats import find_format
 
@@ -161,22 +165,18 @@ def _serve(args: argparse.Namespace) -> int:
                 "image_url_allow": args.image_url_allow or None,
             },
         )
-    import uvicorn
-
     from .runtime.local import ExLlamaRuntime
 
     logging.getLogger("exllama_integrations.serve").setLevel(logging.INFO)  # one line per request, always
-    from .model.media import MediaLimits
     from .runtime.local.registry import serving_options
-    from .serve.app import ServeLimits, create_app
-    from .serve.guard import header_deadline_protocol
+    from .serve.app import create_app
+    from .serve.launch import limits_of, run_http
 
     rt: Any
     task = args.task or _task_of(model_dir)
     if task in ("embed", "rerank"):  # its batches run on a worker thread of the server (no engine process)
         from .runtime.local import EmbeddingRuntime
 
-        options = _load_options(args)
         rt = EmbeddingRuntime(model_dir, args.backend, task=task, **{k: v for k, v in options.items() if v is not None})
     else:
         rt = ExLlamaRuntime(
@@ -186,36 +186,18 @@ def _serve(args: argparse.Namespace) -> int:
             engines=args.engines,
             **serving_options(model_dir, args.backend, options),
         )
-    limits = ServeLimits(
-        max_body_bytes=args.max_body_bytes,
-        max_tokens=args.max_tokens,
-        max_pending=args.max_pending,
-        body_timeout=args.body_timeout,
-        media=MediaLimits(fetch_urls=args.allow_image_urls, fetch_allow=tuple(args.image_url_allow)),
-    )
     app = create_app(
         rt,
         served_model_name=args.served_model_name,
         api_key=key,
-        limits=limits,
+        limits=limits_of(args),
         on_shutdown=rt.close,
         freeze_gc=True,
         chat_template=template,
         tool_format=args.tool_format,
     )
     print(f"serving {rt.model.name} ({rt.backend_name}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        timeout_graceful_shutdown=30,
-        timeout_keep_alive=args.timeout_keep_alive,
-        limit_concurrency=args.max_connections,
-        h11_max_incomplete_event_size=64 * 1024,
-        http=header_deadline_protocol(args.header_timeout),
-        log_level="info" if args.verbose else "warning",
-    )
-    return 0
+    return run_http(app, args)
 
 
 def _task_of(model_dir: str) -> str:
@@ -281,8 +263,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--embedding", action="store_true", help="also prepare the demo embedding model (all-MiniLM-L6-v2, 83 MB)"
     )
 
-    sv = add("serve", "an OpenAI-compatible HTTP server over one loaded model (or Ray Serve replicas)")
-    sv.add_argument("model", nargs="?", help="model directory or Hub id, as vLLM takes it (or --model-dir)")
+    sv = add("serve", "an OpenAI-compatible HTTP server over one loaded model, or several (or Ray Serve replicas)")
+    sv.add_argument(
+        "model",
+        nargs="*",
+        help="model directory or Hub id, as vLLM takes it (or --model-dir); several: each loads on its first request "
+        "(docs/multi-model.md)",
+    )
+    sv.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a TOML, YAML or JSON file naming the models to serve, each with its backend, options, pinning, "
+        "keep_alive and kind, and the memory budget (docs/multi-model.md)",
+    )
+    sv.add_argument("--gpu-memory", metavar="SIZE", help="several models: GPU memory they load within (e.g. 20GiB)")
+    sv.add_argument("--ram", metavar="SIZE", help="several models: memory they load within (default: 90%% available)")
+    sv.add_argument(
+        "--keep-alive",
+        metavar="DURATION",
+        help="several models: how long a model stays loaded after its last request (5m, 0, -1: for ever; default 5m)",
+    )
     sv.add_argument("--model-dir", help="model directory or Hub id (default: the demo model)")
     sv.add_argument("--backend", default="auto", help="auto, exllamav3, exllama, exllamav2, transformers")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")

@@ -207,6 +207,23 @@ class ServerBusyError(ServerError):
     status = 503
 
 
+class ModelUnavailableError(ServerError):
+    """A served model cannot take the request now (HTTP 503); the message says why and what to do.
+
+    No room to load it within the server's memory budget (``problem="no_room"``), or its load failed
+    (``problem="load_failed"``). The server's other models go on serving; ``/v1/models`` shows each model's state.
+    """
+
+    code = "model_unavailable"
+    status = 503
+
+    def __init__(self, message: str, model: str | None = None, problem: str | None = None) -> None:
+        super().__init__(message, self.status)
+        self.model = model
+        self.problem = problem
+        self.param = "model"
+
+
 class ProtocolError(ServerError):
     """A server sent something this client cannot read (not our wire form, too large, or cut short)."""
 
@@ -237,6 +254,7 @@ ERRORS: dict[str, type[ExLlamaIntegrationsError]] = {
         EngineUnavailableError,
         ServerError,
         ServerBusyError,
+        ModelUnavailableError,
         ProtocolError,
     )
 }

@@ -62,6 +62,9 @@ EXCLUSIVE = {
     "tests/unit/test_exllamav3_driver.py": "the request inbox's windows of 0.15 s and 0.3 s",
     "tests/unit/test_media_budget.py": "refusals within 1 s and 1.5 s, and the process's peak memory",
     "tests/unit/test_streaming.py::test_a_run_of_invalid_bytes_streams_in_linear_time": "4000 tokens in 0.5 s",
+    "tests/unit/test_model_registry.py::test_keep_alive_per_model_and_per_request": "a 0.3 s keep_alive, 0.6 s waits",
+    "tests/integration/test_multi_model.py": "serve in a subprocess: five engine processes, two streams at once",
+    "tests/integration/test_smg_gateway.py": "a gateway process in front of two servers, ready within 60 s",
 }
 
 

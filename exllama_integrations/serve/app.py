@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import ExLlamaIntegrationsError, MissingDependencyError
 
 try:
-    from fastapi import FastAPI, Request
+    from fastapi import APIRouter, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException
@@ -33,6 +33,7 @@ from . import metrics, native
 from .anthropic import errors as anthropic_errors
 from .anthropic import messages as anthropic_messages
 from .guard import Guard, error_body, error_response, validation_response
+from .metrics import Metrics
 from .openai import chat, completions, embeddings, models, tokenize
 from .openai.protocol import ALL_FIELDS
 from .openai.protocol.embeddings import EmbeddingBody
@@ -46,11 +47,33 @@ logger = logging.getLogger("exllama_integrations.serve")
 FIELDS = sorted({*ALL_FIELDS, *EmbeddingBody.model_fields, *RerankBody.model_fields})
 """Every request field name of the OpenAI-shaped endpoints (for "did you mean" on a misspelt one)."""
 
-__all__ = ["ServeLimits", "create_app"]
+__all__ = ["ServeLimits", "create_app", "model_routers"]
+
+GUARD_SHAPES = {"/v1/messages": anthropic_errors.error_body}
+"""What the guard refuses under a path prefix, in that API's error shape (Anthropic's, for the Messages API)."""
 
 
 def _native(request: Request) -> bool:
     return request.url.path.startswith("/v1/exllama/")
+
+
+def model_routers() -> list[APIRouter]:
+    """The routers of a model's endpoints (every endpoint but ``/health``).
+
+    A server of several models sends a request for one of these to the model it names.
+    """
+    return [
+        models.router,
+        completions.router,
+        chat.router,
+        embeddings.router,
+        rerank.router,
+        tokenize.router,
+        native.router,
+        metrics.router,
+        anthropic_messages.router,
+        responses.router,
+    ]
 
 
 def create_app(
@@ -63,6 +86,8 @@ def create_app(
     freeze_gc: bool = False,
     chat_template: str | None = None,
     tool_format: str | None = None,
+    metrics: Metrics | None = None,
+    guard: bool = True,
 ) -> FastAPI:
     """The HTTP app serving ``runtime`` (which it does not close unless ``on_shutdown`` does).
 
@@ -74,6 +99,8 @@ def create_app(
     ``chat_template``: a template that replaces the model's own on the chat endpoint.
     ``tool_format``: the tool-call format every chat request is read and written in (a name of
     ``chat.formats.FORMATS``), instead of the one found in the model, as ``tool_format=`` does in process.
+    ``metrics``: the model's series in a server's metric families (a server of several models); ``guard=False``: no
+    :class:`~.guard.Guard` of its own (such a server's guard stands in front of every model's app).
 
     Raises:
         InvalidSettingsError: ``tool_format`` names no format (the message lists those there are).
@@ -88,6 +115,7 @@ def create_app(
         chat_template=chat_template,
         tool_format=tool_format,
         created=int(time.time()),
+        metrics=metrics,
     )
 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -128,13 +156,14 @@ def create_app(
     async def _untyped(request: Request, exc: Exception) -> Response:
         return error_response(exc)  # logged with its traceback; the client gets OpenAI's error object, 500
 
-    app.add_middleware(
-        Guard,
-        api_key=api_key,
-        max_body_bytes=state.limits.max_body_bytes,
-        body_timeout=state.limits.body_timeout,
-        shapes={"/v1/messages": anthropic_errors.error_body},  # what the guard refuses there, in Anthropic's shape
-    )
+    if guard:
+        app.add_middleware(
+            Guard,
+            api_key=api_key,
+            max_body_bytes=state.limits.max_body_bytes,
+            body_timeout=state.limits.body_timeout,
+            shapes=GUARD_SHAPES,
+        )
 
     @app.get("/health", tags=["server"])
     async def health(request: Request) -> Response:
@@ -158,9 +187,6 @@ def create_app(
             return JSONResponse(body, 503)
         return JSONResponse(body)
 
-    routers = (models.router, completions.router, chat.router, embeddings.router, rerank.router, tokenize.router)
-    for router in (*routers, native.router, metrics.router):
+    for router in model_routers():
         app.include_router(router)
-    app.include_router(anthropic_messages.router)
-    app.include_router(responses.router)
     return app

@@ -186,6 +186,8 @@ class Guard:
         if scope.get("method") == "POST":
             tokens = state.get("usage")
             counts = f" prompt={tokens[0]} completion={tokens[1]} ttft={tokens[2]:.3f}s" if tokens else ""
+            if "model" in state:  # a server of several models says which answered
+                counts = f" model={state['model']!r}{counts}"
             logger.info(
                 "id=%r POST %r %s%s total=%.3fs",
                 rid,

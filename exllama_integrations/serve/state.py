@@ -82,7 +82,35 @@ class ServeState:
 
     def __post_init__(self) -> None:
         if self.metrics is None:
-            self.metrics = Metrics(self.name, lambda: self.pending, self._healthy, self._restarts)
+            self.metrics = Metrics(
+                self.name,
+                lambda: self.pending,
+                self._healthy,
+                self._restarts,
+                running=self.running,
+                cache_use=self.cache_use,
+            )
+        self.metrics.cache_shape(self.cache_use()[1])
+
+    def running(self) -> int:
+        """Requests decoding: those the runtime holds, up to its batch (all in flight where it does not say)."""
+        active = getattr(self.runtime, "active_requests", None)
+        if active is None:
+            return self.pending
+        try:
+            return min(int(active), max(1, self.runtime.model_info().max_batch_size))
+        except ExLlamaIntegrationsError:  # closed meanwhile
+            return 0
+
+    def cache_use(self) -> tuple[int, int]:
+        """KV-cache tokens the requests in flight hold, and the cache's capacity ((0, 0) where none is known)."""
+        use = getattr(self.runtime, "cache_use", None)
+        if not callable(use):
+            return 0, 0
+        try:
+            return use()  # type: ignore[no-any-return]
+        except ExLlamaIntegrationsError:  # closed meanwhile
+            return 0, 0
 
     def _healthy(self) -> int:
         check = getattr(self.runtime, "health", None)

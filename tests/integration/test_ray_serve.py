@@ -2,7 +2,9 @@
 
 Everything stays on 127.0.0.1 (checked with ``ss``); 16 concurrent clients stream through the proxy and the
 ingress and get the in-process answer; both replicas serve; a conversation's follow-up turns all go to the
-replica that holds its prefix; a client that drops is cancelled on its replica.
+replica that holds its prefix; a client that drops is cancelled on its replica. Then, in the same Ray, several
+models: a deployment per model behind one ingress, a request's ``model`` picking the deployment (the OpenAI
+endpoints, and ChatExLlama by ``model=``), unknown models refused typed, metrics per model.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ray import serve
 from exllama_integrations.serve.ray import build_app
 
 MODEL_DIR = {model_dir!r}
+TINY_A, TINY_B = {tiny_a!r}, {tiny_b!r}
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 out = {{}}
 t0 = time.perf_counter()
@@ -74,6 +77,28 @@ for _ in range(40):  # ask the replicas what they still run (a dropped client's 
     a = handle.active.remote().result()
     seen[a["replica"]] = max(seen.get(a["replica"], 0), a["active"])
 out["active_after_drop"] = seen
+# several models: a deployment each behind one ingress (the first app gives its CPUs back first)
+serve.delete("exllama")
+t1 = time.perf_counter()
+serve.run(build_app({{"models": [{{"name": "a", "model_dir": TINY_A, "backend": "transformers"}},
+                                 {{"name": "b", "model_dir": TINY_B, "backend": "transformers"}}],
+                      "num_gpus": 0, "num_cpus": 1}}), name="multi", route_prefix="/")
+out["multi_up_s"] = time.perf_counter() - t1
+cards = httpx.get(url + "/v1/models", timeout=30).json()["data"]
+out["multi_models"] = [[m["id"], m["state"], m["pinned"]] for m in cards]
+answers = {{}}
+for name in ("a", "b", "nope"):
+    body = {{"model": name, "prompt": "Hello", "max_tokens": 3, "temperature": 0}}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+    answers[name] = [r.status_code, r.json().get("model") or r.json()["error"]["code"]]
+out["multi_answers"] = answers
+from exllama_integrations.langchain import ChatExLlama
+chat = ChatExLlama(base_url=url, model="b", max_tokens=3, temperature=0)
+out["multi_chat"] = [chat.exllama_runtime.served_model_name, chat.exllama_runtime.model_info().details["model_dir"],
+                     chat.invoke("Hi").usage_metadata["output_tokens"]]
+from prometheus_client.parser import text_string_to_metric_families
+families = {{f.name: f for f in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text)}}
+out["multi_metrics"] = sorted(s.labels["model_name"] for s in families["vllm:num_requests_running"].samples)
 ss = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout.splitlines()
 parent = {{}}
 for d in os.listdir("/proc"):
@@ -100,8 +125,17 @@ print(json.dumps(out))
 """
 
 
-def test_two_replicas_stream_sixteen_clients_on_loopback(demo_dir):
-    out = run_isolated(SCRIPT.format(model_dir=str(demo_dir)), timeout=600)
+@pytest.fixture(scope="module")
+def ray_run(demo_dir, tmp_path_factory):
+    from arch_models import make_arch
+
+    root = tmp_path_factory.mktemp("ray-models")
+    tiny = [make_arch(arch, root / arch, seed=i) for i, arch in enumerate(("llama3", "qwen3"))]
+    return run_isolated(SCRIPT.format(model_dir=str(demo_dir), tiny_a=str(tiny[0]), tiny_b=str(tiny[1])), timeout=600)
+
+
+def test_two_replicas_stream_sixteen_clients_on_loopback(ray_run):
+    out = ray_run
     print(
         f"Ray Serve, an ingress and 2 CPU model replicas, up in {out['up_s']:.1f}s; requests per replica: "
         f"{out['placement']}; a conversation's 7 turns: {out['follow_up_placement']}"
@@ -115,3 +149,13 @@ def test_two_replicas_stream_sixteen_clients_on_loopback(demo_dir):
     assert out["in_flight_after_drop"] == 0, "a dropped client's request still counts on the ingress"
     assert len(out["active_after_drop"]) == 2 and not any(out["active_after_drop"].values()), out["active_after_drop"]
     assert out["sockets"] and not out["off_loopback"], out["off_loopback"]
+
+
+def test_several_models_are_a_deployment_each_behind_one_ingress(ray_run, tmp_path_factory):
+    out = ray_run
+    print(f"two model deployments and their ingress up in {out['multi_up_s']:.1f}s")
+    assert out["multi_models"] == [["a", "loaded", True], ["b", "loaded", True]]
+    assert out["multi_answers"] == {"a": [200, "a"], "b": [200, "b"], "nope": [404, "model_not_found"]}
+    served, model_dir, tokens = out["multi_chat"]
+    assert served == "b" and model_dir.endswith("qwen3") and tokens == 3
+    assert out["multi_metrics"] == ["a", "b"]

@@ -34,6 +34,7 @@ def test_public_api_is_pinned():
             "ModelInfo",
             "ModelLoadError",
             "ModelNotFoundError",
+            "ModelUnavailableError",
             "ProtocolError",
             "Reasoning",
             "RemoteRuntime",

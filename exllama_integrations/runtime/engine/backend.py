@@ -113,7 +113,14 @@ class EngineBackend(Backend):
         return self._max_batch * len(self.engines)
 
     def info(self) -> dict[str, Any]:
-        return {**self._info, "engine": "process", "engines": len(self.engines), "engine_pids": self.pids()}
+        gpu = sum(int(e.ready.get("gpu_bytes") or 0) for e in self.engines)
+        return {
+            **self._info,
+            "engine": "process",
+            "engines": len(self.engines),
+            "engine_pids": self.pids(),
+            "gpu_bytes": gpu,
+        }
 
     def pids(self) -> list[int | None]:
         """Each engine's process id (None while one is not running)."""

@@ -250,6 +250,14 @@ class Engine:
         self.out.message({"op": "closed"})
 
 
+def _gpu_bytes() -> int:
+    """GPU memory this process's torch holds once loaded (its allocator's reservation, every device); 0 without CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return 0
+    return int(sum(torch.cuda.memory_reserved(d) for d in range(torch.cuda.device_count())))
+
+
 def _watch_parent() -> None:
     """Exit when stdin ends: the parent is gone, and nobody would read what this engine produces."""
     try:
@@ -302,6 +310,7 @@ def serve(config: dict[str, Any]) -> int:
             "max_batch_size": backend.max_batch_size,
             "vision": backend.vision,
             "info": json.loads(json.dumps(backend.info(), default=str)),
+            "gpu_bytes": _gpu_bytes(),
         }
     )
     while True:

@@ -126,7 +126,11 @@ class ExLlamaRuntime(RuntimeBase):
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="exllama-aio")
         self._grammars = lru_cache(maxsize=64)(self._compile)
         self._piece = lru_cache(maxsize=1 << 16)(self._token_text)
-        self._info = self._model_info()
+        try:
+            self._info = self._model_info()
+        except BaseException:
+            self._backend.close()  # nothing stays loaded (an engine process included)
+            raise
         close_at_exit(self)
         logger.info("loaded %s on %s in %.1fs", model.name, self.backend_name, self.load_seconds)
 
@@ -186,6 +190,13 @@ class ExLlamaRuntime(RuntimeBase):
         """Generations submitted and not yet finished or cancelled (what waits for or holds the backend)."""
         with self._lock:
             return len(self._active)
+
+    def cache_use(self) -> tuple[int, int]:
+        """KV-cache tokens the generations in flight hold (prompt + max_new_tokens each), and the cache's capacity."""
+        info = self.model_info()
+        with self._lock:
+            used = sum(min(len(r.prompt_ids) + r.max_new_tokens, info.context_length) for r in self._active)
+        return used, int(info.details.get("cache_tokens") or info.context_length * max(1, info.max_batch_size))
 
     def close(self) -> None:
         """Cancel running generations and free the model (GPU memory included). Idempotent; always returns.

@@ -27,6 +27,8 @@ class RemoteRetrieval:
     served_model_name: str
     timeout: float
     _embedding: EmbeddingInfo | None
+    _params: dict[str, str] | None
+    """The query naming the server's model (``?model=``), for a server of several models."""
 
     if TYPE_CHECKING:  # RemoteRuntime's own
 
@@ -77,7 +79,9 @@ class RemoteRetrieval:
         deadline = time.monotonic() + self.timeout
         headers = {"content-type": "application/json"}
         try:
-            async with self._aclient().stream("POST", path, content=body, headers=headers) as response:
+            async with self._aclient().stream(
+                "POST", path, content=body, headers=headers, params=self._params
+            ) as response:
                 data = bytearray()
                 async for part in response.aiter_bytes():
                     data.extend(part)

@@ -46,7 +46,7 @@ from ..base import RuntimeBase, check_request
 from .retrieval import RemoteRetrieval
 from .stream import RemoteStream, alines, chunk_of_line
 
-_shared: dict[tuple[str, str], weakref.ref[RemoteRuntime]] = {}
+_shared: dict[tuple[str, str, str], weakref.ref[RemoteRuntime]] = {}
 _shared_lock = threading.Lock()
 MAX_BODY_BYTES = 1 << 30
 """Largest answer read whole (the tokenizer files)."""
@@ -71,11 +71,14 @@ class RemoteRuntime(RemoteRetrieval, RuntimeBase):
         connect_timeout: float = 10.0,
         settings: GenerationSettings | None = None,
         cache_dir: str | Path | None = None,
+        model: str | None = None,
     ) -> None:
         """Connect, read the served model's facts and load its tokenizer here (no weights).
 
         ``timeout``: the most seconds one call may take, a whole generation included (keep-alives do not
-        extend it); the facts and tokenizer are fetched within ``min(timeout, 60)``.
+        extend it); the facts and tokenizer are fetched within ``min(timeout, 60)`` (a server of several models may
+        load the model first: its load counts against ``timeout``).
+        ``model``: which model of a server of several (its name in ``/v1/models``); None: the server's first.
 
         Raises:
             ServerError: the server cannot be reached, refuses the key, or does not answer in time.
@@ -93,8 +96,10 @@ class RemoteRuntime(RemoteRetrieval, RuntimeBase):
         self._aclients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         self.settings = settings or GenerationSettings()
         self._closed = False
+        self.model = model
+        self._params = {"model": model} if model is not None else None
         try:
-            setup = min(self.timeout, 60.0)
+            setup = self.timeout if model is not None else min(self.timeout, 60.0)
             answer = self._json("/v1/exllama/info", setup)
             if not isinstance(answer, dict) or "info" not in answer:
                 raise ProtocolError(f"{self.base_url} is not an exllama-integrations server (no model info).")
@@ -113,14 +118,14 @@ class RemoteRuntime(RemoteRetrieval, RuntimeBase):
             raise
 
     @classmethod
-    def shared(cls, base_url: str, *, api_key: str | None = None) -> RemoteRuntime:
-        """One client per server and key, shared by every wrapper that names it."""
-        key = (base_url.rstrip("/"), hashlib.sha256((api_key or "").encode()).hexdigest())
+    def shared(cls, base_url: str, *, api_key: str | None = None, model: str | None = None) -> RemoteRuntime:
+        """One client per server, key and model, shared by every wrapper that names them."""
+        key = (base_url.rstrip("/"), hashlib.sha256((api_key or "").encode()).hexdigest(), model or "")
         with _shared_lock:
             ref = _shared.get(key)
             rt = ref() if ref is not None else None
             if rt is None or rt.closed:
-                rt = cls(base_url, api_key=api_key)
+                rt = cls(base_url, api_key=api_key, model=model)
                 _shared[key] = weakref.ref(rt)
             return rt
 
@@ -133,7 +138,7 @@ class RemoteRuntime(RemoteRetrieval, RuntimeBase):
         method, headers = ("GET", None) if content is None else ("POST", {"content-type": "application/json"})
         try:
             with self._client.stream(
-                method, path, content=content, headers=headers, timeout=httpx.Timeout(seconds)
+                method, path, content=content, headers=headers, timeout=httpx.Timeout(seconds), params=self._params
             ) as r:
                 body = bytearray()
                 for data in r.iter_bytes():
@@ -190,7 +195,11 @@ class RemoteRuntime(RemoteRetrieval, RuntimeBase):
         try:
             response = self._client.send(
                 self._client.build_request(
-                    "POST", "/v1/exllama/generate", content=body, headers={"content-type": "application/json"}
+                    "POST",
+                    "/v1/exllama/generate",
+                    content=body,
+                    headers={"content-type": "application/json"},
+                    params=self._params,
                 ),
                 stream=True,
             )
@@ -225,7 +234,9 @@ class RemoteRuntime(RemoteRetrieval, RuntimeBase):
         client = self._aclient()
         headers = {"content-type": "application/json"}
         try:
-            async with client.stream("POST", "/v1/exllama/generate", content=body, headers=headers) as response:
+            async with client.stream(
+                "POST", "/v1/exllama/generate", content=body, headers=headers, params=self._params
+            ) as response:
                 if response.status_code != 200:
                     data = (await response.aread())[:MAX_BODY_BYTES]
                     raise _error(response.status_code, data, self.base_url)

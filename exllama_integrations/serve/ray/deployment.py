@@ -6,7 +6,8 @@ instance. Replicas and autoscaling are configuration (``num_replicas``, ``autosc
 is Ray's request router with our policy (:mod:`.router`: the replica holding the prompt's prefix, else the
 least loaded). Streaming responses stream through
 the proxy; a client that disconnects cancels its request on the replica. Every process Ray starts
-gets NVLink multicast switched off (shared multi-GPU hosts).
+gets NVLink multicast switched off (shared multi-GPU hosts). Several models (``models=[...]``, ``serve --ray`` with
+several directories or ``--config``) are a deployment each behind one ingress, which routes by the request's ``model``.
 """
 
 from __future__ import annotations
@@ -97,14 +98,30 @@ def build_app(args: dict[str, Any]) -> Any:
     ``chat_template`` (jinja text that replaces the model's own template on the chat endpoints),
     ``limits`` (``max_tokens``, ``max_pending``, ``max_body_bytes``, ``allow_image_urls`` and ``image_url_allow``: the
     hosts and networks an image fetch may reach although they are not global).
+
+    Several models: ``models``, a list of entries (each ``name``, ``model_dir`` and any of the per-model keys above:
+    ``backend``, ``runtime``, ``num_replicas``, ``autoscaling_config``, ``num_gpus``, ``num_cpus``,
+    ``max_ongoing_requests``, ``tool_format``, ``chat_template``, ``kind``), instead of ``model_dir``: one model
+    deployment each behind one ingress, which sends a request to the deployment of the model it names.
     """
     serve = _serve()
-    from ray.serve.config import RequestRouterConfig
-
+    if args.get("models"):
+        return _build_models(serve, args)
     if not args.get("model_dir"):
         from ...errors import InvalidSettingsError
 
-        raise InvalidSettingsError("build_app needs model_dir (a model directory or Hub id).")
+        raise InvalidSettingsError("build_app needs model_dir (a model directory or Hub id), or models (a list).")
+    model, config = _model(serve, args, "ExLlamaModel")
+    from .ingress import ExLlamaIngress
+
+    ingress = serve.deployment(serve.ingress()(ExLlamaIngress), **_ingress_options(args))
+    return ingress.bind(model, {**config, **_server_keys(args)})
+
+
+def _model(serve: Any, args: dict[str, Any], name: str) -> tuple[Any, dict[str, Any]]:
+    """One model's deployment, bound, and its configuration (what its replicas load)."""
+    from ray.serve.config import RequestRouterConfig
+
     if args.get("tool_format") is not None:
         from ...chat.formats import find_format
 
@@ -116,7 +133,7 @@ def build_app(args: dict[str, Any]) -> Any:
         num_gpus = 1 if cuda_available() else 0
     env = {"runtime_env": {"env_vars": dict(NO_MULTICAST)}}
     options: dict[str, Any] = {
-        "name": "ExLlamaModel",
+        "name": name,
         "ray_actor_options": {"num_gpus": float(num_gpus), "num_cpus": float(args.get("num_cpus", 1)), **env},
         "max_ongoing_requests": int(args.get("max_ongoing_requests", 64)),
         "health_check_period_s": 10,
@@ -132,24 +149,56 @@ def build_app(args: dict[str, Any]) -> Any:
         "model_dir": str(args["model_dir"]),
         "backend": args.get("backend", "auto"),
         "runtime": dict(args.get("runtime") or {}),
-        "served_model_name": args.get("served_model_name"),
-        "api_key": args.get("api_key"),
         "tool_format": args.get("tool_format"),
         "chat_template": args.get("chat_template"),
-        "limits": dict(args.get("limits") or {}),
+        "kind": args.get("kind", "chat"),
         "gpu_share": float(num_gpus) if 0 < float(num_gpus) < 1 else 1.0,
     }
-    from .ingress import ExLlamaIngress
+    return serve.deployment(ExLlamaModel, **options).bind(config), config
 
-    model = serve.deployment(ExLlamaModel, **options).bind(config)
-    ingress = serve.deployment(
-        serve.ingress()(ExLlamaIngress),
-        name="ExLlamaIngress",
-        num_replicas=int(args.get("ingress_replicas", 1)),
-        ray_actor_options={"num_cpus": float(args.get("num_cpus", 1)), "num_gpus": 0, **env},
-        max_ongoing_requests=4096,
-    )
-    return ingress.bind(model, config)
+
+def _server_keys(args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "served_model_name": args.get("served_model_name"),
+        "api_key": args.get("api_key"),
+        "limits": dict(args.get("limits") or {}),
+    }
+
+
+def _ingress_options(args: dict[str, Any]) -> dict[str, Any]:
+    env = {"runtime_env": {"env_vars": dict(NO_MULTICAST)}}
+    return {
+        "name": "ExLlamaIngress",
+        "num_replicas": int(args.get("ingress_replicas", 1)),
+        "ray_actor_options": {"num_cpus": float(args.get("num_cpus", 1)), "num_gpus": 0, **env},
+        "max_ongoing_requests": 4096,
+    }
+
+
+def _build_models(serve: Any, args: dict[str, Any]) -> Any:
+    """Several models: a deployment each (``ExLlamaModel-<i>``) behind one ingress that routes by ``model``."""
+    from ...errors import InvalidSettingsError
+    from .ingress import ExLlamaModelsIngress
+
+    handles, configs = {}, {}
+    for i, entry in enumerate(args["models"]):
+        entry = dict(entry)
+        if not entry.get("model_dir"):
+            raise InvalidSettingsError(f"models[{i}] needs model_dir (a model directory or Hub id).")
+        if entry.get("kind", "chat") != "chat":
+            raise InvalidSettingsError(
+                f"models[{i}] is of kind {entry['kind']!r}: Ray's deployments serve chat models here; serve an "
+                "embedding or rerank model with `exllama-integrations serve`."
+            )
+        name = str(entry.get("name") or os.path.basename(str(entry["model_dir"]).rstrip("/")))
+        if name in handles:
+            raise InvalidSettingsError(f"two models are named {name!r}; give each its own 'name'.")
+        for key in ("num_gpus", "num_cpus"):  # the app's, unless the entry sets its own
+            if entry.get(key) is None and args.get(key) is not None:
+                entry[key] = args[key]
+        handles[name], configs[name] = _model(serve, entry, f"ExLlamaModel-{i}")
+    ingress = serve.deployment(serve.ingress()(ExLlamaModelsIngress), **_ingress_options(args))
+    return ingress.bind(handles, {"models": configs, **_server_keys(args)})
 
 
 def run_ray(
@@ -168,6 +217,57 @@ def run_ray(
     chat_template: str | None = None,
 ) -> int:
     """Start (or join) Ray here, serve ``replicas`` replicas behind its proxy on ``host:port``, until interrupted."""
+    app_args = {
+        "model_dir": model_dir,
+        "backend": backend,
+        "num_replicas": replicas,
+        "num_gpus": num_gpus,
+        "api_key": api_key,
+        "served_model_name": served_model_name,
+        "tool_format": tool_format,
+        "chat_template": chat_template,
+        "runtime": runtime_options or {},
+        "limits": limits or {},
+    }
+    return _run(app_args, host, port, f"{model_dir} on {replicas} Ray replica(s)")
+
+
+def run_ray_models(config: Any, args: Any, api_key: str | None) -> int:
+    """``serve --ray`` over several models (a :class:`~..model_config.ServerModels`): a deployment each, one ingress.
+
+    Each model's replicas stay loaded (Ray places them by their ``num_gpus``; scaling is Ray's ``autoscaling_config``);
+    the budget and ``keep_alive`` of a server of several models do not apply.
+    """
+    models = [
+        {
+            "name": m.name,
+            "model_dir": m.model_dir,
+            "backend": m.backend,
+            "runtime": {k: v for k, v in m.options.items() if v is not None},
+            "kind": m.kind,
+            "tool_format": m.tool_format,
+            "chat_template": m.chat_template,
+            "num_replicas": args.replicas,
+        }
+        for m in config.models
+    ]
+    app_args = {
+        "models": models,
+        "num_gpus": args.num_gpus,
+        "api_key": api_key,
+        "limits": {
+            "max_tokens": args.max_tokens,
+            "max_pending": args.max_pending,
+            "max_body_bytes": args.max_body_bytes,
+            "body_timeout": args.body_timeout,
+            "allow_image_urls": args.allow_image_urls or None,
+            "image_url_allow": args.image_url_allow or None,
+        },
+    }
+    return _run(app_args, args.host, args.port, f"{', '.join(config.names)} as Ray deployments")
+
+
+def _run(app_args: dict[str, Any], host: str, port: int, what: str) -> int:
     if host in ("127.0.0.1", "localhost"):
         os.environ.update(LOOPBACK)
     os.environ.update(NO_MULTICAST)
@@ -176,22 +276,8 @@ def run_ray(
     serve = _serve()
     ray.init(include_dashboard=False, ignore_reinit_error=True)
     serve.start(http_options={"host": host, "port": port})
-    app = build_app(
-        {
-            "model_dir": model_dir,
-            "backend": backend,
-            "num_replicas": replicas,
-            "num_gpus": num_gpus,
-            "api_key": api_key,
-            "served_model_name": served_model_name,
-            "tool_format": tool_format,
-            "chat_template": chat_template,
-            "runtime": runtime_options or {},
-            "limits": limits or {},
-        }
-    )
-    serve.run(app, name="exllama", route_prefix="/")
-    logger.warning("serving %s on %d Ray replica(s) at http://%s:%d/v1", model_dir, replicas, host, port)
+    serve.run(build_app(app_args), name="exllama", route_prefix="/")
+    logger.warning("serving %s at http://%s:%d/v1", what, host, port)
     try:
         while True:
             time.sleep(3600)

@@ -151,9 +151,61 @@ class ExLlamaIngress:
         return app_over(self.runtime, self.config, freeze_gc=True)
 
 
-def app_over(runtime: Any, c: dict[str, Any], freeze_gc: bool) -> Any:
-    """The same HTTP app as ``exllama-integrations serve``, over ``runtime``, with the configured options."""
-    from ..app import ServeLimits, create_app
+class ExLlamaModelsIngress:
+    """The ingress of several models: the front of a server of several models (:mod:`..front`), each model a deployment.
+
+    Every model is leased through the same registry as ``exllama-integrations serve DIR DIR ...``, pinned: its
+    replicas are Ray's to place and scale, so the ingress never unloads one.
+    """
+
+    async def __init__(self, models: dict[str, Any], config: dict[str, Any]) -> None:  # type: ignore[misc]
+        """Keep each model's handle; each model's facts and tokenizer are read as the app starts."""
+        bind_replica_grpc_to_node_address()
+        self.models, self.config = models, config
+
+    def __serve_build_asgi_app__(self) -> Any:
+        """The front of several models over the model deployments."""
+        return front_over(self.models, self.config, freeze_gc=True)
+
+
+def front_over(handles: dict[str, Any], c: dict[str, Any], freeze_gc: bool) -> Any:
+    """The front of several models, each a :class:`HandleRuntime` over its deployment's handle."""
+    from ..footprint import Footprint
+    from ..front import create_front
+    from ..model_config import KINDS, ModelSpec, ServerModels
+    from ..model_kinds import Plan
+    from ..models import ModelRegistry
+
+    specs = tuple(
+        ModelSpec(
+            name,
+            str(m.get("model_dir") or name),
+            pinned=True,
+            kind=str(m.get("kind") or "chat"),
+            chat_template=m.get("chat_template"),
+            tool_format=m.get("tool_format"),
+        )
+        for name, m in c["models"].items()
+    )
+
+    def plan(spec: ModelSpec) -> Plan:
+        return Plan(None, "ray", None, Footprint(), 0)
+
+    def load(spec: ModelSpec, plan: Plan) -> HandleRuntime:  # on a worker thread: blocking calls are allowed
+        handle = handles[spec.name]
+        return HandleRuntime(handle, handle.info.remote().result(), handle.tokenizer_files.remote().result())
+
+    registry = ModelRegistry(
+        ServerModels(specs, gpu_memory=0, ram=0, keep_alive=-1.0),
+        budget=Footprint(),
+        loaders={kind: (plan, load) for kind in KINDS},
+    )
+    return create_front(registry, api_key=c.get("api_key"), limits=limits_from(c), freeze_gc=freeze_gc)
+
+
+def limits_from(c: dict[str, Any]) -> Any:
+    """The server limits of an app's configuration (``limits``)."""
+    from ..app import ServeLimits
 
     given = {k: v for k, v in (c.get("limits") or {}).items() if v is not None}
     allow = tuple(given.pop("image_url_allow", None) or ())  # hosts and networks a fetch may reach though not global
@@ -161,11 +213,18 @@ def app_over(runtime: Any, c: dict[str, Any], freeze_gc: bool) -> Any:
         from ...model.media import MediaLimits
 
         given["media"] = MediaLimits(fetch_urls=True, fetch_allow=allow)
+    return ServeLimits(**given)
+
+
+def app_over(runtime: Any, c: dict[str, Any], freeze_gc: bool) -> Any:
+    """The same HTTP app as ``exllama-integrations serve``, over ``runtime``, with the configured options."""
+    from ..app import create_app
+
     return create_app(
         runtime,
         served_model_name=c.get("served_model_name"),
         api_key=c.get("api_key"),
-        limits=ServeLimits(**given),
+        limits=limits_from(c),
         on_shutdown=runtime.close,
         freeze_gc=freeze_gc,
         tool_format=c.get("tool_format"),
