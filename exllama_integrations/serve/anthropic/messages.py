@@ -16,7 +16,7 @@ from fastapi import APIRouter, HTTPException, Request
 from ...chat.outcome import ChatDelta, ChatOutcome, astream_chat
 from ...chat.prepare import PreparedChat
 from ...contract.api import Runtime
-from ..openai.completions import check_finish
+from ..rules import check_finish
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
 from .errors import AnthropicRoute

@@ -17,10 +17,10 @@ from fastapi import APIRouter, Request
 from ...chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall, astream_chat
 from ...chat.prepare import PreparedChat
 from ...contract.shapes import chat_logprobs, usage_dict
+from ..rules import ERRORS, check_finish, new_id
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
 from .choices import announce, merged, per_choice, summed_usage
-from .completions import ERRORS, check_finish, new_id
 from .protocol.chat import (
     AssistantMessage,
     ChatChoice,

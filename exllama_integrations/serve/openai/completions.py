@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -12,8 +11,8 @@ from fastapi import APIRouter, Request
 
 from ...contract.api import GenerationResult, StreamChunk, TokenLogprob, Usage
 from ...contract.shapes import completion_logprobs, finish_name, usage_dict
-from ...errors import RuntimeClosedError
 from ...runtime.base import acollect
+from ..rules import ERRORS, check_finish, new_id
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
 from .choices import announce, merged, summed_usage
@@ -22,28 +21,6 @@ from .protocol.completions import CompletionChoice, CompletionRequest, Completio
 from .sse import framed, sse
 
 router = APIRouter(tags=["openai"])
-ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"description": "a bad request (settings, context, grammar)"},
-    401: {"description": "a missing or wrong API key"},
-    404: {"description": "a model this server does not serve"},
-    413: {"description": "a body over the server's limit"},
-    503: {"description": "the server is full or its runtime was closed"},
-}
-
-
-def new_id(prefix: str) -> str:
-    """An OpenAI-style object id."""
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def check_finish(native: str) -> None:
-    """A generation cut by the server's own runtime (closed while it ran) is an error, never a quiet "stop".
-
-    Raises:
-        RuntimeClosedError: the runtime stopped the generation.
-    """
-    if native == "cancelled":
-        raise RuntimeClosedError("the server's runtime stopped this generation before it ended (it is shutting down).")
 
 
 def echo_logprobs(prompt: Sequence[TokenLogprob], lps: Sequence[TokenLogprob]) -> dict[str, Any] | None:

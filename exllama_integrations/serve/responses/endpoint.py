@@ -16,7 +16,7 @@ from fastapi.routing import APIRoute
 
 from ...chat.outcome import ChatOutcome, astream_chat
 from ..guard import validation_response
-from ..openai.completions import ERRORS, check_finish
+from ..rules import ERRORS, check_finish
 from ..state import record, state_of
 from ..streaming import start_stream, whole
 from .events import ResponseEvents, framed
