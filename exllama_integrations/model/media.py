@@ -34,7 +34,7 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -82,6 +82,45 @@ class MediaLimits:
     are not global (loopback, private, link-local ...); ``"*"`` allows every address (the in-process default)."""
     fetch_reasons: bool = False
     """Whether a refused fetch says why (in process: yes; served: no, the reasons would map the server's network)."""
+    tally: Tally | None = field(default=None, compare=False)
+    """The bytes of one request's images read so far (:meth:`for_request`): checked against ``max_total_bytes`` as
+    each image is read and while a URL is fetched, so a request cannot hold more than its total however many images
+    it names (None: each image alone, the total checked when they are opened)."""
+
+    def for_request(self) -> MediaLimits:
+        """These limits for one request, with a tally of its own."""
+        return replace(self, tally=Tally())
+
+
+class Tally:
+    """Bytes of images one request has read so far (see :attr:`MediaLimits.tally`)."""
+
+    def __init__(self) -> None:
+        self.spent = 0
+        self._lock = threading.Lock()
+
+    def charge(self, n: int, limit: int) -> None:
+        """Count ``n`` more bytes; refuse when the request's images would hold more than ``limit``.
+
+        Raises:
+            MediaError: naming the limit.
+        """
+        with self._lock:
+            if self.spent + n > limit:
+                raise MediaError(over_total(self.spent + n, limit))
+            self.spent += n
+
+    def left(self, limit: int) -> int:
+        """Bytes the request's images may still hold."""
+        return max(0, limit - self.spent)
+
+
+def over_total(total: int, limit: int) -> str:
+    """The refusal of a request whose images hold ``total`` bytes, over ``limit``."""
+    return (
+        f"a request's images hold {total} bytes, more than the {limit} taken in one request; send fewer or smaller "
+        "images."
+    )
 
 
 def in_process_limits() -> MediaLimits:
@@ -119,6 +158,8 @@ def media_from_bytes(data: bytes, mime: str | None, limits: MediaLimits) -> Medi
         )
     if not data:
         raise MediaError("an image is empty (0 bytes).")
+    if limits.tally is not None:
+        limits.tally.charge(len(data), limits.max_total_bytes)
     return Media(data, mime)
 
 
@@ -176,7 +217,7 @@ def media_from_url(url: str, limits: MediaLimits, mime: str | None = None) -> Me
             "image URLs are not fetched here; send the image as a data: URL (data:image/png;base64,...), "
             "or start the server with --allow-image-urls."
         )
-    return media_from_bytes(_fetch(url, limits), mime, limits)
+    return media_from_bytes(_fetch(url, limits), mime, limits)  # charged to the request's tally there
 
 
 REFUSED_FETCH = (
@@ -212,6 +253,8 @@ def _fetch(url: str, limits: MediaLimits) -> bytes:
     """The bytes of an http(s) image (see the module docstring for what is refused)."""
     try:
         return _fetch_checked(url, limits)
+    except MediaError:
+        raise  # the request's own total, said as it is (it maps nothing)
     except _Refused as e:
         why = str(e)
     except (OSError, ValueError) as e:  # ssl errors, resets, bad responses, a closed socket at the deadline
@@ -284,6 +327,8 @@ def _fetch_checked(url: str, limits: MediaLimits) -> bytes:
             size += len(chunk)
             if size > limits.max_bytes:
                 raise _Refused(f"larger than {limits.max_bytes} bytes")
+            if limits.tally is not None and size > limits.tally.left(limits.max_total_bytes):
+                raise MediaError(over_total(limits.tally.spent + size, limits.max_total_bytes))
         if late.is_set():
             raise _Refused(f"slower than {limits.fetch_timeout} s")
         return b"".join(chunks)

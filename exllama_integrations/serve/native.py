@@ -102,6 +102,7 @@ def _events(state: ServeState, request: GenerationRequest, scope_state: Any) -> 
 async def tokenize(request: Request) -> JSONResponse:
     """The token ids the model reads for a request given in the wire form (images counted as the model reads them)."""
     state = state_of(request.app)
+    state.admit(request.state)
     req = wire.loads_request(await request.body())
     check_grammar_size(req.grammar)
     count = getattr(state.runtime, "prompt_token_ids", None)
@@ -114,6 +115,7 @@ async def tokenize(request: Request) -> JSONResponse:
 async def generate(request: Request) -> Any:
     """Run a request given in the wire form; its chunks as server-sent events."""
     state = state_of(request.app)
+    state.admit(request.state)
     req = wire.loads_request(await request.body())
     check_grammar_size(req.grammar)
     cap = state.limits.max_tokens

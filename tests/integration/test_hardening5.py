@@ -6,6 +6,7 @@ engine's watchdog runs on test time (pings every 0.2 s, hung after 3 s) and its 
 
 from __future__ import annotations
 
+import json
 import random
 import string
 import threading
@@ -141,3 +142,224 @@ def test_a_grammar_that_compiles_for_seconds_fails_typed_and_the_engine_serves_o
     assert httpx.get(url + "/health").json()["status"] == "ok"
     assert rt.generate("Hi", settings=greedy(2)).usage.completion_tokens == 2
     print(f"840 KB grammar: refused here in {t1 - t0:.2f} s, by the engine {answered:.1f} s later; engine kept")
+
+
+# ------------------------------------------------------------------ defects 2 and 7: admission counts work
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    """An image host on 127.0.0.1 that counts what it is asked for."""
+    import http.server
+
+    fetched: list[str] = []
+
+    class Host(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            fetched.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            self.wfile.write(b"\x89PNG\r\n\x1a\n" + bytes(32))
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Host)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{host.server_address[1]}", fetched
+    host.shutdown()
+
+
+@pytest.fixture(scope="module")
+def small(demo_runtime):
+    """A server over the demo model (text only) that runs 4 generations at once and fetches image URLs."""
+    from servers import ThreadServer
+
+    from exllama_integrations.model.media import MediaLimits
+    from exllama_integrations.serve.app import ServeLimits
+
+    media = MediaLimits(fetch_urls=True, fetch_allow=("127.0.0.1",))
+    server = ThreadServer(demo_runtime, limits=ServeLimits(max_pending=4, media=media))
+    yield server
+    server.stop()
+
+
+class Holding:
+    """``n`` generations held in flight on a server: a completions stream of ``n`` long choices, open until closed
+    (the client's disconnect cancels them)."""
+
+    def __init__(self, url: str, n: int) -> None:
+        body = {"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True, "n": n, "stream": True}
+        self._client = httpx.Client(timeout=60)
+        self._cm = self._client.stream("POST", url + "/v1/completions", json=body)
+        self.reply = self._cm.__enter__()
+        assert self.reply.status_code == 200
+
+    def close(self) -> None:
+        self._cm.__exit__(None, None, None)
+        self._client.close()
+
+
+def _free(server) -> None:
+    t0 = time.perf_counter()
+    while server.app.state.serve.pending and time.perf_counter() - t0 < 10:
+        time.sleep(0.02)
+    assert server.app.state.serve.pending == 0
+
+
+def _image_bodies(url: str, model: str) -> dict[str, dict]:
+    part = {"type": "image_url", "image_url": {"url": url + "/a.png"}}
+    return {
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": [part]}], "max_tokens": 2},
+        "/v1/messages": {
+            "model": model,
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": url}}]}],
+        },
+        "/v1/messages/count_tokens": {
+            "model": model,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": url}}]}],
+        },
+        "/v1/responses": {
+            "input": [{"role": "user", "content": [{"type": "input_image", "image_url": url + "/a.png"}]}],
+            "max_output_tokens": 2,
+        },
+        "/tokenize": {"messages": [{"role": "user", "content": [part]}]},
+    }
+
+
+def test_every_chat_api_and_count_tokens_are_admitted_before_they_prepare_anything(small, image_host):
+    host, fetched = image_host
+    url, model = small.url, small.app.state.serve.name
+    held = Holding(url, 4)  # the server is full
+    try:
+        for path, body in _image_bodies(host, model).items():
+            reply = httpx.post(url + path, json=body, timeout=60)
+            assert reply.status_code in (503, 529), (path, reply.text)  # Anthropic's API says 529 overloaded
+            assert reply.headers.get("retry-after"), path
+        text = {"model": model, "messages": [{"role": "user", "content": "Hi " * 50_000}]}
+        assert httpx.post(url + "/v1/messages/count_tokens", json=text, timeout=60).status_code == 529
+    finally:
+        held.close()
+    assert fetched == []  # refused before any image was fetched
+    _free(small)
+    counted = httpx.post(url + "/v1/messages/count_tokens", json=text, timeout=60)
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 50_000
+
+
+def test_a_text_only_model_fetches_no_image(small, image_host):
+    host, fetched = image_host
+    url, model = small.url, small.app.state.serve.name
+    for path, body in _image_bodies(host, model).items():
+        reply = httpx.post(url + path, json=body, timeout=60)
+        assert reply.status_code == 400 and "takes no images" in reply.text, (path, reply.text)
+    assert fetched == []
+    _free(small)
+
+
+def test_a_request_counts_as_its_generations(small):
+    url = small.url
+    many = {"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 1}  # 6 generations: more than the server's 4 ...
+    reply = httpx.post(url + "/v1/completions", json=many, timeout=60)
+    assert reply.status_code == 200 and len(reply.json()["choices"]) == 6, reply.text  # ... so it runs alone
+    _free(small)
+    held = Holding(url, 1)
+    try:
+        assert httpx.post(url + "/v1/completions", json=many, timeout=60).status_code == 503
+        four = {"prompt": ["a", "b"], "n": 2, "max_tokens": 1, "temperature": 1}  # 1 + 4 > 4
+        assert httpx.post(url + "/v1/completions", json=four, timeout=60).status_code == 503
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 1}
+        assert httpx.post(url + "/v1/chat/completions", json={**chat, "n": 4}, timeout=60).status_code == 503
+        assert httpx.post(url + "/v1/chat/completions", json={**chat, "n": 3}, timeout=60).status_code == 200
+    finally:
+        held.close()
+    _free(small)
+
+
+def test_max_tokens_bounds_each_generation_on_every_api(demo_runtime):
+    from servers import ThreadServer
+
+    from exllama_integrations.serve.app import ServeLimits
+
+    capped = ThreadServer(demo_runtime, limits=ServeLimits(max_tokens=3))
+    url, model = capped.url, capped.app.state.serve.name
+    said = [{"role": "user", "content": "Tell me a long story."}]
+    over = {
+        "/v1/completions": {"prompt": "Once", "max_tokens": 4},
+        "/v1/chat/completions": {"messages": said, "max_completion_tokens": 4},
+        "/v1/responses": {"input": "Tell me a long story.", "max_output_tokens": 4},
+        "/v1/messages": {"model": model, "messages": said, "max_tokens": 4},
+    }
+    for path, body in over.items():
+        reply = httpx.post(url + path, json=body, timeout=60)
+        assert reply.status_code == 400 and "at most 3" in reply.text, (path, reply.text)
+    # a request that sets none gets the cap for each of its choices
+    body = {"prompt": "Once upon a time", "n": 2, "temperature": 1, "ignore_eos": True}
+    usage = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["usage"]
+    capped.stop()
+    assert usage["completion_tokens"] == 6
+
+
+# ------------------------------------------------------------------ the minor list: what a request is counted as
+
+
+def _scrape(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        s.name: s.value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text) for s in f.samples
+    }
+
+
+USAGE = {"include_usage": True}
+
+
+def test_a_requests_log_line_and_metrics_count_its_prompt_once_and_every_choice(small, caplog):
+    import logging
+
+    url = small.url
+    caplog.set_level(logging.INFO, logger="exllama_integrations.serve")
+    for path, body, prompts, n in [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "n": 2}, 1, 2),
+        ("/v1/completions", {"prompt": ["Once upon", "The capital of"], "n": 2}, 2, 2),
+        (
+            "/v1/completions",
+            {"prompt": "Once upon", "n": 2, "stream": True, "stream_options": {"include_usage": True}},
+            1,
+            2,
+        ),
+    ]:
+        before = _scrape(url)
+        caplog.clear()
+        reply = httpx.post(url + path, json={**body, "max_tokens": 3, "temperature": 1, "ignore_eos": True}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        if body.get("stream"):
+            usage = [json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: {")][-1][
+                "usage"
+            ]
+        else:
+            usage = reply.json()["usage"]
+        after = _scrape(url)
+        assert usage["completion_tokens"] == 3 * prompts * n
+        logged = next(r.getMessage() for r in caplog.records if "POST" in r.getMessage())
+        assert f"prompt={usage['prompt_tokens']} completion={usage['completion_tokens']} " in logged, logged
+        read = after["exllama:prompt_tokens_total"] - before.get("exllama:prompt_tokens_total", 0.0)
+        made = after["exllama:generation_tokens_total"] - before.get("exllama:generation_tokens_total", 0.0)
+        assert (read, made) == (usage["prompt_tokens"], usage["completion_tokens"]), path
+
+
+def test_a_scored_prompt_counts_nothing_generated(small, caplog):
+    import logging
+
+    url = small.url
+    caplog.set_level(logging.INFO, logger="exllama_integrations.serve")
+    before = _scrape(url)
+    body = {"prompt": "The capital of France is Paris", "max_tokens": 0, "echo": True, "logprobs": 1}
+    reply = httpx.post(url + "/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 0, reply.text
+    after = _scrape(url)
+    made = after.get("exllama:generation_tokens_total", 0.0) - before.get("exllama:generation_tokens_total", 0.0)
+    assert made == 0
+    logged = next(r.getMessage() for r in caplog.records if "POST" in r.getMessage())
+    assert " completion=0 " in logged, logged

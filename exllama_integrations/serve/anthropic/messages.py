@@ -106,6 +106,7 @@ def message_of(outcome: ChatOutcome, mid: str, model: str, body: MessagesRequest
 async def messages(body: MessagesRequest, request: Request) -> Any:
     """A reply through the model's own template; ``stream: true`` for Anthropic's server-sent events."""
     state = state_of(request.app)
+    state.admit(request.state)  # before anything is rendered, tokenized or fetched
     prepared = await state.prepare(body)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
@@ -131,6 +132,7 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
 async def count_tokens(body: CountTokensRequest, request: Request) -> Any:
     """The prompt's tokens for these messages, system, tools and thinking settings (nothing is generated)."""
     state = state_of(request.app)
+    state.admit(request.state)  # it renders and tokenizes as a generation does
     prepared = await state.prepare(body.to_messages_request())
     return CountTokensOut(input_tokens=await _prompt_tokens(state.runtime, prepared))
 

@@ -75,7 +75,7 @@ def _events(state: ServeState, sources: list[Any], rid: str, include_usage: bool
         offsets[i] += len(c.text)
         yield sse(CompletionResponse(id=rid, model=state.name, choices=[choice]))
         if c.finish_reason is not None and c.usage is not None:
-            record(state, scope_state, c.usage, c.timings, c.finish_reason)
+            record(state, scope_state, c.usage, c.timings, c.finish_reason, new_prompt=i % n == 0)
             usages[i] = c.usage
             if include_usage and len(usages) == len(sources):
                 summed = summed_usage([usages[k] for k in range(len(sources))], n)
@@ -94,6 +94,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     """
     state = state_of(request.app)
     state.check_model(body.model)
+    state.admit(request.state, len(body.prompts()) * body.n)  # every generation counts, before any is tokenized
     info, runtime = state.info, state.runtime
     reqs = body.to_requests(state.defaults, info.unsupported_settings, state.limits.max_tokens)
     rid = new_id("cmpl")
@@ -108,10 +109,11 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         return list(await asyncio.gather(*(acollect(runtime.aopen(r), info.backend) for r in reqs)))
 
     results = await whole(state, request, run)
-    for r in results:
-        check_finish(r.finish_reason)
-        record(state, request.state, r.usage, r.timings, r.finish_reason)
+    # a scored prompt generates nothing (the one token run to score it is dropped), and is counted so
     usages = [dataclasses.replace(r.usage, completion_tokens=0) if body.scores_only else r.usage for r in results]
+    for i, (r, used) in enumerate(zip(results, usages)):
+        check_finish(r.finish_reason)
+        record(state, request.state, used, r.timings, r.finish_reason, new_prompt=i % body.n == 0)
     choices = [_choice(state, body, i, req.prompt, r) for i, (req, r) in enumerate(zip(reqs, results))]
     usage = UsageWire(**usage_dict(summed_usage(usages, body.n)))
     return CompletionResponse(id=rid, model=state.name, choices=choices, usage=usage)

@@ -47,6 +47,7 @@ router = APIRouter(tags=["responses"], route_class=ResponsesRoute)
 async def create_response(body: ResponsesRequest, request: Request) -> Any:
     """A reply through the model's own template, as a response object; ``stream: true`` for its events."""
     state = state_of(request.app)
+    state.admit(request.state)  # before anything is rendered, tokenized or fetched
     prepared = await state.prepare(body)
     events = ResponseEvents(ResponseObject.draft(body, state.name))
 
