@@ -363,3 +363,43 @@ def test_a_scored_prompt_counts_nothing_generated(small, caplog):
     assert made == 0
     logged = next(r.getMessage() for r in caplog.records if "POST" in r.getMessage())
     assert " completion=0 " in logged, logged
+
+
+# ------------------------------------------------------------------ defect 8: every encoding JSON allows
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32-le"])
+def test_a_body_in_utf16_or_utf32_holds_to_the_same_text_rule(small, encoding):
+    url = small.url + "/v1/responses"
+    headers = {"content-type": "application/json"}
+
+    def post(body: bytes) -> httpx.Response:
+        return httpx.post(url, content=body, headers=headers, timeout=60)
+
+    escaped = '{"input": "Hi", "max_output_tokens": 2, "metadata": {"k": "\\ud800"}, "user": "\\udfff"}'
+    reply = post(escaped.encode(encoding))
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_text", reply.text
+    codec = "utf-16-le" if encoding == "utf-16" else encoding  # "utf-16" writes a BOM, then little-endian
+    unit = "\ud800".encode(codec, "surrogatepass")  # a lone surrogate as the encoding's own code unit
+    raw = '{"input": "Hi", "user": "'.encode(encoding) + unit + '"}'.encode(codec)
+    reply = post(raw)
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_text", reply.text
+    fine = post('{"input": "Say \\ud83d\\ude00 or 😀", "max_output_tokens": 2, "user": "Zoë"}'.encode(encoding))
+    assert fine.status_code == 200, fine.text
+
+
+# ------------------------------------------------------------------ defect 10 and the minor list: echo
+
+
+def test_an_echoed_token_id_prompt_keeps_its_text_and_each_position_its_chosen_token(small, demo_runtime):
+    text = "Café 😀 日本語"
+    ids = demo_runtime.encode(text, add_special_tokens=False)
+    body = {"prompt": ids, "echo": True, "max_tokens": 0, "logprobs": 0}
+    reply = httpx.post(small.url + "/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    assert choice["text"] == text
+    lp = choice["logprobs"]
+    assert lp["top_logprobs"][0] is None  # nothing precedes the first token
+    for token, chosen, top in zip(lp["tokens"][1:], lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
+        assert top == {token: chosen}  # logprobs 0: the chosen token alone, as vLLM and OpenAI answer

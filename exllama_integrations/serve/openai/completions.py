@@ -48,8 +48,9 @@ def _choice(
     scored = r.prompt_logprobs or ()
     if isinstance(prompt, str):
         echoed = prompt
-    else:
-        echoed = "".join(t.token for t in scored) if scored else state.runtime.decode(prompt)
+    else:  # token ids decoded together (one by one, a character of several tokens would be cut), as vLLM does
+        tok = getattr(state.runtime, "tokenizer", None)
+        echoed = tok.decode(prompt, skip_special_tokens=False) if tok is not None else state.runtime.decode(prompt)
     return CompletionChoice(
         index=index,
         text=echoed + text,
