@@ -6,6 +6,7 @@ engine's watchdog runs on test time (pings every 0.2 s, hung after 3 s) and its 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import string
@@ -403,3 +404,89 @@ def test_an_echoed_token_id_prompt_keeps_its_text_and_each_position_its_chosen_t
     assert lp["top_logprobs"][0] is None  # nothing precedes the first token
     for token, chosen, top in zip(lp["tokens"][1:], lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
         assert top == {token: chosen}  # logprobs 0: the chosen token alone, as vLLM and OpenAI answer
+
+
+# ------------------------------------------------------------------ defect 4: a checkpoint's response_template
+
+
+CONTENT = "{content}"
+
+
+def _template(open_pattern: str, transform=None) -> dict:
+    return {
+        "defaults": {"role": "assistant"},
+        "start_anchor": "<|im_start|>assistant\n",
+        "fields": {
+            "tool_calls": {
+                "open_pattern": open_pattern,
+                "close": "</tool_call>",
+                "content": "json",
+                "transform": transform or {"type": "function", "function": {"name": "{name}", "arguments": CONTENT}},
+            },
+            "content": {"content": "text"},
+        },
+    }
+
+
+def test_a_response_template_that_backtracks_or_nests_too_deep_is_refused_at_load(caplog):
+    from exllama_integrations.chat.formats import response_template_of
+
+    fine = _template(r"\s*<tool_call name=\"(?P<name>[^\"]+)\">")
+    assert response_template_of({"response_template": fine}) == fine
+    deep: dict = {"x": "{content}"}
+    for _ in range(600):
+        deep = {"x": deep}
+    for spec, why in [
+        (_template(r"(\w|\w)*\W\W\W"), "backtracks"),  # the issue's: exponential on a 34-character reply
+        (_template(r"(?P<name>(a|aa)+)$"), "backtracks"),
+        (_template(r"(?P<name>(.*?,){11}P)"), "backtracks"),  # polynomial, of degree 11
+        (_template(r"(?P<name>x)", transform=deep), "nested deeper"),
+    ]:
+        caplog.clear()
+        t0 = time.perf_counter()
+        assert response_template_of({"response_template": spec}) is None  # the family table reads the calls
+        assert time.perf_counter() - t0 < 2
+        assert why in caplog.text and "read by family" in caplog.text
+
+
+class Held:
+    """A runtime whose every generation is held to ``reply`` by a grammar (what the model writes is the test's)."""
+
+    def __init__(self, inner: ExLlamaRuntime, reply: str) -> None:
+        from exllama_integrations import Grammar
+
+        self._inner, self._grammar = inner, Grammar.lark("start: " + json.dumps(reply))
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def open(self, request):
+        return self._inner.open(dataclasses.replace(request, grammar=self._grammar))
+
+    def aopen(self, request):
+        return self._inner.aopen(dataclasses.replace(request, grammar=self._grammar))
+
+
+def test_a_reply_that_makes_the_templates_regex_backtrack_ends_typed_within_its_budget(tmp_path):
+    """A regex that passes the load probes but backtracks on the very reply: bounded by the reply's budget."""
+    from servers import ThreadServer
+    from tool_families import TOOLS, make_family
+
+    path = make_family("hermes", tmp_path / "slow-parser", seed=3)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["response_template"] = _template(r"(?:xy|x.)*\W\W\W")  # 2^30 ways to read "xy" * 30 before failing
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    rt = ExLlamaRuntime(str(path), "transformers")
+    server = ThreadServer(Held(rt, "xy" * 30))
+    try:
+        assert rt.model_info().details["response_template"] == config["response_template"]  # it passed the probes
+        body = {"messages": [{"role": "user", "content": "Hi"}], "tools": TOOLS, "max_tokens": 100}
+        t0 = time.perf_counter()
+        reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        took = time.perf_counter() - t0
+        assert reply.status_code == 400 and reply.json()["error"]["code"] == "chat_template_error", reply.text
+        assert "response_template" in reply.json()["error"]["message"] and took < 20
+        assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+    finally:
+        server.stop()
+        rt.close()
