@@ -490,3 +490,63 @@ def test_a_reply_that_makes_the_templates_regex_backtrack_ends_typed_within_its_
     finally:
         server.stop()
         rt.close()
+
+
+# ------------------------------------------------------------------ defect 5: prompt scoring, chunk by chunk
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return int(f.read().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def test_a_long_scored_prompt_holds_no_prompt_by_vocabulary_logits_and_reports_progress(engine, demo_runtime):
+    """echo + logprobs with max_tokens 0 on 2560 tokens, in the engine: its logits are reduced chunk by chunk (the
+    engine's memory grows by less than 2560 x vocabulary float32), and the watchdog sees progress within the
+    prefill (the longest it went without any is well under the whole prefill)."""
+    rt, url = engine
+    (eng,) = rt.diagnostics()["engines"]
+    (pid,) = rt.diagnostics()["engine_pids"]
+    text = " ".join(f"item {i} of the list is a word" for i in range(2000))
+    ids = demo_runtime.encode(text, add_special_tokens=False)[:2560]
+    vocab = rt.model_info().vocab_size
+    base, peak, worst = _rss_mb(pid), 0.0, 0.0
+    done: list[httpx.Response] = []
+    body = {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 0}
+    worker = threading.Thread(target=lambda: done.append(httpx.post(url + "/v1/completions", json=body, timeout=300)))
+    t0 = time.perf_counter()
+    worker.start()
+    while worker.is_alive():
+        peak, worst = max(peak, _rss_mb(pid)), max(worst, eng.stalled)
+        time.sleep(0.05)
+    took = time.perf_counter() - t0
+    reply = done[0]
+    assert reply.status_code == 200, reply.text
+    lp = reply.json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(ids) and reply.json()["usage"]["completion_tokens"] == 0
+    whole = len(ids) * vocab * 4 / 2**20  # what the prompt's logits alone would hold
+    print(
+        f"scored {len(ids)} ids in {took:.1f} s: engine +{peak - base:.0f} MB (whole logits {whole:.0f} MB), "
+        f"longest without progress {worst:.1f} s"
+    )
+    assert peak - base < whole
+    assert worst < 0.6 * took
+
+
+def test_a_prompt_scored_in_chunks_scores_as_one_forward_does(demo_runtime, monkeypatch):
+    from exllama_integrations.backends import transformers as tb
+
+    text = " ".join(f"line {i}: the quick brown fox" for i in range(200))
+    ids = tuple(demo_runtime.encode(text, add_special_tokens=False)[:700])
+    request = GenerationRequest(ids, GenerationSettings(max_new_tokens=3, temperature=0, prompt_logprobs=2))
+    chunked = demo_runtime.generate(request)
+    monkeypatch.setattr(tb, "PREFILL_CHUNK", 4096)
+    whole = demo_runtime.generate(request)
+    assert chunked.token_ids == whole.token_ids
+    assert [lp.token_id for lp in chunked.prompt_logprobs] == [lp.token_id for lp in whole.prompt_logprobs]
+    assert [lp.logprob for lp in chunked.prompt_logprobs] == pytest.approx(
+        [lp.logprob for lp in whole.prompt_logprobs], abs=1e-4
+    )
+    assert [[t.token_id for t in lp.top] for lp in chunked.prompt_logprobs] == [
+        [t.token_id for t in lp.top] for lp in whole.prompt_logprobs
+    ]

@@ -198,7 +198,7 @@ class EngineProcess:
             except EngineUnavailableError:
                 pass  # not answered: counted below
             quiet = time.monotonic() - self._last_pong
-            stalled = self._stalled if self.load else 0.0
+            stalled = self.stalled
             if quiet > HUNG_AFTER:
                 why = f"the engine process (pid {proc.pid}) stopped answering ({quiet:.1f} s without a reply)"
             elif stalled > STALL_AFTER:
@@ -261,6 +261,14 @@ class EngineProcess:
     def load(self) -> int:
         """Requests this engine holds."""
         return len(self._open)
+
+    @property
+    def stalled(self) -> float:
+        """Seconds the engine's driver had gone without progress while holding requests, as its last pong said.
+
+        A step, or a chunk of a long prefill, is progress; past ``STALL_AFTER`` the engine is declared hung.
+        """
+        return self._stalled if self.load else 0.0
 
     # ----------------------------------------------------------------- channel
 

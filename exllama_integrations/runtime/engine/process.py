@@ -142,12 +142,12 @@ class Engine:
         threading.Thread(target=self._encode_loop, name="engine-media", daemon=True).start()
 
     def stalled(self) -> float:
-        """Seconds the driver has gone without a step while it holds requests (0 while it holds none)."""
+        """Seconds the driver has gone without a step (or progress within one) while it holds requests (0: none)."""
         with self._lock:
             if not self._open:
                 return 0.0
             since = self._since
-        return max(0.0, time.monotonic() - max(since, self.out.last_step))
+        return max(0.0, time.monotonic() - max(since, self.out.last_step, self.backend.progress))
 
     def forget(self, handles: list[str]) -> None:
         """Drop encoded images no request will name (the runtime let go of them: a /tokenize, a failed request)."""
