@@ -550,3 +550,31 @@ def test_a_prompt_scored_in_chunks_scores_as_one_forward_does(demo_runtime, monk
     assert [[t.token_id for t in lp.top] for lp in chunked.prompt_logprobs] == [
         [t.token_id for t in lp.top] for lp in whole.prompt_logprobs
     ]
+
+
+# ------------------------------------------------------------------ the minor list: max_tool_calls
+
+
+def test_max_tool_calls_is_enforced_on_responses(demo_runtime):
+    from servers import ThreadServer
+
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "%s"}}</tool_call>'
+    server = ThreadServer(Held(demo_runtime, call % "Paris" + "\n" + call % "Rome"))
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    body = {"input": "Weather in Paris and Rome?", "tools": [tool], "max_output_tokens": 200}
+    try:
+        for most, cities in [(None, ["Paris", "Rome"]), (1, ["Paris"])]:
+            ask = body if most is None else {**body, "max_tool_calls": most}
+            reply = httpx.post(server.url + "/v1/responses", json=ask, timeout=120)
+            assert reply.status_code == 200, reply.text
+            out = reply.json()["output"]
+            calls = [json.loads(i["arguments"])["city"] for i in out if i["type"] == "function_call"]
+            assert calls == cities, out
+            text = "".join(c.get("text", "") for i in out if i["type"] == "message" for c in i["content"])
+            assert "tool_call" not in text  # an ignored call is not shown as text either
+    finally:
+        server.stop()

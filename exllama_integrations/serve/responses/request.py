@@ -206,6 +206,7 @@ class ResponsesRequest(Strict):
             chat_template=chat_template,
             media=media,
             parallel_tool_calls=self.parallel_tool_calls,
+            max_tool_calls=self.max_tool_calls,
         )
 
 
