@@ -55,6 +55,7 @@ EXCLUSIVE = {
     "tests/integration/test_engine_process.py": "kills engines and waits seconds for them to end or come back",
     "tests/integration/test_serve_cli.py": "serve in a subprocess, a 1.5 s header timeout checked within 5 s",
     "tests/integration/test_hardening4.py::test_a_hung_engine": "a stopped engine reported within 6.2 s",
+    "tests/integration/test_hardening5.py": "an engine declared hung after 3 s, grammar budgets of 0.2 s and 1 s",
     "tests/integration/test_round3.py::test_hostile_templates_are_refused_fast": "each refused within 2 s",
     "tests/integration/test_round3.py::test_sandbox_widths_hold": "each example within 3 s",
     "tests/integration/test_round3.py::test_a_client_that_trickles": "a 1.5 s body timeout answered within 5 s",

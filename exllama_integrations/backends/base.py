@@ -280,6 +280,11 @@ class Backend(ABC):
     vision: str | None = "it has no vision component"
     """Why this loaded model takes no images, or None when it takes them (its vision component is loaded)."""
 
+    progress: float = 0.0
+    """When (``time.monotonic()``) the driver last made progress inside a step: a backend whose one step can take
+    long (a prefill of thousands of tokens on a CPU, run a chunk at a time) sets it between chunks, so the engine's
+    watchdog, which counts the time since the last step, sees a driver at work, not a stalled one."""
+
     def encode_media(
         self, text: str, images: list[Any], add_special_tokens: bool, keys: Sequence[str]
     ) -> tuple[list[int], Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from pydantic import Field
 from ..errors import InvalidModelError, InvalidSettingsError, MediaError
 from ..model.directory import ModelDirectory
 from .base import BackendOptions, RawLogprob, require, unsupported
-from .logits import LogitsBackend, LogitsSession, score_prompt
+from .logits import LogitsBackend, LogitsSession, PromptScore
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     from ..model.tokenizer import NativeTokenizer
 
 logger = logging.getLogger(__name__)
+
+PREFILL_CHUNK = 512
+"""Prompt tokens one forward reads: a longer prompt is read a chunk at a time (one forward for most prompts), so
+its logits, when the prompt is scored, never span the whole prompt, and the driver reports progress between them."""
 
 _DTYPES = {
     "float32": "float32",
@@ -295,12 +300,37 @@ class _Session:
         return {k: v.to(b.device, b.dtype if v.is_floating_point() else v.dtype) for k, v in embeddings.items()}
 
     def prefill(self, ids: list[int], embeddings: Any = None) -> torch.Tensor:
-        return self._forward(ids, self._extra(embeddings))
+        return self._prefill(ids, embeddings, None)
 
     def prefill_scored(self, ids: list[int], embeddings: Any, k: int) -> tuple[torch.Tensor, tuple[RawLogprob, ...]]:
         """The prefill, and every prompt token's logprob given the ones before it (``prompt_logprobs``)."""
-        every = self._forward(ids, self._extra(embeddings), every=True)
-        return every[-1:], score_prompt(every, ids, k)
+        score = PromptScore(ids, k)
+        last = self._prefill(ids, embeddings, score)
+        return last, score.result()
+
+    def _prefill(self, ids: list[int], embeddings: Any, score: PromptScore | None) -> torch.Tensor:
+        """The prompt read ``PREFILL_CHUNK`` tokens at a time (whole where it has images), the last logits [1, vocab].
+
+        Between chunks the backend's :attr:`~.base.Backend.progress` is set, so a watchdog sees a long prefill at
+        work; a scored prompt's logits are reduced chunk by chunk (:class:`~.logits.PromptScore`).
+        """
+        if embeddings or len(ids) <= PREFILL_CHUNK:
+            if score is None:
+                return self._forward(ids, self._extra(embeddings))
+            every = self._forward(ids, self._extra(embeddings), every=True)
+            score.add(every, 0)
+            return every[-1:]
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            piece = ids[start : start + PREFILL_CHUNK]
+            if score is None:
+                logits = self._forward(piece)
+            else:
+                every = self._forward(piece, every=True)
+                score.add(every, start)
+                logits = every[-1:].clone()  # not a view: the chunk's logits go before the next chunk's come
+                del every
+            self.backend.progress = time.monotonic()
+        return logits
 
     def step(self, token: int) -> torch.Tensor:
         return self._forward([token])

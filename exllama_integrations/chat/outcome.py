@@ -103,9 +103,12 @@ class ChatStreamer:
         self._reader = ReplyReader(prepared.format, prepared.tools) if prepared.tools_active else None
 
     def _keep(self, calls: list[ParsedToolCall]) -> tuple[ParsedToolCall, ...]:
-        """The calls to hand out: with ``parallel_tool_calls=False`` only the reply's first valid one."""
+        """The calls to hand out (``parallel_tool_calls=False``: one; past ``max_tool_calls``, the rest ignored)."""
         out = []
         for c in calls:
+            most = self.prepared.max_calls
+            if c.error is None and most is not None and sum(k.error is None for k in self._calls) >= most:
+                continue
             if c.error is None and not self.prepared.parallel and any(k.error is None for k in self._calls):
                 c = ParsedToolCall(c.id, c.name, None, c.raw, "parallel_tool_calls is false: only the first call runs")
             self._calls.append(c)

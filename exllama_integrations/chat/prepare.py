@@ -79,6 +79,9 @@ class ChatRequest:
     """The family's tool-call format by name (``chat.formats.FORMATS``), where the template does not show it."""
     parallel_tool_calls: bool | None = None
     """False: at most one call in a reply (in the forced grammar and in what is read back)."""
+    max_tool_calls: int | None = None
+    """Most calls of a reply handed out (the Responses API's ``max_tool_calls``); the model's further calls are
+    ignored, as OpenAI ignores them."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ class PreparedChat:
     """The family's tool-call format the reply is read in."""
     parallel: bool = True
     """Whether several calls of one reply are all kept (``parallel_tool_calls``)."""
+    max_calls: int | None = None
+    """Most calls of the reply handed out (``max_tool_calls``); None: no bound."""
 
     @property
     def prompt(self) -> str | tuple[int, ...]:
@@ -232,7 +237,7 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
     if grammar is not None and settings.stop:
         settings = settings.model_copy(update={"stop": []})  # with a grammar, the grammar decides where output ends
     media = tuple(request.media)
-    reply = _Reply(tuple(shown), fmt, parallel)
+    reply = _Reply(tuple(shown), fmt, parallel, request.max_tool_calls)
     if request.prompt is not None:
         turn = turn_reasoning(reasoning, request.prompt[-256:], settings.max_reasoning_tokens)
         return _prepared(request.prompt, settings, grammar, turn, media, reply)
@@ -280,6 +285,7 @@ class _Reply:
     tools: tuple[Mapping[str, Any], ...]
     format: ToolFormat
     parallel: bool
+    max_calls: int | None = None
 
 
 def _token_of(runtime: Runtime) -> Any:
@@ -313,7 +319,7 @@ def _prepared(
         media=media,
         show_tokens=show,
     )
-    return PreparedChat(request, reply.tools, reply.format, reply.parallel)
+    return PreparedChat(request, reply.tools, reply.format, reply.parallel, reply.max_calls)
 
 
 _RENDERERS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="exllama-render")

@@ -28,11 +28,33 @@ GrammarKind = Literal["json_schema", "regex", "lark"]
 GRAMMAR_KINDS: tuple[str, ...] = ("json_schema", "regex", "lark")
 MAX_SCHEMA_DEPTH = 100
 """Deepest nesting of a schema accepted (beyond it, compilers and serializers recurse out of stack)."""
+MAX_GRAMMAR_CHARS = 256 * 1024
+"""Longest grammar a client may send a server (``grammar`` on ``/v1/completions``, a native request's grammar).
+
+A grammar's compile time grows faster than its size (llguidance: 420 KB of Lark alternatives ~0.7 s, 840 KB ~6 s
+on one core); what a client sends is refused over this at the door, and every grammar's compile, those built from
+tools and schemas included, is also held to a time budget (``model.grammar_worker.COMPILE_SECONDS``)."""
 
 FinishReason = Literal["eos", "stop", "length", "cancelled"]
 """Why a generation ended: an end-of-sequence token; a stop string or stop id; ``max_new_tokens``; or the
 reader stopped (closed the stream). OpenAI's names for them are in :mod:`.shapes`."""
 FINISH_REASONS: tuple[str, ...] = ("eos", "stop", "length", "cancelled")
+
+
+def check_grammar_size(grammar: Grammar | None, param: str = "grammar") -> None:
+    """Refuse a grammar a client sent that is longer than ``MAX_GRAMMAR_CHARS`` (before anything compiles it).
+
+    Raises:
+        ConstraintError: (400) naming the limit.
+    """
+    if grammar is not None and len(grammar.source) > MAX_GRAMMAR_CHARS:
+        e = ConstraintError(
+            f"the {grammar.kind} grammar is {len(grammar.source)} characters; a grammar sent to this server may be "
+            f"at most {MAX_GRAMMAR_CHARS} (MAX_GRAMMAR_CHARS): send a smaller one (a JSON schema's enum is far "
+            "cheaper than the same words as Lark alternatives)."
+        )
+        e.param = param
+        raise e
 
 
 def check_depth(obj: Any, what: str = "the JSON schema") -> None:

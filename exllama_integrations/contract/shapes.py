@@ -60,7 +60,11 @@ def chat_logprobs(lps: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
 
 
 def completion_logprobs(lps: Sequence[TokenLogprob] | None, offset: int = 0) -> dict[str, Any] | None:
-    """Logprobs in the completions API's shape (tokens, token_logprobs, top_logprobs, text_offset)."""
+    """Logprobs in the completions API's shape (tokens, token_logprobs, top_logprobs, text_offset).
+
+    Each position's ``top_logprobs`` holds the chosen token too, as OpenAI and vLLM answer it ("up to logprobs + 1
+    elements"): with ``logprobs: 0``, the chosen token alone.
+    """
     if lps is None:
         return None
     offsets, pos = [], offset
@@ -70,7 +74,7 @@ def completion_logprobs(lps: Sequence[TokenLogprob] | None, offset: int = 0) -> 
     return {
         "tokens": [lp.token for lp in lps],
         "token_logprobs": [lp.logprob for lp in lps],
-        "top_logprobs": [{t.token: t.logprob for t in lp.top} for lp in lps],
+        "top_logprobs": [{**{t.token: t.logprob for t in lp.top}, lp.token: lp.logprob} for lp in lps],
         "text_offset": offsets,
     }
 

@@ -1,11 +1,12 @@
 """Constrained decoding with llguidance, against the native tokenizer.
 
 A :class:`TokenConstraint` is a compiled, validated grammar; it is immutable and shared by every generation that
-uses it (the runtime caches them). Each generation gets its own :class:`ConstraintMatcher`, owned by the backend
-that runs it: logits-level backends (CPU reference, ExLlama v1/v2) apply its token bitmask to the logits before
-sampling and feed it the token they chose; exllamav3 runs it as the job's filter. The runtime only reads it (is
-the output complete?). End-of-turn tokens are allowed only where the grammar accepts, so output never ends early
-and never starts with an end-of-turn token. The mask is applied with numpy and torch indexing (no
+uses it (the runtime caches them). It holds one compiled matcher at the grammar's start; each generation gets its
+own :class:`ConstraintMatcher`, a copy of that one (milliseconds, where compiling again can take seconds), owned
+by the backend that runs it: logits-level backends (CPU reference, ExLlama v1/v2) apply its token bitmask to the
+logits before sampling and feed it the token they chose; exllamav3 runs it as the job's filter. The runtime only
+reads it (is the output complete?). End-of-turn tokens are allowed only where the grammar accepts, so output never
+ends early and never starts with an end-of-turn token. The mask is applied with numpy and torch indexing (no
 ``torch.compile``).
 """
 
@@ -86,12 +87,11 @@ class TokenConstraint:
         self.grammar = grammar
         self.description = description
         self._llt = ll_tokenizer(tokenizer)
-        try:
-            err = llg.LLMatcher.validate_grammar(grammar, self._llt)
-        except (ValueError, RuntimeError) as e:
-            err = str(e)
-        if err and not err.startswith("WARNING"):
-            raise ConstraintError(f"{description} could not be compiled: {err.strip()}")
+        # compiled once (llguidance drops the GIL while it compiles); each generation copies it
+        self._start = llg.LLMatcher(self._llt, grammar, log_level=0)
+        if self._start.is_error():
+            raise ConstraintError(f"{description} could not be compiled: {self._start.get_error().strip()}")
+        self._copy_lock = threading.Lock()
 
     @classmethod
     def compile(cls, tokenizer: NativeTokenizer, grammar: Grammar) -> TokenConstraint:
@@ -149,9 +149,8 @@ class ConstraintMatcher:
 
     def __init__(self, constraint: TokenConstraint) -> None:
         self.constraint = constraint
-        self._matcher = _llguidance().LLMatcher(constraint._llt, constraint.grammar, log_level=0)
-        if self._matcher.is_error():
-            raise ConstraintError(f"{constraint.description} could not be compiled: {self._matcher.get_error()}")
+        with constraint._copy_lock:
+            self._matcher = constraint._start.deep_copy()
         self._packed: Any = None
 
     def _bits(self) -> Any:

@@ -2,13 +2,14 @@
 
 A pure ASGI middleware (streaming-safe, unlike Starlette's BaseHTTPMiddleware): the key on every path but
 ``/health`` (the API docs included), as ``Authorization: Bearer`` or else Anthropic's ``x-api-key``, compared in
-constant time; the body cap (Content-Length,
-and counted while read, chunked bodies too: over it is a 413 before any endpoint runs); a deadline on reading
-the body (a client that trickles it gets a 408 and its connection back); the one wire rule for text (a JSON
-body whose strings hold a lone surrogate escape, U+D800 to U+DFFF without its pair, is a 400 here, so no text
-field of any endpoint carries one inward, where it could not be encoded); a request id; and
-one log line per request with its tokens and timings (the path quoted, so it cannot forge a line). What it
-refuses is answered in OpenAI's error shape, or in the shape of the API a path belongs to (``shapes``).
+constant time; the body cap (Content-Length, and counted while read, chunked bodies too: over it is a 413 before
+any endpoint runs); a deadline on reading the body (a client that trickles it gets a 408 and its connection back);
+the one wire rule for text (a JSON body in UTF-16 or UTF-32, which JSON readers take, is read as UTF-8 first;
+then a body whose strings hold a lone surrogate, escaped or not, U+D800 to U+DFFF without its pair, is a 400 here,
+so no text field of any endpoint carries one inward, where it could not be encoded); a request id; the end of a
+request's admission once its response has been sent (:meth:`~.state.ServeState.admit`); and one log line per
+request with its tokens and timings (the path quoted, so it cannot forge a line). What it refuses is answered in
+OpenAI's error shape, or in the shape of the API a path belongs to (``shapes``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import hmac
+import json
 import logging
 import re
 import time
@@ -54,6 +56,18 @@ def lone_surrogate(body: bytes) -> int | None:
         return None
     found = _LONE_SURROGATE.search(text)
     return None if found is None else found.start()
+
+
+def as_utf8(body: bytes) -> bytes:
+    """A JSON body as UTF-8: one in UTF-16 or UTF-32 (which JSON readers detect and take) decoded and encoded again.
+
+    Raises:
+        UnicodeDecodeError: the body is not valid text in its encoding (a lone surrogate code unit in UTF-16).
+    """
+    encoding = json.detect_encoding(body)
+    if encoding in ("utf-8", "utf-8-sig"):
+        return body
+    return body.decode(encoding).encode("utf-8")  # strict: a lone surrogate does not decode
 
 
 ErrorShape = Callable[[int, str], dict[str, Any]]
@@ -160,6 +174,16 @@ class Guard:
             if payload is None:
                 await self._refusal(path, 413, too_big, "request_too_large")(scope, receive, send)
                 return
+            if complete:
+                try:
+                    payload = as_utf8(payload)
+                except UnicodeDecodeError as e:
+                    bad = (
+                        f"the body is {e.encoding.upper()} that does not decode ({e.reason} at byte {e.start}); send "
+                        "valid Unicode text, best as UTF-8"
+                    )
+                    await self._refusal(path, 400, bad, "invalid_text")(scope, receive, send)
+                    return
             where = lone_surrogate(payload) if complete else None
             if where is not None:
                 bad = (
@@ -182,7 +206,12 @@ class Guard:
                 message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
             await send(message)
 
-        await self.app(scope, receive, watched)
+        try:
+            await self.app(scope, receive, watched)
+        finally:
+            release = state.pop("release", None)  # what the request's admission counted, once its response is sent
+            if release is not None:
+                release()
         if scope.get("method") == "POST":
             tokens = state.get("usage")
             counts = f" prompt={tokens[0]} completion={tokens[1]} ttft={tokens[2]:.3f}s" if tokens else ""

@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
 from ..contract import wire
-from ..contract.api import GenerationRequest, SharesTokenizer
+from ..contract.api import GenerationRequest, SharesTokenizer, check_grammar_size
 from ..contract.retrieval import Embeds, Reranks, embedder, reranker
 from ..errors import BackendUnavailableError, ExLlamaIntegrationsError, InvalidSettingsError
 from .state import ServeState, record, state_of
@@ -102,7 +102,9 @@ def _events(state: ServeState, request: GenerationRequest, scope_state: Any) -> 
 async def tokenize(request: Request) -> JSONResponse:
     """The token ids the model reads for a request given in the wire form (images counted as the model reads them)."""
     state = state_of(request.app)
+    state.admit(request.state)
     req = wire.loads_request(await request.body())
+    check_grammar_size(req.grammar)
     count = getattr(state.runtime, "prompt_token_ids", None)
     if count is None:
         raise BackendUnavailableError("this server's runtime cannot count a request's tokens.")
@@ -113,7 +115,9 @@ async def tokenize(request: Request) -> JSONResponse:
 async def generate(request: Request) -> Any:
     """Run a request given in the wire form; its chunks as server-sent events."""
     state = state_of(request.app)
+    state.admit(request.state)
     req = wire.loads_request(await request.body())
+    check_grammar_size(req.grammar)
     cap = state.limits.max_tokens
     if cap is not None and (req.settings.max_new_tokens is None or req.settings.max_new_tokens > cap):
         raise InvalidSettingsError(

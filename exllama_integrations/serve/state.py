@@ -1,8 +1,12 @@
 """What the endpoints of one server share: the runtime, its served name and limits, and admission.
 
-Admission counts work in flight (a generation, decoding or waiting, streamed or not, until its response ends; an
-embedding or rerank request counts each of its inputs); past ``max_pending`` a request is refused with 503 and
-``Retry-After`` before anything runs. :meth:`ServeState.runtime_for` is where a request's ``model`` finds its runtime.
+Admission counts work in flight: a generation, decoding or waiting, streamed or not (a completions request of 4
+prompts with ``n`` 2 is 8; a chat request with ``n`` 3 is 3; ``/tokenize`` and ``count_tokens``, which render and
+tokenize as a generation does, 1); each input of an embedding or rerank request. A request is admitted before its
+body is prepared (templates rendered, text tokenized, images fetched) and counts until its response has been sent;
+past ``max_pending`` it is refused with 503 and ``Retry-After`` before anything of it runs (one larger than the
+whole limit runs only alone). ``max_tokens`` (``serve --max-tokens``) bounds each generation.
+:meth:`ServeState.runtime_for` is where a request's ``model`` finds its runtime.
 """
 
 from __future__ import annotations
@@ -11,17 +15,15 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import anyio
 
 from ..chat.formats import without_template
 from ..chat.prepare import ChatRequest, PreparedChat, aprepare_chat
 from ..contract.api import ModelInfo, Runtime
 from ..contract.settings import GenerationSettings
-from ..errors import ExLlamaIntegrationsError, ModelNotFoundError, ServerBusyError
+from ..errors import ExLlamaIntegrationsError, MediaError, ModelNotFoundError, ServerBusyError
 from ..model.media import MediaLimits, check_image_count
 from ..runtime.base import defaults_of
 from .metrics import Metrics
@@ -30,7 +32,7 @@ IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
 """The content-part types that carry an image in the APIs served (chat completions, Messages, Responses)."""
 
 
-def _image_parts(value: Any) -> int:
+def image_parts(value: Any) -> int:
     """How many image parts a request body holds, at any depth (without recursion)."""
     n, stack = 0, [value]
     while stack:
@@ -50,10 +52,11 @@ class ServeLimits:
     max_body_bytes: int = 8 * 2**20
     """Largest request body; larger ones get 413."""
     max_tokens: int | None = None
-    """Most tokens a request may generate (None: the context decides); a request that sets none gets at most this."""
+    """Most tokens each generation may produce (each of a request's ``n`` choices and prompts; None: the context
+    decides); a request that sets none gets at most this, one that asks for more is refused."""
     max_pending: int = 256
-    """Work in flight at once (generations decoding or waiting; each input of an embedding or rerank request); more
-    gets 503 with ``Retry-After``."""
+    """Work in flight at once (generations decoding, waiting or being prepared, a request counting as its prompts
+    times ``n``; each input of an embedding or rerank request); more gets 503 with ``Retry-After``."""
     body_timeout: float = 30.0
     """Seconds a client has to send a whole request body; a slower one gets 408 and is disconnected."""
     media: MediaLimits = field(default_factory=MediaLimits)
@@ -153,18 +156,30 @@ class ServeState:
         """
         self.check_model(body.model)
         limits = self.limits
-        if body.has_images():  # counted before any is fetched or decoded
-            check_image_count(_image_parts(body.model_dump()), limits.media)
+        if body.has_images():  # refused, or counted, before any is fetched or decoded
+            self.check_images(image_parts(body.model_dump()))
         args: tuple[Any, ...] = (
             self.defaults,
             self.info.unsupported_settings,
             limits.max_tokens,
             self.chat_template,
-            limits.media,
+            limits.media.for_request(),  # the request's images' bytes counted as they are read
             *extra,
         )
         chat = (await asyncio.to_thread(body.to_chat, *args)) if body.has_images() else body.to_chat(*args)
         return await aprepare_chat(self.runtime, self.with_tool_format(chat))
+
+    def check_images(self, n: int) -> None:
+        """Refuse a request's ``n`` images before any is fetched or decoded: the model takes none, or too many.
+
+        Raises:
+            MediaError: (400) the served model takes no images, or ``n`` is over the server's ``max_images``.
+        """
+        info = self.info
+        if not info.accepts_images:
+            why = info.details.get("vision") or "it has no vision component"
+            raise MediaError(f"{info.name!r} takes no images: {why}; send text only.")
+        check_image_count(n, self.limits.media)
 
     def with_tool_format(self, chat: ChatRequest) -> ChatRequest:
         """``chat`` in this server's tool-call format (``--tool-format``), where it names none itself."""
@@ -194,19 +209,39 @@ class ServeState:
         self.check_model(model)
         return self.runtime
 
-    def admit(self, work: int = 1) -> None:
-        """Count ``work`` more in flight (a generation: 1; an embedding request: its inputs), or refuse it when full.
-
-        A request larger than the whole limit is admitted only when nothing else is in flight (and the limit is not 0).
-
-        Raises:
-            ServerBusyError: (503) the server has ``max_pending`` in flight.
-        """
+    def _take(self, work: int) -> None:
+        """Count ``work`` more in flight, or refuse it (one larger than the whole limit only when nothing runs)."""
         limit = self.limits.max_pending
         if self.pending + work > limit and (self.pending or limit <= 0):
             self.metrics.refuse("busy")
-            raise ServerBusyError(f"the server has {self.pending} requests in flight (its limit); retry shortly.")
+            raise ServerBusyError(
+                f"the server has {self.pending} in flight and this request asks for {work} more (its limit is "
+                f"{limit}); retry shortly."
+            )
         self.pending += work
+
+    def admit(self, scope_state: Any, work: int = 1) -> None:
+        """Count a request's ``work`` (its generations) in flight until its response has been sent, or refuse it.
+
+        Called first by every endpoint that prepares or generates (before its body is rendered, tokenized or its
+        images fetched); ``scope_state`` is the request's ``request.state``, where the guard finds what to release
+        once the response has been sent (streamed or not, or failed). A request admitted already is not counted
+        again.
+
+        Raises:
+            ServerBusyError: (503) the server has too much in flight to take this request's now.
+        """
+        if getattr(scope_state, "release", None) is not None:
+            return
+        self._take(work)
+        released = [False]
+
+        def release() -> None:
+            if not released[0]:
+                released[0] = True
+                self.release(work)
+
+        scope_state.release = release
 
     def release(self, work: int = 1) -> None:
         """``work`` fewer in flight."""
@@ -214,28 +249,32 @@ class ServeState:
 
     @contextlib.contextmanager
     def in_flight(self, work: int = 1) -> Iterator[None]:
-        """``work`` in flight for the block."""
-        self.admit(work)
+        """``work`` in flight for the block (an embedding or rerank request's inputs)."""
+        self._take(work)
         try:
             yield
         finally:
             self.release(work)
 
-    async def stream(self, items: AsyncIterator[bytes], close: Any) -> AsyncIterator[bytes]:
-        """``items`` while the request counts as in flight; ``close`` (shielded from a disconnect) at the end."""
-        try:
-            async for b in items:
-                yield b
-        finally:
-            self.release()
-            with anyio.CancelScope(shield=True):
-                await close()
 
+def record(
+    state: ServeState, scope_state: Any, usage: Any, timings: Any, finish: str | None, new_prompt: bool = True
+) -> None:
+    """A finished generation: what its request's log line reports and the server's metrics.
 
-def record(state: ServeState, scope_state: Any, usage: Any, timings: Any, finish: str | None) -> None:
-    """A finished request: what its log line reports (tokens, time to first token) and the server's metrics."""
+    A request of several generations (``n`` choices, a list of prompts) is recorded once per generation: the log
+    line sums them (the earliest first token), and a prompt is counted once however many choices read it
+    (``new_prompt``: False for the second choice of a prompt and after).
+    """
+    if not new_prompt:
+        usage = dataclasses.replace(usage, prompt_tokens=0, cached_tokens=0)
     ttft = (timings and timings.time_to_first_token) or 0.0
-    scope_state.usage = (usage.prompt_tokens, usage.completion_tokens, ttft)
+    before = getattr(scope_state, "usage", None)
+    if before is not None:
+        ttft = min(t for t in (before[2], ttft) if t) if before[2] or ttft else 0.0
+        scope_state.usage = (before[0] + usage.prompt_tokens, before[1] + usage.completion_tokens, ttft)
+    else:
+        scope_state.usage = (usage.prompt_tokens, usage.completion_tokens, ttft)
     state.metrics.observe(usage, timings, finish)
 
 

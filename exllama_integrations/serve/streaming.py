@@ -1,11 +1,10 @@
-"""How an endpoint answers: a stream or a whole body, ended when the client goes.
-
-How an endpoint answers: a stream started only once its first event is there, or a whole body, and either one
-ended (its generation cancelled) when the client goes away.
+"""How an endpoint answers: a stream or a whole body, ended (its generation cancelled) when the client goes away.
 
 A stream runs to its first event before the response starts, so an error before any output (a prompt over the
 context, bad settings) gets its own status; after that, an error becomes an event in the stream. A whole (non-
-streamed) answer is computed while the connection is watched: a client that disconnects cancels it.
+streamed) answer is computed while the connection is watched: a client that disconnects cancels it. Admission is
+the endpoint's, before it prepares anything (:meth:`~.state.ServeState.admit`), and ends when the guard has sent
+the response.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ class ClientGone(Exception):
 
 
 async def start_stream(state: ServeState, events: AsyncIterator[bytes], media_type: str) -> StreamingResponse:
-    """The response for ``events``: admitted, run to its first event, then streamed (see the module docstring)."""
-    state.admit()
+    """The response for ``events``: run to its first event, then streamed (``state`` admitted it already)."""
 
     async def close() -> None:
         await events.aclose()  # type: ignore[attr-defined]
@@ -40,17 +38,20 @@ async def start_stream(state: ServeState, events: AsyncIterator[bytes], media_ty
     except StopAsyncIteration:
         first = b""
     except BaseException:
-        state.release()
         with anyio.CancelScope(shield=True):
             await close()
         raise
 
     async def rest() -> AsyncIterator[bytes]:
-        yield first
-        async for b in events:
-            yield b
+        try:
+            yield first
+            async for b in events:
+                yield b
+        finally:
+            with anyio.CancelScope(shield=True):
+                await close()
 
-    return StreamingResponse(state.stream(rest(), close), media_type=media_type)
+    return StreamingResponse(rest(), media_type=media_type)
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
@@ -77,6 +78,5 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 
 async def whole(state: ServeState, request: Request, work: Callable[[], Awaitable[T]]) -> T:
-    """A non-streamed answer: admitted, then ``work()`` computed while the client is watched."""
-    with state.in_flight():
-        return await until_disconnect(request, work())
+    """A non-streamed answer: ``work()`` computed while the client is watched (``state`` admitted it already)."""
+    return await until_disconnect(request, work())

@@ -267,8 +267,8 @@ def test_errors_in_anthropic_shape() -> None:
     no_images = error_of(anthropic.BadRequestError, messages=[{"role": "user", "content": [image]}])
     assert "takes no images" in no_images["message"]  # read through the image path, refused by a text model
     url_image = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
-    assert (
-        "not fetched here"
+    assert (  # a text model refuses an image URL before anything would fetch it (issue 49)
+        "takes no images"
         in error_of(anthropic.BadRequestError, messages=[{"role": "user", "content": [url_image]}])["message"]
     )
     gone = httpx.post(_server().url + "/v1/messages/batches", json={}, headers={"x-api-key": KEY})

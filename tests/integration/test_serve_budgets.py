@@ -72,15 +72,31 @@ def _bodies(url: str, n: int) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
-def test_images_over_the_limit_are_refused_before_any_is_fetched(server, image_host, path):
+def test_images_are_refused_before_any_is_fetched(server, image_host, path):
     url, fetched = image_host
     fetched.clear()
-    r = httpx.post(server + path, json=_bodies(url, 3)[path], timeout=30)
-    assert r.status_code == 400 and "at most 2 images" in r.text
-    assert fetched == []  # none of the three was fetched
-    r = httpx.post(server + path, json=_bodies(url, 2)[path], timeout=30)
-    assert r.status_code == 400 and "takes no images" in r.text  # within the count: fetched, then refused
-    assert len(fetched) == 2
+    for n in (3, 2):  # over the count, and within it: the text-only model refuses both before fetching (issue 49)
+        r = httpx.post(server + path, json=_bodies(url, n)[path], timeout=30)
+        assert r.status_code == 400 and "takes no images" in r.text
+    assert fetched == []
+
+
+def test_the_image_count_is_checked_before_any_fetch(demo_runtime):
+    """For a model that takes images, the count is the state's first check (every chat API calls it)."""
+    import dataclasses
+
+    from exllama_integrations.errors import MediaError
+    from exllama_integrations.serve.state import ServeState
+
+    seeing = dataclasses.replace(demo_runtime.model_info(), accepts_images=True)
+    runtime = type("Seeing", (), {"model_info": lambda self: seeing, "closed": False})()
+    state = ServeState(runtime, "seeing", ServeLimits(media=MediaLimits(max_images=2)))
+    with pytest.raises(MediaError, match="at most 2 images"):
+        state.check_images(3)
+    state.check_images(2)
+    text_only = ServeState(demo_runtime, "text", ServeLimits(media=MediaLimits(max_images=2)))
+    with pytest.raises(MediaError, match="takes no images"):
+        text_only.check_images(1)
 
 
 def test_tokenize_counts_in_admission(demo_runtime):

@@ -119,6 +119,7 @@ def test_exif_orientation_is_applied_as_transformers_load_image_does(orientation
 # ------------------------------------------------------------------ fetching image URLs (item 2)
 
 PNG = encoded(Image.new("RGB", (4, 4), (1, 2, 3)))
+BIG = 2**20
 
 
 class _Images(BaseHTTPRequestHandler):
@@ -130,6 +131,15 @@ class _Images(BaseHTTPRequestHandler):
             return
         if self.path == "/missing":
             self.send_error(404)
+            return
+        if self.path.startswith("/big"):  # a 1 MiB image (its tail is padding)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            try:
+                self.wfile.write(PNG + bytes(BIG - len(PNG)))
+            except OSError:
+                pass  # cut by the client mid-body
             return
         self.send_response(200)
         self.send_header("Content-Type", "image/png")
@@ -200,3 +210,16 @@ def test_a_trickling_server_is_cut_at_the_deadline(images_server, record_propert
     took = time.perf_counter() - t0
     record_property("trickle_cut_s", round(took, 2))
     assert took < 1.5, took
+
+
+def test_a_requests_fetches_stop_at_its_total_while_they_read(images_server):
+    """Each image's bytes are counted as they arrive against the request's total (64 MB by default), not after all
+    its URLs were fetched and held."""
+    limits = served(fetch_allow=("127.0.0.1",), max_total_bytes=int(2.5 * BIG)).for_request()
+    got = [media_from_url(f"http://127.0.0.1:{images_server}/big{i}", limits) for i in range(2)]
+    assert [len(m.data) for m in got] == [BIG, BIG] and limits.tally.spent == 2 * BIG
+    with pytest.raises(MediaError, match="request's images hold"):
+        media_from_url(f"http://127.0.0.1:{images_server}/big2", limits)
+    assert limits.tally.spent == 2 * BIG  # the third was cut once it passed the total, and holds nothing
+    alone = served(fetch_allow=("127.0.0.1",), max_total_bytes=int(2.5 * BIG))  # no request tally: each alone
+    assert len(media_from_url(f"http://127.0.0.1:{images_server}/big3", alone).data) == BIG

@@ -11,6 +11,12 @@ template) still writes calls (the forced-call grammar, the history), which a res
 (holding back a partial delimiter), and each ``tool_calls`` region is parsed here with transformers' own content
 parser and transform, so that a region that does not read becomes an invalid call with its text (as in every other
 format) instead of an exception in the middle of a stream.
+
+A template is the checkpoint's, so untrusted. It is refused at load (logged; the family table reads the calls) when
+it is nested deeper than ``MAX_TEMPLATE_DEPTH`` or one of its regexes backtracks on a probe (runs of one character,
+its own delimiters; ``PROBE_SECONDS`` each, the ``regex`` module's own timeout); and every regex the parser runs on
+a reply spends from that reply's ``READ_SECONDS``, past which the reply ends with a typed
+:class:`~exllama_integrations.errors.ChatTemplateError`, so no template can hold the event loop that reads replies.
 """
 
 from __future__ import annotations
@@ -18,9 +24,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from copy import deepcopy
 from typing import Any
+
+from ...errors import ChatTemplateError
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +38,14 @@ FoundCall = tuple[str | None, Any, str, str | None]
 
 CALLS = "tool_calls"
 """The region a response template writes calls to (transformers' name, as in the assistant message)."""
+MAX_TEMPLATE_DEPTH = 32
+"""Deepest nesting of a response template's data (transforms, content arguments) taken at load."""
+PROBE_SECONDS = 0.05
+"""Seconds each of a template's regexes may take on each probe at load before the template is refused."""
+READ_SECONDS = 0.25
+"""Seconds of regex matching one reply may spend in all (a reply is read on the server's event loop)."""
+PATTERN_KEYS = ("open_pattern", "close_pattern", "start_anchor_pattern", "tag_pattern")
+"""The keys whose values are regexes, at any depth of a template."""
 
 
 @functools.cache
@@ -59,9 +76,10 @@ def response_template_of(tokenizer_config: Mapping[str, Any]) -> dict[str, Any] 
     from transformers.utils.chat_parsing.response_templates import load_response_template
 
     try:
+        _check_shape(spec)
         load_response_template(deepcopy(spec))
         _raw_calls_template(spec)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, ChatTemplateError) as e:
         logger.warning("the model's response_template does not load (%s); tool calls are read by family", e)
         return None
     if CALLS not in spec["fields"]:
@@ -93,6 +111,113 @@ def template_markup(spec: Mapping[str, Any]) -> tuple[str, ...]:
             value = field.get(key)
             out += [value] if isinstance(value, str) else list(value or [])
     return tuple(dict.fromkeys(out))
+
+
+def _walk(spec: Any) -> Iterator[tuple[Any, int]]:
+    """Every value in ``spec`` with its depth (without recursion)."""
+    stack = [(spec, 1)]
+    while stack:
+        item, depth = stack.pop()
+        yield item, depth
+        if depth > MAX_TEMPLATE_DEPTH:
+            continue
+        if isinstance(item, Mapping):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def _check_shape(spec: Any) -> None:
+    """Refuse a template nested too deeply, or with a regex that backtracks on a probe.
+
+    Raises:
+        ChatTemplateError: naming what is refused.
+    """
+    import regex
+
+    patterns, literals = [], []
+    for item, depth in _walk(spec):
+        if depth > MAX_TEMPLATE_DEPTH:
+            raise ChatTemplateError(f"the response_template is nested deeper than {MAX_TEMPLATE_DEPTH} levels")
+        if isinstance(item, Mapping):
+            patterns += [v for k, v in item.items() if k in PATTERN_KEYS and isinstance(v, str)]
+            for key in ("open", "close", "start_anchor"):
+                value = item.get(key)
+                literals += [value] if isinstance(value, str) else [v for v in value or () if isinstance(v, str)]
+    probes = [c * 28 + end for c in "a0_ .<>\n\"'{}=,é" for end in ("", "\x00", "!")]
+    probes += [(lit * 10)[:400] + end for lit in literals if lit for end in ("", "\x00")]
+    for pattern in patterns:
+        try:
+            compiled = regex.compile(pattern, regex.DOTALL)
+            for probe in probes:
+                compiled.search(probe, timeout=PROBE_SECONDS)
+                compiled.search(probe, partial=True, timeout=PROBE_SECONDS)
+        except TimeoutError:
+            raise ChatTemplateError(
+                f"the response_template's regex {pattern[:80]!r} took over {PROBE_SECONDS:g} s on a "
+                f"{len(probe)}-character probe (it backtracks)"
+            ) from None
+        except regex.error:
+            continue  # transformers' own loading says what is wrong with it
+
+
+class _Budget:
+    """The regex time one reply may spend (``READ_SECONDS``), spent by every match the parser makes."""
+
+    def __init__(self, seconds: float) -> None:
+        self.left = seconds
+
+    def run(self, call: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.left <= 0:
+            raise self._over()
+        t0 = time.perf_counter()
+        try:
+            return call(*args, timeout=self.left, **kwargs)
+        except TimeoutError:
+            self.left = 0.0
+            raise self._over() from None
+        finally:
+            self.left -= time.perf_counter() - t0
+
+    @staticmethod
+    def _over() -> ChatTemplateError:
+        return ChatTemplateError(
+            f"the model's response_template spent over {READ_SECONDS:g} s of regex matching on one reply (a regex "
+            "that backtracks); serve it with --tool-format NAME to read its calls with the family table instead."
+        )
+
+
+class _Bounded:
+    """A compiled regex whose matches spend from a reply's :class:`_Budget` (the ``regex`` module's timeout)."""
+
+    def __init__(self, pattern: Any, budget: _Budget) -> None:
+        self._pattern, self._budget = pattern, budget
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pattern, name)  # groupindex, pattern, flags ...
+
+    def search(self, *args: Any, **kwargs: Any) -> Any:
+        return self._budget.run(self._pattern.search, args, kwargs)
+
+    def match(self, *args: Any, **kwargs: Any) -> Any:
+        return self._budget.run(self._pattern.match, args, kwargs)
+
+    def fullmatch(self, *args: Any, **kwargs: Any) -> Any:
+        return self._budget.run(self._pattern.fullmatch, args, kwargs)
+
+    def finditer(self, *args: Any, **kwargs: Any) -> Any:
+        return iter(self._budget.run(lambda *a, **k: list(self._pattern.finditer(*a, **k)), args, kwargs))
+
+
+def _bounded(template: Any, budget: _Budget) -> Any:
+    """A loaded template whose delimiters' regexes spend from ``budget``."""
+    for field in template.fields.values():
+        for key in ("open_re", "close_re"):
+            if getattr(field, key) is not None:
+                setattr(field, key, _Bounded(getattr(field, key), budget))
+    if template.start_anchor_re is not None:
+        template.start_anchor_re = _Bounded(template.start_anchor_re, budget)
+    return template
 
 
 def _raw_calls_template(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,8 +252,10 @@ class TemplateReader:
         from transformers.utils.chat_parsing.response_templates import load_response_template
 
         self._field = load_response_template(deepcopy(dict(spec))).fields[CALLS]
+        self._budget = _Budget(READ_SECONDS)
+        template = _bounded(load_response_template(_raw_calls_template(spec)), self._budget)
         # prefix="": the reader is given the answer alone (the runtime has taken the thinking and the prompt apart)
-        self._parser = ResponseParser(load_response_template(_raw_calls_template(spec)), prefix="")
+        self._parser = ResponseParser(template, prefix="")
         self._after_call = False
 
     def feed(self, text: str) -> tuple[str, list[FoundCall]]:

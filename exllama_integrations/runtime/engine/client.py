@@ -1,9 +1,10 @@
 """One engine process seen from the runtime: started, spoken to over ZeroMQ, watched, and started again if it dies.
 
-Channel: two ZeroMQ sockets over ``ipc://`` files in a private directory (mode 0700, removed with the engine):
-PUSH for requests, PULL for steps. ZeroMQ because it is made for this (vLLM's API server and engine core
-speak over it): framed messages, a queue per direction, no partial reads to handle, and sends that never
-block a caller (``NOBLOCK``: an engine that cannot take a message fails that request at once, typed).
+Channel: two ZeroMQ sockets over ``ipc://`` files in a private directory (mode 0700, removed with the engine,
+and swept at the next start where a SIGKILL left it: :mod:`.launch`): PUSH for requests, PULL for steps. ZeroMQ
+because it is made for this (vLLM's API server and engine core speak over it): framed messages, a queue per
+direction, no partial reads to handle, and sends that never block a caller (``NOBLOCK``: an engine that cannot
+take a message fails that request at once, typed).
 
 The engine dying (killed, out of memory, a crash in a kernel) is seen by a thread waiting on the process:
 every request it had ends with :class:`~exllama_integrations.errors.EngineUnavailableError` at once, the
@@ -19,14 +20,8 @@ health says when; it never gives up while the runtime is open.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
-import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -38,11 +33,12 @@ from ...errors import (
     EngineUnavailableError,
     ExLlamaIntegrationsError,
     InvalidSettingsError,
-    ModelLoadError,
     ProtocolError,
     error_from_wire,
 )
-from .wire import pack, receive, request_to_wire, step_from_wire, unpack
+from ...model import grammar_worker
+from .launch import exit_text, launch
+from .wire import pack, receive, request_to_wire, step_from_wire
 
 if TYPE_CHECKING:
     from ...backends.base import BackendOptions, BackendRequest
@@ -66,17 +62,6 @@ CLOSE_WAIT = 30.0
 """Seconds a closing engine has to end its requests and free the model before it is killed."""
 MEDIA_WAIT = 120.0
 """Seconds an image encoding may take in the engine before the request fails."""
-
-
-def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "stopped answering"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 class _Call:
@@ -134,94 +119,31 @@ class EngineProcess:
     # ----------------------------------------------------------------- life
 
     def _start(self) -> None:
-        zmq = self._zmq = require("zmq", "engine", 'engine="process"')
-
-        folder = tempfile.mkdtemp(prefix="exllama-engine-")
-        os.chmod(folder, 0o700)
-        context = zmq.Context()
-        requests = context.socket(zmq.PUSH)
-        requests.setsockopt(zmq.LINGER, 0)
-        requests.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a connected engine; else a send fails at once
-        steps = context.socket(zmq.PULL)
-        steps.setsockopt(zmq.LINGER, 0)
-        requests.bind(f"ipc://{folder}/requests")
-        steps.bind(f"ipc://{folder}/steps")
-        env = dict(os.environ, **self.env)
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "exllama_integrations.runtime.engine.process"],
-            stdin=subprocess.PIPE,
-            env=env,
-        )
-        config = {
-            "model_dir": str(self.model.path),
-            "backend": self.backend,
-            "options": self.options.model_dump(exclude_none=True),
-            "requests": f"ipc://{folder}/requests",
-            "steps": f"ipc://{folder}/steps",
-            "log_level": logging.getLogger("exllama_integrations").getEffectiveLevel() or logging.WARNING,
-        }
-        assert proc.stdin is not None
-        proc.stdin.write(json.dumps(config).encode() + b"\n")
-        proc.stdin.flush()
-        self._proc, self._folder, self._context = proc, folder, context
-        self._requests, self._steps = requests, steps
-        try:
-            self.ready = self._handshake(proc, steps)
-        except BaseException:
-            self._teardown(kill=True)
-            raise
+        self._zmq = require("zmq", "engine", 'engine="process"')
+        extra = {"grammar_seconds": grammar_worker.COMPILE_SECONDS}
+        launched = launch(self._zmq, self.model, self.backend, self.options, self.env, extra)
+        proc = launched.proc
+        self._launched, self._proc, self._requests = launched, proc, launched.requests
+        self.ready = launched.ready
         self.problem = None
         self._hung = None
         self._last_pong = time.monotonic()
-        self._reader = threading.Thread(target=self._read, args=(proc, steps), name="engine-reader", daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, args=(proc, launched.steps), name="engine-reader", daemon=True
+        )
         self._reader.start()
         threading.Thread(target=self._watch, args=(proc,), name="engine-watch", daemon=True).start()
         threading.Thread(target=self._ping, args=(proc,), name="engine-ping", daemon=True).start()
         logger.info("engine %d (pid %d) ready: %s on %s", self.index, proc.pid, self.model.name, self.backend)
 
-    def _handshake(self, proc: subprocess.Popen[bytes], steps: Any) -> dict[str, Any]:
-        while True:
-            if steps.poll(100):
-                message = unpack(steps.recv_multipart()[0])
-                if message["op"] == "ready":
-                    return message
-                if message["op"] == "failed":
-                    raise error_from_wire(message.get("error"))
-                raise ProtocolError(f"the engine said {message['op']!r} before it was ready.")
-            code = proc.poll()
-            if code is not None:
-                raise ModelLoadError(
-                    f"the engine process for {self.model.name!r} {_exit_text(code)} while loading "
-                    "(its log is above); nothing stays loaded."
-                )
-
     def _teardown(self, kill: bool) -> None:
-        proc = self._proc
-        if proc is not None:
-            if kill and proc.poll() is None:
-                proc.kill()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdin is not None:
-                try:
-                    proc.stdin.close()
-                except OSError:
-                    pass
-        for sock in (self._requests, self._steps):
-            sock.close(linger=0)
-        self._context.term()
-        shutil.rmtree(self._folder, ignore_errors=True)
+        self._launched.teardown(kill)
 
     def _watch(self, proc: subprocess.Popen[bytes]) -> None:
         code = proc.wait()
         if self._closing:
             return
-        why = self._hung or f"the engine process (pid {proc.pid}) {_exit_text(code)}"
+        why = self._hung or f"the engine process (pid {proc.pid}) {exit_text(code)}"
         logger.error("%s; its requests end with EngineUnavailableError", why)
         with self._lock:
             self.problem = why + ("; it is starting again" if self.restart else "")
@@ -276,7 +198,7 @@ class EngineProcess:
             except EngineUnavailableError:
                 pass  # not answered: counted below
             quiet = time.monotonic() - self._last_pong
-            stalled = self._stalled if self.load else 0.0
+            stalled = self.stalled
             if quiet > HUNG_AFTER:
                 why = f"the engine process (pid {proc.pid}) stopped answering ({quiet:.1f} s without a reply)"
             elif stalled > STALL_AFTER:
@@ -339,6 +261,14 @@ class EngineProcess:
     def load(self) -> int:
         """Requests this engine holds."""
         return len(self._open)
+
+    @property
+    def stalled(self) -> float:
+        """Seconds the engine's driver had gone without progress while holding requests, as its last pong said.
+
+        A step, or a chunk of a long prefill, is progress; past ``STALL_AFTER`` the engine is declared hung.
+        """
+        return self._stalled if self.load else 0.0
 
     # ----------------------------------------------------------------- channel
 

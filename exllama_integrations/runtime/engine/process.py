@@ -8,7 +8,8 @@ the engine ignores it and is stopped by its parent, after the parent drained its
 
 Threads: the main thread reads requests (PULL) and hands them to the backend, and answers the runtime's
 liveness pings at once (with how long the driver has gone without a step while it holds requests); the
-backend's driver decodes; one thread encodes images (so a slow encoding never delays a ping); one sender
+backend's driver decodes; one thread encodes images and grammar threads compile grammars (so neither a slow
+encoding nor a slow compile ever delays a ping: :mod:`~exllama_integrations.model.grammar_worker`); one sender
 thread writes steps (PUSH), every step that came since its last send in one frame. The driver's only work for
 the channel is appending a step to a list.
 """
@@ -26,6 +27,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +54,8 @@ COALESCE = 0.0005
 
 MEDIA_HELD = 64
 """Encoded images an engine keeps for requests not yet submitted (older ones are dropped)."""
+GRAMMAR_WAITS = 8
+"""Requests that wait for their grammar's compile at once, each on a thread (more wait their turn, within budget)."""
 
 
 class Outbox:
@@ -116,13 +120,21 @@ class Outbox:
 class Engine:
     """A loaded backend behind a channel: requests in, steps out."""
 
-    def __init__(self, backend: Backend, tokenizer: NativeTokenizer, backend_name: str, out: Outbox) -> None:
-        from ...model.grammar import TokenConstraint
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: NativeTokenizer,
+        backend_name: str,
+        out: Outbox,
+        grammar_seconds: float | None = None,
+    ) -> None:
+        from ...model.grammar_worker import GrammarCompiler
 
         self.backend, self.tokenizer, self.name, self.out = backend, tokenizer, backend_name, out
         self._open: dict[int, BackendRequest] = {}
         self._lock = threading.Lock()
-        self._grammars = lru_cache(maxsize=64)(partial(TokenConstraint.compile, tokenizer))
+        self._grammars = GrammarCompiler(tokenizer, grammar_seconds)
+        self._compiled = ThreadPoolExecutor(max_workers=GRAMMAR_WAITS, thread_name_prefix="engine-grammar")
         self._piece = lru_cache(maxsize=1 << 16)(self._token_text)
         self._media: OrderedDict[str, Any] = OrderedDict()
         self._since = time.monotonic()
@@ -130,12 +142,12 @@ class Engine:
         threading.Thread(target=self._encode_loop, name="engine-media", daemon=True).start()
 
     def stalled(self) -> float:
-        """Seconds the driver has gone without a step while it holds requests (0 while it holds none)."""
+        """Seconds the driver has gone without a step (or progress within one) while it holds requests (0: none)."""
         with self._lock:
             if not self._open:
                 return 0.0
             since = self._since
-        return max(0.0, time.monotonic() - max(since, self.out.last_step))
+        return max(0.0, time.monotonic() - max(since, self.out.last_step, self.backend.progress))
 
     def forget(self, handles: list[str]) -> None:
         """Drop encoded images no request will name (the runtime let go of them: a /tokenize, a failed request)."""
@@ -168,49 +180,91 @@ class Engine:
         self.out.step(rid, step)
 
     def submit(self, rows: list[dict[str, Any]]) -> None:
-        """Build the backend's requests from their wire form and start them together."""
-        from ...backends.base import BackendRequest, TokenStep
-        from ..local.reasoning import ReasoningControl
+        """Build the backend's requests from their wire form and start them together.
+
+        A request whose grammar is not compiled yet starts once it is, from a thread of its own (the receive loop
+        goes on answering pings), or ends typed when its compile is over the budget.
+        """
+        from ...backends.base import TokenStep
 
         requests = []
         for row in rows:
             rid = int(row["rid"])
+            deadline = time.monotonic() + self._grammars.budget
             try:
-                grammar = grammar_from_wire(row.get("grammar"))
-                reasoning = reasoning_from_wire(row.get("reasoning"))
-                control = None
-                if reasoning is not None:
-                    control = ReasoningControl(reasoning, self._piece, row["reasoning_end_ids"])
-                embeddings = None
-                if row.get("media") is not None:
-                    with self._lock:
-                        embeddings = self._media.pop(row["media"], None)
-                    if embeddings is None:
-                        raise MediaError("the engine dropped the request's images before it ran; send it again.")
-                request = BackendRequest(
-                    [int(t) for t in row["prompt_ids"]],
-                    settings_from_wire(row["settings"]),
-                    int(row["max_new_tokens"]),
-                    frozenset(int(t) for t in row["stop_token_ids"]),
-                    emit=lambda s: None,
-                    constraint=self._grammars(grammar).matcher() if grammar is not None else None,
-                    steering=control,
-                    embeddings=embeddings,
-                    grammar=grammar,
-                )
+                request = self._request(rid, row)
             except Exception as e:  # noqa: BLE001 - one bad request fails alone, typed
                 self.out.step(rid, TokenStep(finish="error", error=e))
                 continue
-            request.emit = partial(self._emit, rid, request)
-            if row.get("cancelled"):
-                request.cancel.set()
             with self._lock:
                 if not self._open:
                     self._since = time.monotonic()  # the driver's clock starts with its first request
                 self._open[rid] = request
+            grammar = request.grammar
+            if grammar is not None and not self._grammars.start(grammar).done():
+                self._compiled.submit(self._start_constrained, rid, request, deadline)
+                continue
+            if grammar is not None and not self._constrain(rid, request, deadline):
+                continue
             requests.append(request)
         if requests:
             self.backend.submit(requests)
+
+    def _request(self, rid: int, row: dict[str, Any]) -> BackendRequest:
+        from ...backends.base import BackendRequest
+        from ..local.reasoning import ReasoningControl
+
+        reasoning = reasoning_from_wire(row.get("reasoning"))
+        control = None
+        if reasoning is not None:
+            control = ReasoningControl(reasoning, self._piece, row["reasoning_end_ids"])
+        embeddings = None
+        if row.get("media") is not None:
+            with self._lock:
+                embeddings = self._media.pop(row["media"], None)
+            if embeddings is None:
+                raise MediaError("the engine dropped the request's images before it ran; send it again.")
+        request = BackendRequest(
+            [int(t) for t in row["prompt_ids"]],
+            settings_from_wire(row["settings"]),
+            int(row["max_new_tokens"]),
+            frozenset(int(t) for t in row["stop_token_ids"]),
+            emit=lambda s: None,
+            steering=control,
+            embeddings=embeddings,
+            grammar=grammar_from_wire(row.get("grammar")),
+        )
+        request.emit = partial(self._emit, rid, request)
+        if row.get("cancelled"):
+            request.cancel.set()
+        return request
+
+    def _constrain(self, rid: int, request: BackendRequest, deadline: float) -> bool:
+        """Give ``request`` its grammar's matcher (waiting for the compile until ``deadline``); False: it ended."""
+        from ...backends.base import TokenStep
+
+        assert request.grammar is not None
+        try:
+            request.constraint = self._grammars.compile(request.grammar, deadline).matcher()
+        except Exception as e:  # noqa: BLE001 - the request ends typed; the engine goes on
+            with self._lock:
+                self._open.pop(rid, None)
+            self.out.step(rid, TokenStep(finish="error", error=e))
+            return False
+        return True
+
+    def _start_constrained(self, rid: int, request: BackendRequest, deadline: float) -> None:
+        """On a grammar thread: wait for the compile, then start the request (or end it typed)."""
+        from ...backends.base import TokenStep
+
+        if not self._constrain(rid, request, deadline):
+            return
+        try:
+            self.backend.submit([request])
+        except Exception as e:  # noqa: BLE001 - the backend closed meanwhile: the request ends typed
+            with self._lock:
+                self._open.pop(rid, None)
+            self.out.step(rid, TokenStep(finish="error", error=e))
 
     def cancel(self, rids: list[int]) -> None:
         """Cancel requests by id (ones that already ended are ignored)."""
@@ -246,6 +300,8 @@ class Engine:
     def close(self) -> None:
         """Close the backend (every open request gets its final step), then say so."""
         self._encodings.put(None)
+        self._grammars.close()
+        self._compiled.shutdown(wait=False, cancel_futures=True)
         self.backend.close()
         self.out.message({"op": "closed"})
 
@@ -299,7 +355,7 @@ def serve(config: dict[str, Any]) -> int:
         out.message({"op": "failed", "error": error_wire(e, str(config["backend"]))})
         out.close()
         return 1
-    engine = Engine(backend, tokenizer, backend_cls.name, out)
+    engine = Engine(backend, tokenizer, backend_cls.name, out, config.get("grammar_seconds"))
     gc.collect()
     gc.freeze()  # the model, torch and the libraries stay out of every later collection (a pause holds the GIL)
     out.message(

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from ...backends import BackendRequest
 from ...chat.formats import find_format, response_template_of, template_details
 from ...chat.reasoning import find_reasoning
-from ...contract.api import GenerationRequest, Grammar, ModelInfo, StreamChunk
+from ...contract.api import GenerationRequest, ModelInfo, StreamChunk
 from ...contract.settings import GenerationSettings
 from ...errors import InvalidSettingsError, MediaError, RuntimeClosedError
 from ...model.directory import ModelDirectory
-from ...model.grammar import TokenConstraint
+from ...model.grammar_worker import GrammarCompiler
 from ...model.media import MediaLimits, image_key, open_images
 from ...model.tokenizer import NativeTokenizer
 from ..base import RuntimeBase, check_request
@@ -124,7 +124,7 @@ class ExLlamaRuntime(RuntimeBase):
         self._lock = threading.Lock()
         self._active: set[BackendRequest] = set()
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="exllama-aio")
-        self._grammars = lru_cache(maxsize=64)(self._compile)
+        self._grammars = GrammarCompiler(self.tokenizer)
         self._piece = lru_cache(maxsize=1 << 16)(self._token_text)
         try:
             self._info = self._model_info()
@@ -216,6 +216,7 @@ class ExLlamaRuntime(RuntimeBase):
         if backend is not None:
             backend.close()
         self._executor.shutdown(wait=False)
+        self._grammars.close()
         logger.info("closed %s (%s)", self.model.name, self.backend_name)
 
     def __enter__(self) -> ExLlamaRuntime:
@@ -315,9 +316,6 @@ class ExLlamaRuntime(RuntimeBase):
                 out[tid] = text
         return out
 
-    def _compile(self, grammar: Grammar) -> TokenConstraint:
-        return TokenConstraint.compile(self.tokenizer, grammar)
-
     def _prepare(self, request: GenerationRequest, put: Any) -> tuple[Run, BackendRequest]:
         """Check and tokenize one request (raising typed errors before anything runs)."""
         backend = self._require_backend()
@@ -326,7 +324,7 @@ class ExLlamaRuntime(RuntimeBase):
         ids, embeddings = self._prompt(backend, request)
         s_fit = s.model_copy(update={"truncate_prompt": False}) if request.media else s  # an image is never cut
         ids, max_new = fit_to_context(ids, s_fit, backend.context_length)
-        matcher = self._grammars(request.grammar).matcher() if request.grammar is not None else None
+        matcher = self._grammars.compile(request.grammar).matcher() if request.grammar is not None else None
         control = None
         if request.reasoning is not None:
             r = request.reasoning

@@ -16,7 +16,7 @@ from fastapi import APIRouter, HTTPException, Request
 from ...chat.outcome import ChatDelta, ChatOutcome, astream_chat
 from ...chat.prepare import PreparedChat
 from ...contract.api import Runtime
-from ..openai.completions import check_finish
+from ..rules import check_finish
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
 from .errors import AnthropicRoute
@@ -106,6 +106,7 @@ def message_of(outcome: ChatOutcome, mid: str, model: str, body: MessagesRequest
 async def messages(body: MessagesRequest, request: Request) -> Any:
     """A reply through the model's own template; ``stream: true`` for Anthropic's server-sent events."""
     state = state_of(request.app)
+    state.admit(request.state)  # before anything is rendered, tokenized or fetched
     prepared = await state.prepare(body)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
@@ -131,6 +132,7 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
 async def count_tokens(body: CountTokensRequest, request: Request) -> Any:
     """The prompt's tokens for these messages, system, tools and thinking settings (nothing is generated)."""
     state = state_of(request.app)
+    state.admit(request.state)  # it renders and tokenizes as a generation does
     prepared = await state.prepare(body.to_messages_request())
     return CountTokensOut(input_tokens=await _prompt_tokens(state.runtime, prepared))
 

@@ -17,10 +17,10 @@ from fastapi import APIRouter, Request
 from ...chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall, astream_chat
 from ...chat.prepare import PreparedChat
 from ...contract.shapes import chat_logprobs, usage_dict
+from ..rules import ERRORS, check_finish, new_id
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
 from .choices import announce, merged, per_choice, summed_usage
-from .completions import ERRORS, check_finish, new_id
 from .protocol.chat import (
     AssistantMessage,
     ChatChoice,
@@ -91,7 +91,7 @@ def _events(state: ServeState, sources: list[Any], rid: str, include_usage: bool
                 yield chunk(i, delta(invalid, ""))
             return
         check_finish(item.native_finish_reason)
-        record(state, scope_state, item.usage, item.timings, item.native_finish_reason)
+        record(state, scope_state, item.usage, item.timings, item.native_finish_reason, new_prompt=i == 0)
         last = item.tool_calls[item.streamed_calls :]
         tail = item.tail + "".join(c.raw for c in last if c.error is not None)
         if tail or item.reasoning_tail:
@@ -119,6 +119,7 @@ def _switch(state: ServeState) -> bool:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     """A chat reply through the model's own template; ``stream: true`` for server-sent events."""
     state = state_of(request.app)
+    state.admit(request.state, body.n)  # before anything is rendered, tokenized or fetched
     prepared = await state.prepare(body, _switch(state))
     rid = new_id("chatcmpl")
     choices = [dataclasses.replace(prepared, request=r) for r in per_choice(prepared.request, body.n)]
@@ -140,9 +141,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         return list(await asyncio.gather(*(outcome(one) for one in choices)))
 
     dones = await whole(state, request, outcomes)
-    for done in dones:
+    for i, done in enumerate(dones):
         check_finish(done.native_finish_reason)
-        record(state, request.state, done.usage, done.timings, done.native_finish_reason)
+        record(state, request.state, done.usage, done.timings, done.native_finish_reason, new_prompt=i == 0)
     out = [
         ChatChoice(index=i, message=message_of(d), logprobs=chat_logprobs(d.logprobs), finish_reason=d.finish_reason)
         for i, d in enumerate(dones)

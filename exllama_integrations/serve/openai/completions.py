@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -12,8 +11,8 @@ from fastapi import APIRouter, Request
 
 from ...contract.api import GenerationResult, StreamChunk, TokenLogprob, Usage
 from ...contract.shapes import completion_logprobs, finish_name, usage_dict
-from ...errors import RuntimeClosedError
 from ...runtime.base import acollect
+from ..rules import ERRORS, check_finish, new_id
 from ..state import ServeState, record, state_of
 from ..streaming import start_stream, whole
 from .choices import announce, merged, summed_usage
@@ -22,28 +21,6 @@ from .protocol.completions import CompletionChoice, CompletionRequest, Completio
 from .sse import framed, sse
 
 router = APIRouter(tags=["openai"])
-ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"description": "a bad request (settings, context, grammar)"},
-    401: {"description": "a missing or wrong API key"},
-    404: {"description": "a model this server does not serve"},
-    413: {"description": "a body over the server's limit"},
-    503: {"description": "the server is full or its runtime was closed"},
-}
-
-
-def new_id(prefix: str) -> str:
-    """An OpenAI-style object id."""
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def check_finish(native: str) -> None:
-    """A generation cut by the server's own runtime (closed while it ran) is an error, never a quiet "stop".
-
-    Raises:
-        RuntimeClosedError: the runtime stopped the generation.
-    """
-    if native == "cancelled":
-        raise RuntimeClosedError("the server's runtime stopped this generation before it ended (it is shutting down).")
 
 
 def echo_logprobs(prompt: Sequence[TokenLogprob], lps: Sequence[TokenLogprob]) -> dict[str, Any] | None:
@@ -71,8 +48,9 @@ def _choice(
     scored = r.prompt_logprobs or ()
     if isinstance(prompt, str):
         echoed = prompt
-    else:
-        echoed = "".join(t.token for t in scored) if scored else state.runtime.decode(prompt)
+    else:  # token ids decoded together (one by one, a character of several tokens would be cut), as vLLM does
+        tok = getattr(state.runtime, "tokenizer", None)
+        echoed = tok.decode(prompt, skip_special_tokens=False) if tok is not None else state.runtime.decode(prompt)
     return CompletionChoice(
         index=index,
         text=echoed + text,
@@ -98,7 +76,7 @@ def _events(state: ServeState, sources: list[Any], rid: str, include_usage: bool
         offsets[i] += len(c.text)
         yield sse(CompletionResponse(id=rid, model=state.name, choices=[choice]))
         if c.finish_reason is not None and c.usage is not None:
-            record(state, scope_state, c.usage, c.timings, c.finish_reason)
+            record(state, scope_state, c.usage, c.timings, c.finish_reason, new_prompt=i % n == 0)
             usages[i] = c.usage
             if include_usage and len(usages) == len(sources):
                 summed = summed_usage([usages[k] for k in range(len(sources))], n)
@@ -117,6 +95,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     """
     state = state_of(request.app)
     state.check_model(body.model)
+    state.admit(request.state, len(body.prompts()) * body.n)  # every generation counts, before any is tokenized
     info, runtime = state.info, state.runtime
     reqs = body.to_requests(state.defaults, info.unsupported_settings, state.limits.max_tokens)
     rid = new_id("cmpl")
@@ -131,10 +110,11 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         return list(await asyncio.gather(*(acollect(runtime.aopen(r), info.backend) for r in reqs)))
 
     results = await whole(state, request, run)
-    for r in results:
-        check_finish(r.finish_reason)
-        record(state, request.state, r.usage, r.timings, r.finish_reason)
+    # a scored prompt generates nothing (the one token run to score it is dropped), and is counted so
     usages = [dataclasses.replace(r.usage, completion_tokens=0) if body.scores_only else r.usage for r in results]
+    for i, (r, used) in enumerate(zip(results, usages)):
+        check_finish(r.finish_reason)
+        record(state, request.state, used, r.timings, r.finish_reason, new_prompt=i % body.n == 0)
     choices = [_choice(state, body, i, req.prompt, r) for i, (req, r) in enumerate(zip(reqs, results))]
     usage = UsageWire(**usage_dict(summed_usage(usages, body.n)))
     return CompletionResponse(id=rid, model=state.name, choices=choices, usage=usage)

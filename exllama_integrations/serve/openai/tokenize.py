@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...chat.prepare import ChatRequest, prepare_chat
 from ...contract.api import GenerationRequest, SharesTokenizer
 from ...errors import BackendUnavailableError, InvalidSettingsError
-from ..state import state_of
+from ..state import image_parts, state_of
 from .protocol.chat import MessageWire, ToolWire
 from .protocol.common import Wire
 
@@ -84,7 +84,11 @@ def _ids(state: Any, body: TokenizeRequest) -> list[int]:
     else:
         assert body.messages is not None
         media: list[Any] = []
-        messages = [m.to_template(media, state.limits.media) for m in body.messages]
+        images = image_parts([m.model_dump() for m in body.messages])
+        if images:
+            state.check_images(images)
+        limits = state.limits.media.for_request()
+        messages = [m.to_template(media, limits) for m in body.messages]
         if not body.add_generation_prompt:
             raise InvalidSettingsError(
                 "/tokenize renders messages as a chat request is rendered, with the generation prompt; "
@@ -128,8 +132,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
             return ids, [tok.decode([i], skip_special_tokens=False) for i in ids]
         return ids, [state.runtime.decode([i]) for i in ids]
 
-    with state.in_flight():
-        ids, strs = await asyncio.to_thread(work)
+    state.admit(request.state)
+    ids, strs = await asyncio.to_thread(work)
     return TokenizeResponse(count=len(ids), max_model_len=state.info.context_length, tokens=ids, token_strs=strs)
 
 

@@ -16,7 +16,7 @@ from fastapi.routing import APIRoute
 
 from ...chat.outcome import ChatOutcome, astream_chat
 from ..guard import validation_response
-from ..openai.completions import ERRORS, check_finish
+from ..rules import ERRORS, check_finish
 from ..state import record, state_of
 from ..streaming import start_stream, whole
 from .events import ResponseEvents, framed
@@ -47,6 +47,7 @@ router = APIRouter(tags=["responses"], route_class=ResponsesRoute)
 async def create_response(body: ResponsesRequest, request: Request) -> Any:
     """A reply through the model's own template, as a response object; ``stream: true`` for its events."""
     state = state_of(request.app)
+    state.admit(request.state)  # before anything is rendered, tokenized or fetched
     prepared = await state.prepare(body)
     events = ResponseEvents(ResponseObject.draft(body, state.name))
 

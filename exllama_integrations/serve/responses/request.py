@@ -9,14 +9,15 @@ switch (``enable_thinking``); ``max_output_tokens`` bounds thinking and answer t
 that change nothing here (``metadata``, ``user``, ``store``, ``include``, ``top_logprobs`` ...) are accepted and
 ignored; those that need state this server does not keep (``previous_response_id``, ``conversation``,
 ``background``, ``prompt``, ``item_reference`` items) are refused naming the field; any other field is a typo.
+The input items' wire models are in :mod:`.items`, the options' (tools, text format, reasoning) in :mod:`.options`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import Field
 
 from ...chat.content import content_of
 from ...chat.prepare import ChatRequest
@@ -24,234 +25,25 @@ from ...contract.api import Media
 from ...contract.settings import GenerationSettings, resolve_settings
 from ...errors import InvalidSettingsError, MediaError
 from ...model.media import MediaLimits, media_from_url
-
-THINKING_OFF = frozenset({"none", "minimal"})
-"""``reasoning.effort`` values that turn thinking off where the template can (``enable_thinking=False``)."""
-
-
-class Strict(BaseModel):
-    """A part of the request whose unknown fields are refused (a typo must not be silently dropped)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class Item(BaseModel):
-    """An input item or part: the ids, statuses and annotations a client sends back with it are ignored."""
-
-    model_config = ConfigDict(extra="ignore")
+from .items import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputImage,
+    InputItem,
+    InputText,
+    ItemReference,
+    MessageItem,
+    OutputText,
+    ReasoningItem,
+    RefusalPart,
+    Strict,
+    item_tags,
+)
+from .options import FunctionChoice, FunctionTool, ReasoningConfig, ResponsesStreamOptions, TextConfig
 
 
 def _refuse(field: str, why: str) -> InvalidSettingsError:
     return InvalidSettingsError(f"{field}: {why}", param=field, reason="unsupported_parameter")
-
-
-# --------------------------------------------------------------------------- input items
-
-
-class InputText(Item):
-    """Text a user, system or developer message holds."""
-
-    type: Literal["input_text"]
-    text: str
-
-
-class OutputText(Item):
-    """Text an earlier assistant message holds (its annotations and logprobs are ignored)."""
-
-    type: Literal["output_text"]
-    text: str
-
-
-class RefusalPart(Item):
-    """An earlier assistant refusal, kept in the history as its text."""
-
-    type: Literal["refusal"]
-    refusal: str
-
-
-class InputImage(Item):
-    """An image in a user message: ``image_url`` as a ``data:`` URL (http(s) only where the server allows)."""
-
-    type: Literal["input_image"]
-    image_url: str | None = None
-    file_id: str | None = None
-    detail: str | None = None
-
-
-class InputFile(Item):
-    """A file part: refused (this server keeps no files and reads no documents)."""
-
-    type: Literal["input_file"]
-
-
-Part = Annotated[InputText | OutputText | RefusalPart | InputImage | InputFile, Field(discriminator="type")]
-
-
-class MessageItem(Item):
-    """A message: ``{"role", "content"}`` (``type: "message"`` may be left out)."""
-
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[Part]
-
-
-class FunctionCallItem(Item):
-    """A call the model made earlier (from an earlier response's output)."""
-
-    type: Literal["function_call"]
-    call_id: str
-    name: str
-    arguments: str = "{}"
-
-
-class FunctionCallOutputItem(Item):
-    """A call's result, answering the ``function_call`` with the same ``call_id``."""
-
-    type: Literal["function_call_output"]
-    call_id: str
-    output: str | list[Part]
-
-
-class ReasoningPart(Item):
-    """A piece of an earlier turn's thinking (``reasoning_text``) or of its summary (``summary_text``)."""
-
-    type: Literal["reasoning_text", "summary_text"]
-    text: str
-
-
-class ReasoningItem(Item):
-    """An earlier turn's thinking, given back: it goes with the assistant turn that follows it."""
-
-    type: Literal["reasoning"]
-    summary: list[ReasoningPart] = []
-    content: list[ReasoningPart] | None = None
-
-    def thought(self) -> str:
-        """The thinking's text (its summary where the text itself was not kept)."""
-        return "".join(p.text for p in (self.content or self.summary))
-
-
-class ItemReference(Item):
-    """A reference to a stored item: refused (this server stores none)."""
-
-    type: Literal["item_reference"]
-    id: str
-
-
-def _item_tags() -> tuple[str, ...]:
-    return ("message", "function_call", "function_call_output", "reasoning", "item_reference")
-
-
-def _item_type(value: Any) -> str:
-    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
-    return str(kind)
-
-
-InputItem = Annotated[
-    Annotated[MessageItem, Tag("message")]
-    | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-    | Annotated[ReasoningItem, Tag("reasoning")]
-    | Annotated[ItemReference, Tag("item_reference")],
-    Discriminator(
-        _item_type,
-        custom_error_type="invalid_item",
-        custom_error_message="an input item's type is message, function_call, function_call_output or reasoning",
-    ),
-]
-
-
-# --------------------------------------------------------------------------- options
-
-
-class FunctionTool(Strict):
-    """A function the model may call, in the Responses API's flat shape."""
-
-    type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    def to_chat_tool(self) -> dict[str, Any]:
-        """The tool as the chat layer takes it (OpenAI's chat shape)."""
-        return {"type": "function", "function": self.model_dump(exclude_none=True, exclude={"type"})}
-
-
-class FunctionChoice(Strict):
-    """``tool_choice`` naming one function: the reply is a call to it."""
-
-    type: Literal["function"]
-    name: str
-
-
-class FormatText(Strict):
-    """Plain text (the default)."""
-
-    type: Literal["text"]
-
-
-class FormatJsonObject(Strict):
-    """Any JSON object."""
-
-    type: Literal["json_object"]
-
-
-class FormatJsonSchema(Strict):
-    """JSON that follows ``schema`` (held to it by a grammar, ``strict`` or not)."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    type: Literal["json_schema"]
-    name: str | None = None
-    schema_: dict[str, Any] = Field(alias="schema")
-    description: str | None = None
-    strict: bool | None = None
-
-
-TextFormat = Annotated[FormatText | FormatJsonObject | FormatJsonSchema, Field(discriminator="type")]
-
-
-class TextConfig(Strict):
-    """``text``: the reply's format (``verbosity`` is accepted and ignored)."""
-
-    format: TextFormat | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
-
-    def response_format(self) -> dict[str, Any] | None:
-        """The format as the chat layer takes it (OpenAI's chat ``response_format``)."""
-        f = self.format
-        if isinstance(f, FormatJsonSchema):
-            return {"type": "json_schema", "json_schema": {"name": f.name or "response", "schema": f.schema_}}
-        if isinstance(f, FormatJsonObject):
-            return {"type": "json_object"}
-        return None
-
-
-class ReasoningConfig(Strict):
-    """``reasoning``: ``effort`` turns thinking off or on (``summary`` is accepted; the thinking comes back whole)."""
-
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    summary: Literal["auto", "concise", "detailed"] | None = None
-    generate_summary: Literal["auto", "concise", "detailed"] | None = None
-
-    def template_kwargs(self) -> dict[str, Any]:
-        """The chat template's switches for this effort (a template without them ignores them)."""
-        if self.effort is None:
-            return {}
-        kwargs: dict[str, Any] = {"enable_thinking": self.effort not in THINKING_OFF}
-        if self.effort in ("low", "medium", "high"):
-            kwargs["reasoning_effort"] = self.effort  # gpt-oss's templates read it
-        return kwargs
-
-
-class ResponsesStreamOptions(Strict):
-    """``stream_options`` (``include_obfuscation`` is accepted; no obfuscation is added)."""
-
-    include_obfuscation: bool | None = None
-
-
-# --------------------------------------------------------------------------- the request
 
 
 class ResponsesRequest(Strict):
@@ -414,6 +206,7 @@ class ResponsesRequest(Strict):
             chat_template=chat_template,
             media=media,
             parallel_tool_calls=self.parallel_tool_calls,
+            max_tool_calls=self.max_tool_calls,
         )
 
 
@@ -451,7 +244,7 @@ def _where(loc: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(p for p in loc if not (isinstance(p, str) and (p in _BRANCHES or "[" in p)))
 
 
-_BRANCHES = frozenset({"str", "int", "float", "bool", "dict", "list", "function-after", *_item_tags()})
+_BRANCHES = frozenset({"str", "int", "float", "bool", "dict", "list", "function-after", *item_tags()})
 
 
 def plain_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

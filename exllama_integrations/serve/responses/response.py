@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from ...contract.api import Usage
-from .request import FormatText, FunctionChoice, FunctionTool, ReasoningConfig, ResponsesRequest, TextConfig
+from .options import FormatText, FunctionChoice, FunctionTool, ReasoningConfig, TextConfig
+from .request import ResponsesRequest
 
 
 def _plain_text(body: ResponsesRequest) -> TextConfig:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ....contract.api import Grammar
+from ....contract.api import Grammar, check_grammar_size
 from ....contract.settings import GenerationSettings, check_one_name_each, resolve_settings
 from ....errors import InvalidSettingsError
 
@@ -44,12 +44,15 @@ class GrammarWire(Wire):
     source: str | dict[str, Any]
 
     def to_grammar(self) -> Grammar:
-        """The contract's grammar value."""
+        """The contract's grammar value (refused over ``MAX_GRAMMAR_CHARS``)."""
         if self.kind == "json_schema" and not isinstance(self.source, str):
-            return Grammar.json_schema(self.source)
-        if not isinstance(self.source, str):
+            grammar = Grammar.json_schema(self.source)
+        elif not isinstance(self.source, str):
             raise InvalidSettingsError(f"a {self.kind} grammar's source must be text.", param="grammar")
-        return Grammar(self.kind, self.source)
+        else:
+            grammar = Grammar(self.kind, self.source)
+        check_grammar_size(grammar)
+        return grammar
 
 
 def refuse(field: str, why: str) -> InvalidSettingsError:
