@@ -83,6 +83,26 @@ def default_threads() -> int:
     return max(1, min(8, (os.cpu_count() or 2) - 1))
 
 
+def resolve_device_options(options: Any) -> Any:
+    """Device, dtype and threads, resolved alike by every transformers backend (generation, pooling).
+
+    ``device`` defaults to ``cpu``; ``dtype`` ``auto`` is float32 on the CPU, else float16; on the CPU, the threads.
+
+    Raises:
+        InvalidSettingsError: a dtype torch has no name for here.
+    """
+    device = options.device or "cpu"
+    dtype = (options.dtype or "auto").lower()
+    if dtype == "auto":
+        dtype = "float32" if device == "cpu" else "float16"
+    elif dtype not in _DTYPES:
+        raise InvalidSettingsError(f"dtype must be one of auto, {', '.join(sorted(_DTYPES))}; got {options.dtype!r}.")
+    update: dict[str, Any] = {"device": device, "dtype": _DTYPES[dtype]}
+    if device == "cpu" and getattr(options, "num_threads", None) is None:
+        update["num_threads"] = default_threads()
+    return options.model_copy(update=update)
+
+
 class TransformersBackend(LogitsBackend):
     """Hugging Face transformers on CPU (or any torch device), fp32/bf16/fp16 safetensors."""
 
@@ -92,18 +112,7 @@ class TransformersBackend(LogitsBackend):
 
     @classmethod
     def resolve_options(cls, options: BackendOptions) -> BackendOptions:
-        device = options.device or "cpu"
-        dtype = (options.dtype or "auto").lower()
-        if dtype == "auto":
-            dtype = "float32" if device == "cpu" else "float16"
-        elif dtype not in _DTYPES:
-            raise InvalidSettingsError(
-                f"dtype must be one of auto, {', '.join(sorted(_DTYPES))}; got {options.dtype!r}."
-            )
-        update: dict[str, Any] = {"device": device, "dtype": _DTYPES[dtype]}
-        if device == "cpu" and getattr(options, "num_threads", None) is None:
-            update["num_threads"] = default_threads()
-        return options.model_copy(update=update)
+        return resolve_device_options(options)
 
     @classmethod
     def check_available(cls) -> None:

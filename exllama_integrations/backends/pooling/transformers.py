@@ -14,9 +14,9 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import InvalidModelError, InvalidSettingsError, UnsupportedModelError
+from ...errors import InvalidModelError, UnsupportedModelError
 from ..base import require
-from ..transformers import _DTYPES, _load_bar, default_threads
+from ..transformers import _load_bar, resolve_device_options
 from .base import Encoded, PoolingBackend, PoolingOptions, ScoringTokens, padded, pool
 
 if TYPE_CHECKING:
@@ -35,18 +35,8 @@ class TransformersPooling(PoolingBackend):
 
     @classmethod
     def resolve_options(cls, options: PoolingOptions) -> PoolingOptions:
-        device = options.device or "cpu"
-        dtype = (options.dtype or "auto").lower()
-        if dtype == "auto":
-            dtype = "float32" if device == "cpu" else "float16"
-        elif dtype not in _DTYPES:
-            raise InvalidSettingsError(
-                f"dtype must be one of auto, {', '.join(sorted(_DTYPES))}; got {options.dtype!r}."
-            )
-        update: dict[str, Any] = {"device": device, "dtype": _DTYPES[dtype]}
-        if device == "cpu" and options.num_threads is None:
-            update["num_threads"] = default_threads()
-        return options.model_copy(update=update)
+        resolved: PoolingOptions = resolve_device_options(options)
+        return resolved
 
     @classmethod
     def check_available(cls) -> None:
