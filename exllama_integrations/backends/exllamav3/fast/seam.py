@@ -273,7 +273,10 @@ class ModelView:
         """exllamav3's own per-layer graphs (attention blocks, the MLP's 1..8-row paths) stand aside meanwhile.
 
         Inside a capture of the whole step their launch sequences are recorded as eager kernels; a graph of theirs
-        would nest in ours (and their first call synchronizes the device, which a capture forbids).
+        would nest in ours (and their first call synchronizes the device, which a capture forbids). The attention
+        switch is a module global of exllamav3's: another model in the same process that steps during a capture (at
+        load with ``warmup``, or a step of a new shape) takes exllamav3's eager attention for that step, the same
+        arithmetic by another launch (a server runs each model in its own engine process).
         """
         import exllamav3.modules.attn as attn_module
         from exllamav3.modules.mlp import MLP, GatedMLP
