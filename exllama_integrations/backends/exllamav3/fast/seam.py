@@ -275,8 +275,9 @@ class ModelView:
         Inside a capture of the whole step their launch sequences are recorded as eager kernels; a graph of theirs
         would nest in ours (and their first call synchronizes the device, which a capture forbids). The attention
         switch is a module global of exllamav3's: another model in the same process that steps during a capture (at
-        load with ``warmup``, or a step of a new shape) takes exllamav3's eager attention for that step, the same
-        arithmetic by another launch (a server runs each model in its own engine process).
+        load with ``warmup``, or a step of a new shape) takes exllamav3's eager attention for that step (our steps
+        captured this way gave its graphed path's greedy tokens in every comparison run; a server runs each model in
+        its own engine process).
         """
         import exllamav3.modules.attn as attn_module
         from exllamav3.modules.mlp import MLP, GatedMLP
