@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..contract.api import GenerationRequest, Grammar, Media, Reasoning, check_depth
 from ..contract.settings import GenerationSettings
 from ..errors import ConstraintError, InvalidSettingsError, MediaError
-from .formats import FALLBACK, FORMATS, ToolFormat, find_format, forced_call_grammar, strict_schema
+from .formats import FALLBACK, FORMATS, ToolFormat, check_names, find_format, forced_call_grammar, strict_schema
 from .history import (
     RESPONSE_CLOSE,
     RESPONSE_OPEN,
@@ -215,6 +215,7 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
         spec = info.details.get("response_template")
         fmt = find_format(None, info.tool_format, spec) if info.tool_format else FORMATS[FALLBACK]
     parallel = request.parallel_tool_calls is not False
+    check_names(fmt, shown)
     try:
         if forced:
             # a named tool is one call; "required" may be several where the family and parallel_tool_calls allow

@@ -7,7 +7,7 @@ writes calls as the family does. A checkpoint that declares its own ``response_t
 :func:`response_template_of`) has its replies read with transformers' parser over it instead of the table's.
 """
 
-from .grammar import forced_call_grammar, strict_schema, write_call, write_calls
+from .grammar import check_names, forced_call_grammar, strict_schema, write_call, write_calls
 from .reader import ParsedToolCall, ReplyReader, new_call_id, read_reply
 from .response_template import response_template_of, template_details, without_template
 from .table import FALLBACK, FORMATS, ToolFormat, find_format
@@ -18,6 +18,7 @@ __all__ = [
     "ParsedToolCall",
     "ReplyReader",
     "ToolFormat",
+    "check_names",
     "find_format",
     "forced_call_grammar",
     "new_call_id",

@@ -16,7 +16,10 @@ import string
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from ...errors import InvalidSettingsError
 from ...model.grammar import JSON_OPTIONS
+from .bodies import xml_kinds
+from .reader import read_reply
 from .table import SPECIAL_SHAPE, ToolFormat
 from .tagged import SLOTS, slot_rule, write_slots
 
@@ -155,18 +158,22 @@ class _Builder:
         return rule
 
     def value_rule(self, rule: str, schema: Any, xml: bool) -> str:
-        kind = schema.get("type") if isinstance(schema, dict) else None
-        if xml and kind == "string" and "enum" not in schema:
-            most = schema.get("maxLength")
-            self.rules.append(rf"{rule}: /[^<\n]{{1,{int(most)}}}/" if isinstance(most, int) else rf"{rule}: /[^<\n]+/")
-            return rule
-        if xml and isinstance(schema, dict) and "enum" in schema and kind == "string":
-            self.rules.append(f"{rule}: {' | '.join(json.dumps(str(v)) for v in schema['enum'])}")
-            return rule
-        if xml and kind in ("integer", "number", "boolean"):
-            # XML values are bare: a JSON number or boolean is already that
-            return self.json_rule(rule, schema)
-        return self.json_rule(rule, schema if isinstance(schema, dict) else {})
+        """A value as JSON; in XML a string as its bare text and the rest as JSON (:func:`~.bodies.xml_kinds`)."""
+        if not xml:
+            return self.json_rule(rule, schema if isinstance(schema, dict) else {})
+        text, other = xml_kinds(schema)
+        alternatives = []
+        if text is not None:
+            words = text.get("enum", [text["const"]] if "const" in text else None)
+            if words is not None:
+                alternatives += [json.dumps(str(v)) for v in words]
+            else:
+                most = text.get("maxLength")
+                alternatives.append(rf"/[^<\n]{{1,{int(most)}}}/" if isinstance(most, int) else r"/[^<\n]+/")
+        if other is not None:
+            alternatives.append(self.json_rule(f"{rule}_json", other))
+        self.rules.append(f"{rule}: {' | '.join(alternatives)}")
+        return rule
 
 
 def write_call(fmt: ToolFormat, name: str, arguments: Mapping[str, Any]) -> str:
@@ -190,4 +197,29 @@ def write_calls(fmt: ToolFormat, calls: Sequence[tuple[str, Mapping[str, Any]]])
     return fmt.before + fmt.between.join(write_call(fmt, n, a) for n, a in calls) + fmt.after
 
 
-__all__ = ["MAX_PARALLEL", "forced_call_grammar", "strict_schema", "write_call", "write_calls"]
+def check_names(fmt: ToolFormat, tools: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a tool whose name or argument names ``fmt`` cannot write so that its own reader reads them back.
+
+    Each tool's call is written as the grammar writes it and read back: a name or key holding the format's own
+    delimiters (a space or ``(`` in a pythonic name, ``>`` in an XML one) would make every call to it invalid.
+
+    Raises:
+        InvalidSettingsError: naming the tool, the format and what did not read back.
+    """
+    for tool in tools:
+        function = tool["function"]
+        name = function["name"]
+        keys = list((function.get("parameters") or {}).get("properties") or {})
+        _, calls = read_reply(fmt, write_calls(fmt, [(name, dict.fromkeys(keys, 0))]), [tool])
+        got = [(c.name, sorted(c.arguments or {})) for c in calls if c.error is None]
+        if got != [(name, sorted(keys))]:
+            why = calls[0].error if calls and calls[0].error else f"it reads back as {got}"
+            raise InvalidSettingsError(
+                f"the tool {name!r} (arguments {keys}) cannot be called in the {fmt.name} tool-call format this "
+                f"model writes: its name or an argument name holds that format's own markup ({why}); "
+                "rename it (letters, digits, '_' and '-').",
+                param="tools",
+            )
+
+
+__all__ = ["MAX_PARALLEL", "check_names", "forced_call_grammar", "strict_schema", "write_call", "write_calls"]

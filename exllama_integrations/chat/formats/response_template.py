@@ -295,7 +295,7 @@ class TemplateReader:
             found = [_call(item) for item in items]
             if not found:
                 raise ValueError("no call in the region")
-        except (ValueError, TypeError, KeyError, RecursionError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever the model wrote, a region that does not read is an invalid call
             why = "cut off by max_tokens before the call was complete" if cut else f"{type(e).__name__}: {e}"
             name = captures.get("name") if isinstance(captures.get("name"), str) else None
             return [(name, None, body, why)]

@@ -28,7 +28,7 @@ _GEMMA_STRING = re.compile(r'<\|"\|>(.*?)<\|"\|>|"((?:[^"\\]|\\.)*)"', re.S)
 _GEMMA_KEY = re.compile(r"([{,]\s*)([A-Za-z_][\w.-]*)\s*:")
 
 Typed = Callable[[str, Any], Any]
-"""How a value's text becomes the schema's type (the reader's ``_typed``)."""
+"""How a value's text becomes the schema's type (:func:`.bodies.xml_value`)."""
 
 
 def read_tagged(
