@@ -117,9 +117,15 @@ class PreparedChat:
 def forced_tools(tools: Sequence[Mapping[str, Any]], tool_choice: Any) -> list[Mapping[str, Any]] | None:
     """The tools a tool_choice forces a call to (None: the model decides; []: no tools).
 
+    Takes OpenAI's shapes (``"auto"``, ``"none"``, ``"required"``, ``{"type": "function", "function": {"name"}}``),
+    Anthropic's (``{"type": "auto" | "any" | "none"}``, ``{"type": "tool", "name"}``), a tool's name, and
+    ``{"type": "function", "function": NAME}`` (the name given bare: it means the same).
+
     Raises:
-        InvalidSettingsError: ``tool_choice`` names no bound tool.
+        InvalidSettingsError: a ``tool_choice`` of another shape, or one that names no bound tool.
     """
+    if isinstance(tool_choice, Mapping) and tool_choice.get("type") in ("auto", "any", "required", "none"):
+        tool_choice = tool_choice["type"]  # Anthropic's shape of the four
     if tool_choice in (None, "auto"):
         return None
     if tool_choice in ("none", False):
@@ -128,14 +134,27 @@ def forced_tools(tools: Sequence[Mapping[str, Any]], tool_choice: Any) -> list[M
         return list(tools)
     name = tool_choice
     if isinstance(tool_choice, Mapping):
-        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        function = tool_choice.get("function")
+        # {"function": {"name": N}} (OpenAI's), {"function": N} (a common slip: meant the same), {"name": N}
+        name = function.get("name") if isinstance(function, Mapping) else function or tool_choice.get("name")
+    bound = [t["function"]["name"] for t in tools]
+    if not isinstance(name, str):
+        raise InvalidSettingsError(
+            f"tool_choice {_short(tool_choice)} is not one of 'auto', 'none', 'required', a tool's name or "
+            f'{{"type": "function", "function": {{"name": ...}}}}; bound tools: {bound}.',
+            param="tool_choice",
+        )
     chosen = [t for t in tools if t["function"]["name"] == name]
     if not chosen:
         raise InvalidSettingsError(
-            f"tool_choice {tool_choice!r} names no bound tool; bound: {[t['function']['name'] for t in tools]}.",
-            param="tool_choice",
+            f"tool_choice {_short(tool_choice)} names no bound tool; bound: {bound}.", param="tool_choice"
         )
     return chosen
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def reply_schema(response_format: Mapping[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
