@@ -151,8 +151,8 @@ def xml_value(raw: str, schema: Any) -> Any:
     if other is not None:
         try:
             value = json.loads(raw.strip())
-        except ValueError:
-            value = _PY_CONSTANTS.get(raw.strip(), raw)
+        except ValueError:  # Python's spelling (True, None) from a model writing freely, where no text is taken
+            value = raw if text is not None else _PY_CONSTANTS.get(raw.strip(), raw)
         if not isinstance(value, str) or text is None:
             return value
     return raw

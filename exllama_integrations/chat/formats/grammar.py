@@ -113,7 +113,7 @@ class _Builder:
             if slot == "name":
                 parts.append(json.dumps(name))
             elif slot == "name_json":
-                parts.append(json.dumps(json.dumps(name)))
+                parts.append(json.dumps(json.dumps(name, ensure_ascii=False)))  # as templates write it
             elif slot == "arguments":
                 parts.append(self.json_rule(f"{rule}_args", params))
             elif slot == "xml_parameters":
@@ -148,11 +148,15 @@ class _Builder:
         if not items:
             self.rules.append(f'{rule}: ""')
             return rule
+        if not xml and not items[0][1]:  # no argument is required: any of them (in order) or none, comma-separated
+            for j in reversed(range(len(items))):
+                rest = f' (", " {rule}_from{j + 1})? | {rule}_from{j + 1}' if j + 1 < len(items) else ""
+                self.rules.append(f"{rule}_from{j}: {items[j][0]}{rest}")
+            self.rules.append(f'{rule}: {rule}_from0 | ""')
+            return rule
         seq = []
         for j, (item, req) in enumerate(items):
-            sep = "" if xml or j == 0 else '", " '
-            if j == 0 and not req:
-                req = True  # a call needs a first argument to place the others after (it is valid: just optional)
+            sep = "" if xml or j == 0 else '", " '  # (a first Python argument is a required one here)
             seq.append(f"{sep}{item}" if req else f"({sep}{item})?")
         self.rules.append(f"{rule}: {' '.join(seq)}")
         return rule
