@@ -95,23 +95,29 @@ def _langchain(runtime, url, messages, tools, choice, max_tokens, stream) -> Rep
 
     chat = ChatExLlama(runtime=runtime, temperature=0, max_tokens=max_tokens).bind_tools(tools, tool_choice=choice)
     msgs = [(m["role"], m["content"]) for m in messages]
+    deltas: dict[int, list[str]] = {}
     if stream:
         chunks = list(chat.stream(msgs))
         msg = chunks[0]
         for c in chunks[1:]:
             msg = msg + c
         pieces = [c.content for c in chunks]
+        for c in chunks:
+            for tc in c.tool_call_chunks:
+                deltas.setdefault(tc["index"], []).append(tc["args"] or "")
     else:
         msg, pieces = chat.invoke(msgs), []
-    cut = [(c["name"], c["args"]) for c in msg.invalid_tool_calls if "cut off by max_tokens" in (c.get("error") or "")]
+    finish = msg.response_metadata.get("finish_reason")  # (a streamed chunk carries no error: the finish says it)
+    cut = [(c["name"], c["args"]) for c in msg.invalid_tool_calls] if finish == "length" else []
     return Reply(
         calls=[(c["name"], c["args"]) for c in msg.tool_calls],
         cut=cut,
         invalid=[c["args"] for c in msg.invalid_tool_calls],
         text=msg.content,
-        finish=msg.response_metadata.get("finish_reason"),
+        finish=finish,
         ids=[c["id"] for c in msg.tool_calls],
         pieces=pieces,
+        argument_deltas=deltas,
     )
 
 

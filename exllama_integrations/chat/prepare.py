@@ -95,6 +95,8 @@ class PreparedChat:
     """The family's tool-call format the reply is read in."""
     parallel: bool = True
     """Whether several calls of one reply are all kept (``parallel_tool_calls``)."""
+    forced: bool = False
+    """Whether ``tool_choice`` forces calls (the grammar writes them: their arguments stream as they come)."""
     max_calls: int | None = None
     """Most calls of the reply handed out (``max_tool_calls``); None: no bound."""
 
@@ -257,7 +259,7 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
     if grammar is not None and settings.stop:
         settings = settings.model_copy(update={"stop": []})  # with a grammar, the grammar decides where output ends
     media = tuple(request.media)
-    reply = _Reply(tuple(shown), fmt, parallel, request.max_tool_calls)
+    reply = _Reply(tuple(shown), fmt, parallel, bool(forced), request.max_tool_calls)
     if request.prompt is not None:
         turn = turn_reasoning(reasoning, request.prompt[-256:], settings.max_reasoning_tokens)
         return _prepared(request.prompt, settings, grammar, turn, media, reply)
@@ -305,6 +307,7 @@ class _Reply:
     tools: tuple[Mapping[str, Any], ...]
     format: ToolFormat
     parallel: bool
+    forced: bool
     max_calls: int | None = None
 
 
@@ -339,7 +342,7 @@ def _prepared(
         media=media,
         show_tokens=show,
     )
-    return PreparedChat(request, reply.tools, reply.format, reply.parallel, reply.max_calls)
+    return PreparedChat(request, reply.tools, reply.format, reply.parallel, reply.forced, reply.max_calls)
 
 
 _RENDERERS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="exllama-render")

@@ -12,6 +12,7 @@ second turn renders with the family's 9-character ids.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from doors import DOORS, IN_PROCESS, ask
@@ -284,3 +285,77 @@ def test_openai_ids_in_a_mistral_history_map_to_nine_characters_consistently(run
     assert answered == {"Paris": called[0], "Rome": called[1]}
     assert json.loads(text.split("[ARGS]")[1].split("[TOOL_CALLS]")[0]) == {"city": "Paris"}
     assert FAMILIES["mistral_small32"].tool_format == "mistral_v11"
+
+
+# ---------------------------------------------------------------- a forced call's arguments, as they are written
+
+ARGS = {"city": "Paris, Île-de-France, France, Europe", "unit": "celsius"}
+CALLS = {
+    "mistral_small32": "[TOOL_CALLS]get_weather[ARGS]" + json.dumps(ARGS, ensure_ascii=False),
+    "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\n" + ARGS["city"] + "\n</parameter>\n"
+    "<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>",
+    "llama4_pythonic": f'[get_weather(city="{ARGS["city"]}", unit="celsius")]',
+}
+WRITTEN = json.dumps(ARGS, ensure_ascii=False)
+"""The arguments' JSON as every door streams them (Python and XML arguments as JSON)."""
+MARKUP = ("[TOOL_CALLS]", "[ARGS]", "<tool_call>", "<function", "<parameter", "[get_weather(", "get_weather(")
+
+
+@pytest.mark.parametrize("family", list(CALLS))
+@pytest.mark.parametrize("door", ["langchain", "chat", "responses", "messages"])
+def test_a_forced_calls_arguments_stream_as_they_are_written(door, family, runtimes, urls):
+    """Chat completions' ``tool_calls[].function.arguments`` deltas, the Responses API's
+    ``response.function_call_arguments.delta``, the Messages API's ``input_json_delta``, LangChain's tool-call chunks:
+    several for one call, adding up to its arguments, as the model writes them (not one when it is whole)."""
+    runtimes[family].reply = CALLS[family]
+    reply = _ask(door, family, runtimes, urls, messages=QUESTION, tools=TOOLS, tool_choice="get_weather", stream=True)
+    assert reply.calls == [("get_weather", ARGS)]
+    [deltas] = reply.argument_deltas.values()
+    assert "".join(deltas) == WRITTEN and len([d for d in deltas if d]) >= 4, deltas
+    assert not any(m in "".join(reply.pieces) for m in MARKUP)
+
+
+# ---------------------------------------------------------------- a call cut short by max_tokens
+
+CUT_AT = {"mistral_small32": 14, "qwen3_coder": 40, "llama4_pythonic": 14}
+"""Tokens after which the call is inside its arguments however the model spells it (the byte-level vocabulary holds
+at most two letters a token, so the arguments, longer than twice what comes before them, cannot be whole)."""
+
+
+def _partial(written: Any) -> bool:
+    """Whether ``written`` is the call's arguments as far as they got (JSON text, or the object Anthropic shows)."""
+    if isinstance(written, dict) or (isinstance(written, str) and written.startswith("{") and written.endswith("}")):
+        value = json.loads(written) if isinstance(written, str) else written
+        if value == ARGS:
+            return False
+        return all(k in ARGS and str(ARGS[k]).startswith(str(v)) for k, v in value.items())
+    text = json.loads(written) if written.startswith('"') else written  # LangChain's args, quoted (see messages.py)
+    return 0 < len(text) < len(WRITTEN) and WRITTEN.startswith(text)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("family", list(CALLS))
+@pytest.mark.parametrize("door", ["chat", "responses", "messages"])
+def test_a_forced_call_cut_by_max_tokens_is_a_cut_call_without_markup(door, family, stream, runtimes, urls):
+    """As each API answers one: chat completions a call with its arguments so far and ``finish_reason: "length"``;
+    the Responses API an ``incomplete`` function_call item in an ``incomplete`` response; the Messages API a
+    ``tool_use`` block with its input so far and ``stop_reason: "max_tokens"``. Never the markup in the text."""
+    runtimes[family].reply = CALLS[family]
+    kw = {"messages": QUESTION, "tools": TOOLS, "tool_choice": "get_weather", "max_tokens": CUT_AT[family]}
+    reply = _ask(door, family, runtimes, urls, stream=stream, **kw)
+    assert reply.finish in ("length", "incomplete", "max_tokens") and reply.calls == []
+    [(name, written)] = reply.cut
+    assert name == "get_weather" and _partial(written), written
+    assert not any(m in reply.text for m in MARKUP), reply.text
+
+
+@pytest.mark.parametrize("family", list(CALLS))
+@pytest.mark.parametrize("door", DOORS)
+def test_a_call_the_model_chose_cut_by_max_tokens_keeps_no_markup(door, family, runtimes, urls):
+    """Unforced: in process an invalid call with its name and arguments so far (LangChain's ``invalid_tool_calls``,
+    LlamaIndex's ``invalid_tool_calls``), on the server the APIs' cut call; the markup reaches no text."""
+    runtimes[family].reply = CALLS[family]
+    reply = _ask(door, family, runtimes, urls, messages=QUESTION, tools=TOOLS, max_tokens=CUT_AT[family], stream=True)
+    assert reply.calls == [] and not any(m in reply.text + "".join(reply.pieces) for m in MARKUP), reply
+    [(name, written)] = reply.cut
+    assert name == "get_weather" and _partial(written), written

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .bodies import read_body, xml_value
-from .response_template import FoundCall, TemplateReader
+from .response_template import CUT_OFF, FoundCall, TemplateReader
 from .table import ToolFormat
 
 _NAME_RE = re.compile(
@@ -39,10 +39,19 @@ class ParsedToolCall:
     arguments: dict[str, Any] | None
     raw: str
     error: str | None = None
+    written: str | None = None
+    """The arguments' JSON text as it was streamed, or as far as it got in a call cut short (see :attr:`cut`)."""
+
+    @property
+    def cut(self) -> bool:
+        """Whether ``max_tokens`` cut the call short (its name and :attr:`written` are what the model wrote)."""
+        return self.error == CUT_OFF
 
     @property
     def arguments_text(self) -> str:
-        """The arguments as JSON text (a malformed call keeps what the model wrote)."""
+        """The arguments as JSON text (as streamed, where they were; a malformed call keeps what the model wrote)."""
+        if self.written is not None:
+            return self.written
         return self.raw if self.error else json.dumps(self.arguments, ensure_ascii=False)
 
 
@@ -198,7 +207,7 @@ class ReplyReader:
             if not found:
                 raise ValueError("no call in the region")
         except Exception as e:  # noqa: BLE001 - whatever the model wrote, a region that does not read is an invalid call
-            why = "cut off by max_tokens before the call was complete" if cut else f"{type(e).__name__}: {e}"
+            why = CUT_OFF if cut else f"{type(e).__name__}: {e}"
             m = _NAME_RE.search(body)
             name = next((g for g in m.groups() if g), None) if m else None
             self.calls.append(ParsedToolCall(new_call_id(self.fmt), name, None, raw, why))
@@ -238,4 +247,4 @@ def _partial_tail(buf: str, markers: Sequence[str]) -> int:
     return 0
 
 
-__all__ = ["ParsedToolCall", "ReplyReader", "new_call_id", "read_reply"]
+__all__ = ["CUT_OFF", "ParsedToolCall", "ReplyReader", "new_call_id", "read_reply"]

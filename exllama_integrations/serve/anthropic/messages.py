@@ -1,19 +1,22 @@
 """``POST /v1/messages`` and ``/v1/messages/count_tokens``: the chat layer's reply in Anthropic's shapes.
 
 A reasoning model's thinking is a ``thinking`` block before the answer; tool calls are ``tool_use`` blocks after
-it (:mod:`.reply` decides calls, stop reason and usage once for the whole answer and the stream).
+it (:mod:`.reply` decides calls, stop reason and usage once for the whole answer and the stream). A forced call's
+input streams as the model writes it; a call cut short by ``max_tokens`` is a ``tool_use`` block with its input as
+far as it got and ``stop_reason: "max_tokens"`` (Anthropic's "incomplete tool use block").
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 
-from ...chat.outcome import ChatDelta, ChatOutcome, astream_chat
+from ...chat.formats import partial_object
+from ...chat.outcome import ArgumentsDelta, ChatDelta, ChatOutcome, astream_chat
 from ...chat.prepare import PreparedChat
 from ...contract.api import Runtime
 from ..rules import check_finish
@@ -55,6 +58,14 @@ async def _prompt_tokens(runtime: Runtime, prepared: PreparedChat) -> int:
 
 def _events(state: ServeState, items: Any, mid: str, input_tokens: int, body: MessagesRequest, scope_state: Any) -> Any:
     blocks = Blocks()
+    streamed: set[int] = set()  # the calls whose input streamed as it was written, by their place in the reply
+
+    def arguments(deltas: Sequence[ArgumentsDelta]) -> Iterator[bytes]:
+        for d in deltas:
+            if d.first:
+                streamed.add(d.index)
+                yield from blocks.start({"type": "tool_use", "id": tool_use_id(d.id), "name": d.name, "input": {}})
+            yield from blocks.input_json(d.delta)
 
     def preamble() -> Iterator[bytes]:
         start = MessageOut(
@@ -67,14 +78,18 @@ def _events(state: ServeState, items: Any, mid: str, input_tokens: int, body: Me
         if isinstance(item, ChatDelta):
             yield from blocks.thinking(item.reasoning)
             yield from blocks.text(item.text)
+            yield from arguments(item.arguments)
             return
         check_finish(item.native_finish_reason)
         record(state, scope_state, item.usage, item.timings, item.native_finish_reason)
         calls = item.valid_tool_calls
         yield from blocks.thinking(item.reasoning_tail)
         yield from blocks.text(item.tail + item.invalid_text)
-        for c in calls:
-            yield from blocks.tool_use(tool_use_id(c.id), c.name or "", c.arguments_text)
+        yield from arguments(item.arguments)
+        for i, c in enumerate(item.tool_calls):
+            if i not in streamed and (c.error is None or c in item.cut_tool_calls):
+                text = c.arguments_text if c.error is None else c.written or ""
+                yield from blocks.tool_use(tool_use_id(c.id), c.name or "", text)
         yield from blocks.end()
         reason, sequence = stop_of(item, calls, body.stop_sequences or ())
         usage = usage_out(item.usage).model_dump()
@@ -94,6 +109,11 @@ def message_of(outcome: ChatOutcome, mid: str, model: str, body: MessagesRequest
     if text:
         content.append(TextOut(text=text))
     content += [ToolUseOut(id=tool_use_id(c.id), name=c.name or "", input=c.arguments or {}) for c in calls]
+    # a call max_tokens cut short: its input as far as it got (stop_reason max_tokens), never its markup
+    content += [
+        ToolUseOut(id=tool_use_id(c.id), name=c.name or "", input=partial_object(c.written or ""))
+        for c in outcome.cut_tool_calls
+    ]
     if not content:
         content.append(TextOut(text=""))
     reason, sequence = stop_of(outcome, calls, body.stop_sequences or ())

@@ -1,7 +1,8 @@
 """The Messages API's stream framing: named server-sent events, content blocks opened and closed in order.
 
 ``message_start`` and a ``ping``, then each block as ``content_block_start``, its ``content_block_delta`` events
-(``thinking_delta``, ``text_delta``, ``input_json_delta``) and ``content_block_stop``, then ``message_delta``
+(``thinking_delta``, ``text_delta``, ``input_json_delta``: a forced call's input as the model writes it, any other
+call's whole) and ``content_block_stop``, then ``message_delta``
 (stop reason and usage) and ``message_stop``. A typed error after the first event becomes an ``error`` event
 (the status was sent already); the source is closed at the end, shielded from a disconnect's cancellation, so
 its generation stops.
@@ -68,11 +69,16 @@ class Blocks:
     def tool_use(self, call_id: str, name: str, arguments: str) -> Iterator[bytes]:
         """A whole tool call: its block, its input as one ``input_json_delta``, closed."""
         yield from self.start({"type": "tool_use", "id": call_id, "name": name, "input": {}})
-        yield event(
-            "content_block_delta",
-            {"index": self.index, "delta": {"type": "input_json_delta", "partial_json": arguments}},
-        )
+        yield from self.input_json(arguments)
         yield from self.close()
+
+    def input_json(self, partial: str) -> Iterator[bytes]:
+        """More of the open tool_use block's input, as JSON text (a forced call's, as the model writes it)."""
+        if partial:
+            yield event(
+                "content_block_delta",
+                {"index": self.index, "delta": {"type": "input_json_delta", "partial_json": partial}},
+            )
 
     def end(self) -> Iterator[bytes]:
         """Close the last block; a reply with none gets one empty text block, as a whole answer has."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ...chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall, astream_chat
+from ...chat.outcome import ArgumentsDelta, ChatDelta, ChatOutcome, ParsedToolCall, astream_chat
 from ...chat.prepare import PreparedChat
 from ...contract.shapes import chat_logprobs, usage_dict
 from ..rules import ERRORS, check_finish, new_id
@@ -29,6 +29,8 @@ from .protocol.chat import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDeltaWire,
+    FunctionDelta,
+    ToolCallDelta,
     ToolCallOut,
 )
 from .protocol.common import UsageWire
@@ -40,27 +42,64 @@ router = APIRouter(tags=["openai"])
 def tool_calls_out(
     calls: Sequence[ParsedToolCall], with_index: bool = False, first: int = 0
 ) -> list[ToolCallOut] | None:
-    """The calls that read whole, as OpenAI tool calls (``first``: the index of the first among the reply's)."""
-    valid = [c for c in calls if c.error is None]
-    if not valid:
+    """The calls that read whole, and one ``max_tokens`` cut short, as OpenAI tool calls.
+
+    The cut one carries its arguments as far as they got. ``first``: the index of the first among the reply's.
+    """
+    shown = [c for c in calls if c.error is None or (c.cut and c.name)]
+    if not shown:
         return None
     return [
         ToolCallOut(
             id=c.id,
-            function={"name": c.name or "", "arguments": c.arguments_text},
+            function={"name": c.name or "", "arguments": c.arguments_text if not c.cut else c.written or ""},
             index=i if with_index else None,
         )
-        for i, c in enumerate(valid, first)
+        for i, c in enumerate(shown, first)
     ]
 
 
 def message_of(outcome: ChatOutcome) -> AssistantMessage:
-    """The assistant message of a finished chat: a call that did not read is not a call, its raw text stays text."""
+    """The assistant message of a finished chat: a call that did not read is not a call, its raw text stays text.
+
+    A call cut short by ``max_tokens`` is a call with its arguments as far as they got (``finish_reason: "length"``,
+    as OpenAI's API answers it); its markup never reaches the text.
+    """
     calls = tool_calls_out(outcome.tool_calls)
     thought = outcome.reasoning or None
     text = outcome.content + outcome.invalid_text
     content: str | None = text if not calls else (text or None)
     return AssistantMessage(content=content, reasoning_content=thought, reasoning=thought, tool_calls=calls)
+
+
+class _Choice:
+    """One choice's calls on the wire: the index each has there, those already streamed."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.wire: dict[int, int] = {}  # a streamed call's place in the reply -> its index on the wire
+
+    def arguments(self, deltas: Sequence[ArgumentsDelta]) -> list[ToolCallDelta]:
+        """A forced call's argument deltas: the first announces it (id, name), the rest add to its arguments."""
+        out: list[ToolCallDelta] = []
+        for d in deltas:
+            if d.first:
+                self.wire[d.index] = self.sent
+                self.sent += 1
+                fn = FunctionDelta(name=d.name, arguments=d.delta)
+                out.append(ToolCallDelta(index=self.wire[d.index], id=d.id, type="function", function=fn))
+            elif out and out[-1].index == self.wire[d.index]:
+                out[-1].function.arguments += d.delta
+            elif d.delta:
+                out.append(ToolCallDelta(index=self.wire[d.index], function=FunctionDelta(arguments=d.delta)))
+        return out
+
+    def calls(self, calls: Sequence[ParsedToolCall], before: int) -> list[ToolCallOut] | None:
+        """Calls just completed that did not stream (a streamed one was sent as it came)."""
+        fresh = [c for i, c in enumerate(calls, before) if i not in self.wire]
+        out = tool_calls_out(fresh, with_index=True, first=self.sent)
+        self.sent += len(out or ())
+        return out
 
 
 def _events(state: ServeState, sources: list[Any], rid: str, include_usage: bool, scope_state: Any, n: int) -> Any:
@@ -73,19 +112,24 @@ def _events(state: ServeState, sources: list[Any], rid: str, include_usage: bool
     def delta(content: str | None, thought: str) -> ChatDeltaWire:
         return ChatDeltaWire(content=content, reasoning_content=thought or None, reasoning=thought or None)
 
-    sent = [0] * len(sources)  # valid calls streamed so far, per choice (each call's index is its place among them)
+    wires = [_Choice() for _ in sources]
     usages: dict[int, Any] = {}
+
+    def calls(i: int, item: ChatDelta | ChatOutcome, before: int, done: Sequence[ParsedToolCall]) -> Iterator[bytes]:
+        streaming = wires[i].arguments(item.arguments)
+        if streaming:  # a forced call's arguments go out as they are written
+            yield chunk(i, ChatDeltaWire(tool_calls=list(streaming)))
+        whole = wires[i].calls(done, before)
+        if whole:  # a call goes out as soon as it is complete
+            yield chunk(i, ChatDeltaWire(tool_calls=list(whole)))
 
     def render(indexed: tuple[int, ChatDelta | ChatOutcome]) -> Iterator[bytes]:
         i, item = indexed
         if isinstance(item, ChatDelta):
-            if item.text or item.reasoning or item.logprobs or not item.tool_calls:
+            if item.text or item.reasoning or item.logprobs or not (item.tool_calls or item.arguments):
                 content = item.text if item.text or not item.reasoning else None
                 yield chunk(i, delta(content, item.reasoning), logprobs=chat_logprobs(item.logprobs))
-            streamed = tool_calls_out(item.tool_calls, with_index=True, first=sent[i])
-            if streamed:  # a call goes out as soon as it is complete
-                sent[i] += len(streamed)
-                yield chunk(i, ChatDeltaWire(tool_calls=streamed))
+            yield from calls(i, item, item.calls_before, item.tool_calls)
             invalid = "".join(c.raw for c in item.tool_calls if c.error is not None)
             if invalid:
                 yield chunk(i, delta(invalid, ""))
@@ -93,12 +137,10 @@ def _events(state: ServeState, sources: list[Any], rid: str, include_usage: bool
         check_finish(item.native_finish_reason)
         record(state, scope_state, item.usage, item.timings, item.native_finish_reason, new_prompt=i == 0)
         last = item.tool_calls[item.streamed_calls :]
-        tail = item.tail + "".join(c.raw for c in last if c.error is not None)
+        tail = item.tail + "".join(c.raw for c in last if c.error is not None and not c.cut)
         if tail or item.reasoning_tail:
             yield chunk(i, delta(tail or None, item.reasoning_tail))
-        calls = tool_calls_out(last, with_index=True, first=sent[i])
-        if calls:
-            yield chunk(i, ChatDeltaWire(tool_calls=calls))
+        yield from calls(i, item, item.streamed_calls, last)
         yield chunk(i, ChatDeltaWire(), item.finish_reason)
         usages[i] = item.usage
         if include_usage and len(usages) == len(sources):

@@ -6,8 +6,10 @@ for a message ``response.content_part.added``, ``response.output_text.delta``...
 ``response.content_part.done`` (a reasoning item the same with ``reasoning_text``; a function call
 ``response.function_call_arguments.delta`` and ``.done``), ``response.output_item.done``; last
 ``response.completed`` (or ``response.incomplete``) with the whole response and its usage. Every event has a
-``sequence_number``. A call is emitted when it is complete; a call that did not read is no call: its text goes to
-the answer. The non-streamed answer is the same builder's final response, so both agree item for item.
+``sequence_number``. A forced call's arguments stream as the model writes them (a delta event each); any other call
+is emitted when it is complete; a call cut short by ``max_output_tokens`` is an ``incomplete`` item with its
+arguments as far as they got (as OpenAI's are); a call that did not read is no call: its text goes to the answer.
+The non-streamed answer is the same builder's final response, so both agree item for item.
 
 :func:`framed` writes the events as server-sent events (``event: <type>`` and ``data: {...}``, no ``[DONE]``);
 a typed error after the first event becomes an ``error`` event.
@@ -17,16 +19,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from ...chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall
+from ...chat.outcome import ArgumentsDelta, ChatDelta, ChatOutcome, ParsedToolCall
 from ...errors import ExLlamaIntegrationsError
 from .response import (
     IncompleteDetails,
+    ItemStatus,
     OutputFunctionCall,
     OutputMessage,
     OutputReasoning,
@@ -58,6 +61,7 @@ class ResponseEvents:
         self.response = response
         self._seq = 0
         self._open: _Open | None = None
+        self._streamed: dict[int, int] = {}  # a streamed call's place in the reply -> its output index
 
     def _event(self, kind: str, **fields: Any) -> Event:
         event = {"type": kind, "sequence_number": self._seq, **fields}
@@ -76,9 +80,9 @@ class ResponseEvents:
         """The events for one delta, or the last ones for the outcome."""
         if isinstance(item, ChatOutcome):
             return self._finish(item)
-        events = self._reasoning(item.reasoning) + self._text(item.text)
-        for call in item.tool_calls:
-            events += self._call(call)
+        events = self._reasoning(item.reasoning) + self._text(item.text) + self._arguments(item.arguments)
+        for i, call in enumerate(item.tool_calls, item.calls_before):
+            events += self._call(i, call)
         return events
 
     # ---------------------------------------------------------------- items
@@ -142,23 +146,62 @@ class ResponseEvents:
             self._event("response.output_item.done", output_index=open_.index, item=item.model_dump(mode="json")),
         ]
 
-    def _call(self, call: ParsedToolCall) -> list[Event]:
-        """A complete call's events (a call that did not read is no call: its text goes to the answer)."""
-        if call.error is not None or call.name is None:
+    def _arguments(self, deltas: Sequence[ArgumentsDelta]) -> list[Event]:
+        """A forced call's arguments as they are written: its item added with the first, a delta event each."""
+        events: list[Event] = []
+        for d in deltas:
+            if d.first:
+                events += self._close("completed")
+                item = OutputFunctionCall(
+                    id=new_id("fc"), status="in_progress", call_id=d.id, name=d.name, arguments=""
+                )
+                self._streamed[d.index] = len(self.response.output)
+                self.response.output.append(item)
+                events.append(
+                    self._event("response.output_item.added", output_index=self._streamed[d.index], item=_empty(item))
+                )
+            if d.delta:
+                index = self._streamed[d.index]
+                streamed = self.response.output[index]
+                assert isinstance(streamed, OutputFunctionCall)
+                streamed.arguments += d.delta
+                where = {"item_id": streamed.id, "output_index": index}
+                events.append(self._event("response.function_call_arguments.delta", **where, delta=d.delta))
+        return events
+
+    def _call(self, index: int, call: ParsedToolCall) -> list[Event]:
+        """A call's last events: whole, or cut short by max_output_tokens (``incomplete``, its arguments so far).
+
+        A call that did not read is no call: its text goes to the answer.
+        """
+        if call.name is None or (call.error is not None and not call.cut):
             return []
-        events = self._close("completed")
-        index = len(self.response.output)
-        item = OutputFunctionCall(
-            id=new_id("fc"), status="completed", call_id=call.id, name=call.name, arguments=call.arguments_text
-        )
-        self.response.output.append(item)
-        where = {"item_id": item.id, "output_index": index}
+        status: ItemStatus = "incomplete" if call.cut else "completed"
+        arguments = (call.written or "") if call.cut else call.arguments_text
+        events = []
+        if index in self._streamed:  # its item and its deltas went out as it was written
+            at = self._streamed[index]
+            item = self.response.output[at]
+            assert isinstance(item, OutputFunctionCall)
+            item.status, item.arguments = status, arguments
+        else:
+            events += self._close("completed")
+            at = len(self.response.output)
+            item = OutputFunctionCall(
+                id=new_id("fc"), status=status, call_id=call.id, name=call.name, arguments=arguments
+            )
+            self.response.output.append(item)
+            events += [
+                self._event("response.output_item.added", output_index=at, item=_empty(item)),
+                self._event(
+                    "response.function_call_arguments.delta", item_id=item.id, output_index=at, delta=arguments
+                ),
+            ]
+        where = {"item_id": item.id, "output_index": at}
         return [
             *events,
-            self._event("response.output_item.added", output_index=index, item=_empty(item)),
-            self._event("response.function_call_arguments.delta", **where, delta=item.arguments),
             self._event("response.function_call_arguments.done", **where, name=item.name, arguments=item.arguments),
-            self._event("response.output_item.done", output_index=index, item=item.model_dump(mode="json")),
+            self._event("response.output_item.done", output_index=at, item=item.model_dump(mode="json")),
         ]
 
     # ---------------------------------------------------------------- the end
@@ -166,9 +209,9 @@ class ResponseEvents:
     def _finish(self, outcome: ChatOutcome) -> list[Event]:
         cut = outcome.finish_reason == "length"
         events = self._reasoning(outcome.reasoning_tail)
-        events += self._text(outcome.tail + outcome.invalid_text)
-        for call in outcome.tool_calls[outcome.streamed_calls :]:
-            events += self._call(call)
+        events += self._text(outcome.tail + outcome.invalid_text) + self._arguments(outcome.arguments)
+        for i, call in enumerate(outcome.tool_calls[outcome.streamed_calls :], outcome.streamed_calls):
+            events += self._call(i, call)
         status = "incomplete" if cut else "completed"
         if not any(isinstance(i, (OutputMessage, OutputFunctionCall)) for i in self.response.output):
             events += self._close(status)  # thinking cut by max_output_tokens is incomplete too

@@ -245,6 +245,25 @@ class ToolCallOut(BaseModel):
     index: int | None = None
 
 
+class FunctionDelta(BaseModel):
+    """More of a streamed call: its name with its first delta, then its arguments' text as they are written."""
+
+    name: str | None = None
+    arguments: str = ""
+
+
+class ToolCallDelta(BaseModel):
+    """A stream's tool-call delta, as OpenAI streams them.
+
+    The first of a call carries its ``id``, ``type`` and name, the rest only ``index`` and more ``function.arguments``.
+    """
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+
 class AssistantMessage(BaseModel):
     """The assistant's reply: content, its thinking apart, tool calls."""
 
@@ -282,7 +301,7 @@ class ChatDeltaWire(BaseModel):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
-    tool_calls: list[ToolCallOut] | None = None
+    tool_calls: list[ToolCallOut | ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):
