@@ -5,7 +5,8 @@ unicode) and awkward argument names, its arguments optional, nullable, unions, a
 enums and objects, and one or more calls to it. Each call is written in the family's syntax, the format's forced
 grammar (compiled against a tokenizer of a family that writes that format) must admit the text, and the format's
 reader must read it back to the same calls: whole, token by token through the family's tokenizer (its markup tokens
-shown as the runtime shows them), and at random splits of the text.
+shown as the runtime shows them), and at random splits of the text, where the calls followed as they are written
+(what a forced call streams) must add up to the same arguments.
 
 What is left out, and why: string values holding ``<``, ``[`` or a newline (a family's markup could be spelled inside
 one, and Qwen3-Coder's XML writes a string bare on one line), and, under a schema that also takes other kinds, string
@@ -24,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tool_families import FAMILIES, family_tokenizer
 
-from exllama_integrations.chat.formats import FORMATS, ReplyReader, forced_call_grammar, read_reply
+from exllama_integrations.chat.formats import FORMATS, CallProgress, ReplyReader, forced_call_grammar, read_reply
 from exllama_integrations.chat.formats.grammar import write_calls
 from exllama_integrations.model.detokenizer import IncrementalDetokenizer
 
@@ -151,12 +152,16 @@ def test_every_format_reads_back_the_calls_its_grammar_writes(name, tokenizers):
             got += done
         piece, done = reader.finish()
         assert _read(got + done) == calls and "".join([*pieces, piece]).strip() == ""
-        # at random splits
+        # at random splits; the arguments as they are written (what a forced call streams) add up to them too
         cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
-        reader, got = ReplyReader(fmt, [tool]), []
+        reader, got, progress, written = ReplyReader(fmt, [tool]), [], CallProgress(fmt, [tool]), {}
         for a, b in zip([0, *cuts], [*cuts, len(text)]):
             got += reader.feed(text[a:b])[1]
+            for index, piece in progress.feed(text[a:b]):
+                written[index] = written.get(index, "") + piece
         got += reader.finish()[1]
         assert _read(got) == calls
+        assert [(progress.calls[i].name, json.loads(w)) for i, w in sorted(written.items())] == calls
+        assert all(p.done for p in progress.calls)
 
     check()
