@@ -64,6 +64,7 @@ def test_documented_openai_fields_are_accepted(url):
         "max_tokens": 2,
         "temperature": 0,
         "prompt_cache_key": "k1",
+        "prompt_cache_retention": "24h",  # the OpenAI Agents SDK sends it (accepted on Responses too)
         "safety_identifier": "u-hash",
         "user": "someone",
         "metadata": {"run": "1"},
