@@ -5,7 +5,8 @@ A request turns into the one chat request every front door uses on the model its
 sources, read by :mod:`~exllama_integrations.model.media`) a user turn's content; ``tool_use`` blocks the
 assistant's tool calls and ``tool_result`` blocks tool turns answering them by id; ``thinking`` blocks the earlier
 turn's reasoning; ``tools`` / ``tool_choice`` OpenAI's specs; ``thinking`` the reasoning budget
-(``max_reasoning_tokens``) or ``enable_thinking=False`` for the template. Fields Anthropic documents that change
+(``max_reasoning_tokens``) or ``enable_thinking=False`` for the template; ``output_config.format`` (structured output)
+a JSON-schema reply held to it by a grammar. Fields Anthropic documents that change
 nothing here (``metadata``, ``service_tier``, ``cache_control``) are accepted; any other is refused.
 """
 
@@ -172,6 +173,24 @@ class ThinkingConfig(_Wire):
     display: Literal["summarized", "omitted"] | None = None
 
 
+class OutputFormat(_Wire):
+    """``{"type": "json_schema", "schema": {...}}``: the reply is JSON of that schema (held to it by a grammar)."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Wire):
+    """Structured output, and ``effort`` (accepted; the model's own length).
+
+    ``format`` is what the anthropic SDK's ``messages.parse`` and LangChain's
+    ``with_structured_output(method="json_schema")`` send.
+    """
+
+    format: OutputFormat | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+
 class Metadata(_Wire):
     """Anthropic's request metadata (accepted; nothing here uses it)."""
 
@@ -195,6 +214,9 @@ class MessagesRequest(_Wire):
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None
+    """The structured-outputs beta's place for ``output_config.format``."""
     # Anthropic fields that change nothing here
     metadata: Metadata | None = None
     service_tier: str | None = None
@@ -266,11 +288,14 @@ class MessagesRequest(_Wire):
         tools = [t.to_openai() for t in self.tools or ()]
         choice = self.tool_choice.to_openai() if self.tool_choice is not None and tools else None
         single = self.tool_choice is not None and self.tool_choice.disable_parallel_tool_use
+        form = self.output_config.format if self.output_config is not None else None
+        form = form or self.output_format
         return ChatRequest(
             messages=messages,
             settings=self.to_settings(defaults, refused, max_tokens_cap),
             tools=tools,
             tool_choice=choice,
+            response_format={"type": "json_schema", "json_schema": {"schema": form.schema_}} if form else None,
             parallel_tool_calls=False if single else None,
             template_kwargs=kwargs,
             chat_template=chat_template,
@@ -348,10 +373,11 @@ class CountTokensRequest(_Wire):
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
 
     def to_messages_request(self) -> MessagesRequest:
         """The same prompt as a Messages request (``max_tokens`` 1: nothing is generated)."""
-        return MessagesRequest(max_tokens=1, **self.model_dump(exclude_none=True))
+        return MessagesRequest(max_tokens=1, **self.model_dump(exclude_none=True, by_alias=True))
 
 
 # --------------------------------------------------------------------------- responses
