@@ -154,6 +154,33 @@ def test_create_whole_and_streamed_agree_and_a_cut_is_incomplete(client, model: 
     assert events[0].response.status == "in_progress" and events[-1].response.status == "incomplete"
 
 
+def test_include_output_text_logprobs_computes_them_as_chat_completions_does(client, model: str) -> None:
+    """``include: ["message.output_text.logprobs"]`` + ``top_logprobs``: each token of the answer with its
+    log-probability and alternatives, streamed with its text and whole on the part; the same as chat completions'."""
+    ask = {"model": model, "input": "Name a colour.", "max_output_tokens": 5, "temperature": 0}
+    wanted = {**ask, "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    whole = client.responses.create(**wanted)
+    part = whole.output[0].content[0]
+    assert len(part.logprobs) == whole.usage.output_tokens == 5
+    assert "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in part.logprobs)
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Name a colour."}],
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    assert [(lp.token, round(lp.logprob, 4)) for lp in chat.choices[0].logprobs.content] == [
+        (lp.token, round(lp.logprob, 4)) for lp in part.logprobs
+    ]
+    events = _events(client, **wanted)
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [lp.token for lp in streamed] == [lp.token for lp in part.logprobs]
+    assert client.responses.create(**ask).output[0].content[0].logprobs == []  # not asked: none
+
+
 def test_function_tool_round_trip(client, model: str) -> None:
     ask = "What is 2 + 3? Use the add tool."
     forced = {"type": "function", "name": "add"}

@@ -49,7 +49,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     state = state_of(request.app)
     state.admit(request.state)  # before anything is rendered, tokenized or fetched
     prepared = await state.prepare(body)
-    events = ResponseEvents(ResponseObject.draft(body, state.name))
+    events = ResponseEvents(ResponseObject.draft(body, state.name), logprobs=body.wants_logprobs)
 
     def finished(outcome: ChatOutcome) -> None:
         check_finish(outcome.native_finish_reason)

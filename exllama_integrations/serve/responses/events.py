@@ -26,6 +26,8 @@ from typing import Any
 import anyio
 
 from ...chat.outcome import ArgumentsDelta, ChatDelta, ChatOutcome, ParsedToolCall
+from ...contract.api import TokenLogprob
+from ...contract.shapes import logprobs_content
 from ...errors import ExLlamaIntegrationsError
 from .response import (
     IncompleteDetails,
@@ -51,14 +53,20 @@ class _Open:
     id: str
     index: int
     text: list[str] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ResponseEvents:
     """Deltas and an outcome in, events out; :attr:`response` is the response they built."""
 
-    def __init__(self, response: ResponseObject) -> None:
-        """``response``: the draft (:meth:`ResponseObject.draft`), filled in as the reply arrives."""
+    def __init__(self, response: ResponseObject, logprobs: bool = False) -> None:
+        """``response``: the draft (:meth:`ResponseObject.draft`), filled in as the reply arrives.
+
+        ``logprobs``: the answer's text comes with its tokens' log-probabilities (``include``).
+        """
         self.response = response
+        self._logprobs = logprobs
+        self._pending: list[dict[str, Any]] = []  # tokens whose text is not shown yet (markup held back)
         self._seq = 0
         self._open: _Open | None = None
         self._streamed: dict[int, int] = {}  # a streamed call's place in the reply -> its output index
@@ -80,7 +88,9 @@ class ResponseEvents:
         """The events for one delta, or the last ones for the outcome."""
         if isinstance(item, ChatOutcome):
             return self._finish(item)
-        events = self._reasoning(item.reasoning) + self._text(item.text) + self._arguments(item.arguments)
+        events = (
+            self._reasoning(item.reasoning) + self._text(item.text, item.logprobs) + self._arguments(item.arguments)
+        )
         for i, call in enumerate(item.tool_calls, item.calls_before):
             events += self._call(i, call)
         return events
@@ -96,14 +106,18 @@ class ResponseEvents:
         where = {"item_id": self._open.id, "output_index": self._open.index, "content_index": 0}
         return [*events, self._event("response.reasoning_text.delta", **where, delta=delta)]
 
-    def _text(self, delta: str) -> list[Event]:
+    def _text(self, delta: str, logprobs: Sequence[TokenLogprob] | None = None) -> list[Event]:
+        if self._logprobs and logprobs:
+            self._pending += logprobs_content(logprobs)
         if not delta:
             return []
         events = self._ensure("message")
         assert self._open is not None
         self._open.text.append(delta)
+        lps, self._pending = self._pending, []
+        self._open.logprobs += lps
         where = {"item_id": self._open.id, "output_index": self._open.index, "content_index": 0}
-        return [*events, self._event("response.output_text.delta", **where, delta=delta, logprobs=[])]
+        return [*events, self._event("response.output_text.delta", **where, delta=delta, logprobs=lps)]
 
     def _ensure(self, kind: str) -> list[Event]:
         """Open an item of ``kind`` unless one is open (closing an item of the other kind first)."""
@@ -125,7 +139,8 @@ class ResponseEvents:
     def _item(self, open_: _Open, status: str) -> OutputMessage | OutputReasoning:
         text = "".join(open_.text)
         if open_.kind == "message":
-            return OutputMessage(id=open_.id, status=status, content=[OutputTextPart(text=text)])  # type: ignore[arg-type]
+            part = OutputTextPart(text=text, logprobs=open_.logprobs)
+            return OutputMessage(id=open_.id, status=status, content=[part])  # type: ignore[arg-type]
         return OutputReasoning(id=open_.id, status=status, content=[ReasoningTextPart(text=text)])  # type: ignore[arg-type]
 
     def _close(self, status: str) -> list[Event]:
@@ -137,7 +152,7 @@ class ResponseEvents:
         text = "".join(open_.text)
         where = {"item_id": open_.id, "output_index": open_.index, "content_index": 0}
         if isinstance(item, OutputMessage):
-            done = self._event("response.output_text.done", **where, text=text, logprobs=[])
+            done = self._event("response.output_text.done", **where, text=text, logprobs=open_.logprobs)
         else:
             done = self._event("response.reasoning_text.done", **where, text=text)
         return [
@@ -210,6 +225,8 @@ class ResponseEvents:
         cut = outcome.finish_reason == "length"
         events = self._reasoning(outcome.reasoning_tail)
         events += self._text(outcome.tail + outcome.invalid_text) + self._arguments(outcome.arguments)
+        if self._pending and self._open is not None and self._open.kind == "message":
+            self._open.logprobs += self._pending  # the last tokens' text never showed (a call's markup)
         for i, call in enumerate(outcome.tool_calls[outcome.streamed_calls :], outcome.streamed_calls):
             events += self._call(i, call)
         status = "incomplete" if cut else "completed"

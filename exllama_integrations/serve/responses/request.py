@@ -5,8 +5,9 @@
 thinking, which the template keeps or strips). ``instructions`` is the system turn; function tools come flat
 (``{"type": "function", "name", "parameters", "strict"}``); ``text.format`` asks for JSON (``json_schema``,
 ``json_object``); ``reasoning.effort`` turns thinking off (``none``, ``minimal``) or on where the template has the
-switch (``enable_thinking``); ``max_output_tokens`` bounds thinking and answer together. Fields OpenAI documents
-that change nothing here (``metadata``, ``user``, ``store``, ``include``, ``top_logprobs`` ...) are accepted and
+switch (``enable_thinking``); ``max_output_tokens`` bounds thinking and answer together; ``include:
+["message.output_text.logprobs"]`` with ``top_logprobs`` asks for the answer's log-probabilities. Fields OpenAI
+documents that change nothing here (``metadata``, ``user``, ``store``, other ``include`` entries ...) are accepted and
 ignored; those that need state this server does not keep (``previous_response_id``, ``conversation``,
 ``background``, ``prompt``, ``item_reference`` items) are refused naming the field; any other field is a typo.
 The input items' wire models are in :mod:`.items`, the options' (tools, text format, reasoning) in :mod:`.options`.
@@ -40,6 +41,10 @@ from .items import (
     item_tags,
 )
 from .options import FunctionChoice, FunctionTool, ReasoningConfig, ResponsesStreamOptions, TextConfig
+
+
+LOGPROBS = "message.output_text.logprobs"
+"""The ``include`` entry that asks for the answer's log-probabilities (``top_logprobs``: alternatives a token)."""
 
 
 def _refuse(field: str, why: str) -> InvalidSettingsError:
@@ -139,7 +144,14 @@ class ResponsesRequest(Strict):
         if asked is None and max_tokens_cap is not None and (fills or (defaults.max_new_tokens or 0) > max_tokens_cap):
             base = defaults.model_copy(update={"max_new_tokens": max_tokens_cap})
         values = {"temperature": self.temperature, "top_p": self.top_p, "max_new_tokens": asked}
+        if self.wants_logprobs:  # the answer's tokens with their log-probabilities (and top_logprobs alternatives)
+            values["logprobs"] = self.top_logprobs or 0
         return resolve_settings(base, refused, **{k: v for k, v in values.items() if v is not None})
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether ``include`` asks for the answer's log-probabilities (``message.output_text.logprobs``)."""
+        return LOGPROBS in (self.include or ())
 
     def messages(self, media: list[Media], limits: MediaLimits) -> list[dict[str, Any]]:
         """The conversation as template messages (Hugging Face conventions); user images appended to ``media``."""
