@@ -290,6 +290,42 @@ def test_stateless_and_bad_requests_are_400(client, model: str) -> None:
     assert r.metadata == {"k": "v"} and r.store is False
 
 
+def test_truncation_auto_drops_the_oldest_turns_only_when_over_the_context() -> None:
+    """OpenAI's meaning: items are dropped from the beginning of the conversation only when it does not fit the
+    context (a whole turn at a time, never the last); the response says so. ``disabled`` refuses it typed."""
+    from servers import ThreadServer
+
+    from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.demo_model import demo_model_dir
+
+    runtime = ExLlamaRuntime(demo_model_dir(), "transformers", max_seq_len=256)  # a small context, to fill cheaply
+    server = ThreadServer(runtime, served_model_name="small")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        old = [
+            {"role": role, "content": f"Turn {i}: " + "the history of the long river runs on and on. " * 6}
+            for i in range(4)
+            for role in ("user", "assistant")
+        ]
+        last = {"role": "user", "content": "Name a colour."}
+        ask = {"model": "small", "max_output_tokens": 4, "temperature": 0}
+        with pytest.raises(openai.BadRequestError) as e:  # over the context: refused, as without the field
+            client.responses.create(input=[*old, last], truncation="disabled", **ask)
+        assert e.value.body["code"] == "context_length_exceeded"
+        cut = client.responses.create(input=[*old, last], truncation="auto", **ask)
+        assert cut.truncation == "auto" and cut.model_extra["truncated_input_items"] in (2, 4, 6)
+        kept = [*old, last][cut.model_extra["truncated_input_items"] :]
+        alone = client.responses.create(input=kept, truncation="disabled", **ask)  # what was kept fits as it is
+        assert alone.usage.input_tokens == cut.usage.input_tokens and alone.output_text == cut.output_text
+        with pytest.raises(openai.BadRequestError):  # one turn more (the fewest were dropped) does not
+            client.responses.create(input=[*old, last][cut.model_extra["truncated_input_items"] - 2 :], **ask)
+        fits = client.responses.create(input=[*old[-2:], last], truncation="auto", **ask)  # nothing to drop
+        assert fits.truncation == "auto" and fits.model_extra["truncated_input_items"] is None
+    finally:
+        server.stop()
+        runtime.close()
+
+
 def test_the_servers_max_tokens_caps_max_output_tokens(model: str) -> None:
     from servers import ThreadServer
 

@@ -22,6 +22,7 @@ from ..streaming import start_stream, whole
 from .events import ResponseEvents, framed
 from .request import ALL_FIELDS, ResponsesRequest, plain_errors
 from .response import ResponseObject
+from .truncation import fitted
 
 
 class ResponsesRoute(APIRoute):
@@ -48,8 +49,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     """A reply through the model's own template, as a response object; ``stream: true`` for its events."""
     state = state_of(request.app)
     state.admit(request.state)  # before anything is rendered, tokenized or fetched
-    prepared = await state.prepare(body)
-    events = ResponseEvents(ResponseObject.draft(body, state.name), logprobs=body.wants_logprobs)
+    prepared, dropped = await fitted(state, body)  # (truncation: "auto" drops the oldest turns over the context)
+    events = ResponseEvents(ResponseObject.draft(body, state.name, dropped), logprobs=body.wants_logprobs)
 
     def finished(outcome: ChatOutcome) -> None:
         check_finish(outcome.native_finish_reason)

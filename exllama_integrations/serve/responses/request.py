@@ -83,6 +83,7 @@ class ResponsesRequest(Strict):
     include: list[str] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     truncation: Literal["disabled", "auto"] | None = None
+    """``auto``: the oldest input items are dropped where the conversation is over the context (:mod:`.truncation`)."""
     max_tool_calls: int | None = Field(default=None, ge=1)
     # OpenAI fields that need state this server does not keep: refused when set
     previous_response_id: str | None = None
@@ -105,12 +106,6 @@ class ResponsesRequest(Strict):
             raise _refuse("background", "this server answers in the foreground only; send background: false.")
         if self.prompt is not None:
             raise _refuse("prompt", "this server keeps no prompt templates; send the text as input and instructions.")
-        if self.truncation == "auto":
-            raise _refuse(
-                "truncation",
-                "this server does not drop input items to fit the context; send truncation: 'disabled' "
-                "(a conversation over the context is refused with its token count).",
-            )
         if not isinstance(self.input, str) and any(isinstance(i, ItemReference) for i in self.input):
             raise _refuse("input", f"item_reference items need stored items, and this server keeps none; {again}")
 
