@@ -14,6 +14,7 @@ import json
 import re
 import string
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ...errors import InvalidSettingsError
@@ -210,11 +211,12 @@ def check_names(fmt: ToolFormat, tools: Sequence[Mapping[str, Any]]) -> None:
     Raises:
         InvalidSettingsError: naming the tool, the format and what did not read back.
     """
-    for tool in tools:
+    table = replace(fmt, response_template=None)  # the entry writes calls and reads them back; a checkpoint's own
+    for tool in tools:  # response template reads the model's free replies, in a syntax of its own
         function = tool["function"]
         name = function["name"]
         keys = list((function.get("parameters") or {}).get("properties") or {})
-        _, calls = read_reply(fmt, write_calls(fmt, [(name, dict.fromkeys(keys, 0))]), [tool])
+        _, calls = read_reply(table, write_calls(table, [(name, dict.fromkeys(keys, 0))]), [tool])
         got = [(c.name, sorted(c.arguments or {})) for c in calls if c.error is None]
         if got != [(name, sorted(keys))]:
             why = calls[0].error if calls and calls[0].error else f"it reads back as {got}"
