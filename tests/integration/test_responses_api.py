@@ -14,9 +14,13 @@ openai = pytest.importorskip("openai")
 
 from langchain_tests.integration_tests import ChatModelIntegrationTests  # noqa: E402
 
+from exllama_integrations.contract.settings import GenerationSettings  # noqa: E402
 from exllama_integrations.errors import MediaError  # noqa: E402
 from exllama_integrations.model.media import MediaLimits  # noqa: E402
-from exllama_integrations.serve.responses.request import ResponsesRequest  # noqa: E402
+from exllama_integrations.serve.conversion import ChatContext  # noqa: E402
+from exllama_integrations.serve.responses.convert import messages as messages_of  # noqa: E402
+from exllama_integrations.serve.responses.convert import to_chat  # noqa: E402
+from exllama_integrations.serve.responses.protocol import ResponsesRequest  # noqa: E402
 
 ADD = {
     "type": "function",
@@ -88,7 +92,7 @@ def test_input_items_become_one_conversation() -> None:
             ],
         }
     )
-    messages = body.messages([], MediaLimits())
+    messages = messages_of(body, [], MediaLimits())
     assert [m["role"] for m in messages] == ["system", "system", "user", "assistant", "tool"]
     assert messages[0]["content"] == "Be brief." and messages[2]["content"] == "2+3?"
     turn = messages[3]
@@ -100,15 +104,14 @@ def test_input_items_become_one_conversation() -> None:
 
 
 def test_an_input_image_takes_its_place_in_the_user_turn() -> None:
-    from exllama_integrations.contract.settings import GenerationSettings
-
     parts = [
         {"type": "input_text", "text": "What is in "},
         {"type": "input_image", "image_url": PNG, "detail": "auto"},
         {"type": "input_text", "text": "?"},
     ]
-    chat = ResponsesRequest.model_validate({"input": [{"role": "user", "content": parts}]}).to_chat(
-        GenerationSettings(), {}
+    chat = to_chat(
+        ResponsesRequest.model_validate({"input": [{"role": "user", "content": parts}]}),
+        ChatContext(GenerationSettings()),
     )
     assert chat.messages[0]["content"] == [
         {"type": "text", "text": "What is in "},
@@ -118,7 +121,7 @@ def test_an_input_image_takes_its_place_in_the_user_turn() -> None:
     assert len(chat.media) == 1 and chat.media[0].data.startswith(b"\x89PNG")
     assistant = [{"role": "assistant", "content": [{"type": "input_image", "image_url": PNG}]}]
     with pytest.raises(MediaError):  # only a user turn holds images
-        ResponsesRequest.model_validate({"input": assistant}).to_chat(GenerationSettings(), {})
+        to_chat(ResponsesRequest.model_validate({"input": assistant}), ChatContext(GenerationSettings()))
 
 
 # --------------------------------------------------------------------------- the openai client

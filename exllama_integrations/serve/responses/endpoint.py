@@ -19,9 +19,8 @@ from ..guard import validation_response
 from ..rules import ERRORS, check_finish
 from ..state import record, state_of
 from ..streaming import start_stream, whole
-from .events import ResponseEvents, framed
-from .request import ALL_FIELDS, ResponsesRequest, plain_errors
-from .response import ResponseObject
+from .protocol import ALL_FIELDS, ResponseObject, ResponsesRequest, plain_errors
+from .stream import ResponseEvents, framed
 from .truncation import fitted
 
 

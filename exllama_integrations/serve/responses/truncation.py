@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from .request import MessageItem
+from .convert import to_chat
+from .protocol import MessageItem
 
 if TYPE_CHECKING:
     from ...chat.prepare import PreparedChat
     from ..state import ServeState
-    from .request import ResponsesRequest
+    from .protocol import ResponsesRequest
 
 
 async def fitted(state: ServeState, body: ResponsesRequest) -> tuple[PreparedChat, int]:
@@ -28,7 +29,7 @@ async def fitted(state: ServeState, body: ResponsesRequest) -> tuple[PreparedCha
 
     Its oldest turns are dropped where ``truncation: "auto"`` and it does not fit.
     """
-    prepared = await state.prepare(body)
+    prepared = await state.prepare(body, to_chat)
     if body.truncation != "auto" or isinstance(body.input, str) or await _fits(state, prepared):
         return prepared, 0
     starts = [i for i, item in enumerate(body.input) if i > 0 and isinstance(item, MessageItem) and item.role == "user"]
@@ -36,7 +37,7 @@ async def fitted(state: ServeState, body: ResponsesRequest) -> tuple[PreparedCha
     low, high = 0, len(starts) - 1  # drop the items before starts[k]: the fewest k that fits
     while low <= high:
         mid = (low + high) // 2
-        shorter = await state.prepare(body.model_copy(update={"input": body.input[starts[mid] :]}))
+        shorter = await state.prepare(body.model_copy(update={"input": body.input[starts[mid] :]}), to_chat)
         if await _fits(state, shorter):
             best, high = (shorter, starts[mid]), mid - 1
         else:

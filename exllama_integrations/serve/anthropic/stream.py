@@ -1,24 +1,29 @@
-"""The Messages API's stream framing: named server-sent events, content blocks opened and closed in order.
+"""The Messages API's stream: a reply as named server-sent events, its content blocks opened and closed in order.
 
-``message_start`` and a ``ping``, then each block as ``content_block_start``, its ``content_block_delta`` events
-(``thinking_delta``, ``text_delta``, ``input_json_delta``: a forced call's input as the model writes it, any other
-call's whole) and ``content_block_stop``, then ``message_delta``
-(stop reason and usage) and ``message_stop``. A typed error after the first event becomes an ``error`` event
-(the status was sent already); the source is closed at the end, shielded from a disconnect's cancellation, so
-its generation stops.
+:func:`events` renders the chat layer's deltas and outcome: ``message_start`` and a ``ping``, then each block as
+``content_block_start``, its ``content_block_delta`` events (``thinking_delta``, ``text_delta``,
+``input_json_delta``: a forced call's input as the model writes it, any other call's whole) and
+``content_block_stop``, then ``message_delta`` (stop reason and usage) and ``message_stop``. A typed error after
+the first event becomes an ``error`` event (the status was sent already); the source is closed at the end,
+shielded from a disconnect's cancellation, so its generation stops.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import anyio
 from pydantic import BaseModel
 
+from ...chat.outcome import ArgumentsDelta, ChatDelta, ChatOutcome
 from ...errors import ExLlamaIntegrationsError
+from ..rules import check_finish
+from ..state import ServeState, record
+from .convert import stop_of, tool_use_id, usage_out
 from .errors import error_body, wire_status
+from .protocol import MessageOut, MessagesRequest, UsageOut
 
 T = TypeVar("T")
 
@@ -114,4 +119,50 @@ async def framed(
             await source.aclose()  # type: ignore[attr-defined]
 
 
-__all__ = ["Blocks", "event", "framed"]
+def events(
+    state: ServeState, items: Any, mid: str, input_tokens: int, body: MessagesRequest, scope_state: Any
+) -> AsyncIterator[bytes]:
+    """A streamed reply's events (see the module docstring), its outcome recorded when it ends."""
+    blocks = Blocks()
+    streamed: set[int] = set()  # the calls whose input streamed as it was written, by their place in the reply
+
+    def arguments(deltas: Sequence[ArgumentsDelta]) -> Iterator[bytes]:
+        for d in deltas:
+            if d.first:
+                streamed.add(d.index)
+                yield from blocks.start({"type": "tool_use", "id": tool_use_id(d.id), "name": d.name, "input": {}})
+            yield from blocks.input_json(d.delta)
+
+    def preamble() -> Iterator[bytes]:
+        start = MessageOut(
+            id=mid, model=state.name, content=[], usage=UsageOut(input_tokens=input_tokens, output_tokens=0)
+        )
+        yield event("message_start", {"message": start.model_dump(mode="json")})
+        yield event("ping", {})
+
+    def render(item: ChatDelta | ChatOutcome) -> Iterator[bytes]:
+        if isinstance(item, ChatDelta):
+            yield from blocks.thinking(item.reasoning)
+            yield from blocks.text(item.text)
+            yield from arguments(item.arguments)
+            return
+        check_finish(item.native_finish_reason)
+        record(state, scope_state, item.usage, item.timings, item.native_finish_reason)
+        calls = item.valid_tool_calls
+        yield from blocks.thinking(item.reasoning_tail)
+        yield from blocks.text(item.tail + item.invalid_text)
+        yield from arguments(item.arguments)
+        for i, c in enumerate(item.tool_calls):
+            if i not in streamed and (c.error is None or c in item.cut_tool_calls):
+                text = c.arguments_text if c.error is None else c.written or ""
+                yield from blocks.tool_use(tool_use_id(c.id), c.name or "", text)
+        yield from blocks.end()
+        reason, sequence = stop_of(item, calls, body.stop_sequences or ())
+        usage = usage_out(item.usage).model_dump()
+        yield event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage})
+        yield event("message_stop", {})
+
+    return framed(items, render, preamble)
+
+
+__all__ = ["Blocks", "event", "events", "framed"]

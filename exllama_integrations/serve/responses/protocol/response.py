@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ...contract.api import Usage
+from ....contract.api import Usage
 from .options import FormatText, FunctionChoice, FunctionTool, ReasoningConfig, TextConfig
 from .request import ResponsesRequest
 

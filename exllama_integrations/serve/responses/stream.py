@@ -1,4 +1,4 @@
-"""A reply as the Responses API's stream of events, and the finished response they build.
+"""The Responses API's stream: a reply as its documented events, and the finished response they build.
 
 :class:`ResponseEvents` turns the chat layer's deltas and outcome into the documented sequence:
 ``response.created``, ``response.in_progress``; for each output item ``response.output_item.added``, then
@@ -29,7 +29,7 @@ from ...chat.outcome import ArgumentsDelta, ChatDelta, ChatOutcome, ParsedToolCa
 from ...contract.api import TokenLogprob
 from ...contract.shapes import logprobs_content
 from ...errors import ExLlamaIntegrationsError
-from .response import (
+from .protocol import (
     IncompleteDetails,
     ItemStatus,
     OutputFunctionCall,
