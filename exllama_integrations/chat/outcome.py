@@ -2,10 +2,12 @@
 
 :class:`ChatStreamer`: stream chunks -> :class:`ChatDelta` items (answer text with ``<tool_call>`` held
 back while tools are bound, and reasoning text apart) and one :class:`ChatOutcome` (content, reasoning,
-tool calls valid and invalid, finish reason, usage, metadata). A constrained reply cut short raises
-:class:`~exllama_integrations.errors.ConstraintViolationError` (or, for the HTTP server, ends with
-``finish_reason="length"`` as OpenAI's API does). Tool calls are read from the answer only, never from the
-thinking before it. Metadata and finish names are :mod:`exllama_integrations.contract.shapes`'.
+tool calls valid and invalid, finish reason, usage, metadata). A forced call's arguments come as
+:class:`ArgumentsDelta` items as the model writes them (the call keeps that id and text when whole); a call
+``max_tokens`` cut short keeps its name and its arguments as far as they got, never its markup. A constrained
+reply cut short raises :class:`~exllama_integrations.errors.ConstraintViolationError` (or, for the HTTP server,
+ends with ``finish_reason="length"`` as OpenAI's API does). Tool calls are read from the answer only, never from
+the thinking before it. Metadata and finish names are :mod:`exllama_integrations.contract.shapes`'.
 """
 
 from __future__ import annotations
