@@ -165,3 +165,58 @@ def test_every_format_reads_back_the_calls_its_grammar_writes(name, tokenizers):
         assert all(p.done for p in progress.calls)
 
     check()
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_whatever_a_model_writes_is_read_without_an_error(name):
+    """Text made of the format's own markup, brackets, quotes and words, cut anywhere: the reader and the calls
+    followed as they are written never raise (a region that does not read is an invalid call)."""
+    fmt = FORMATS[name]
+    pieces = [
+        *fmt.markup,
+        fmt.call.split("{")[0],
+        "{",
+        "}",
+        "[",
+        "]",
+        "(",
+        ")",
+        '"',
+        "=",
+        ",",
+        ":",
+        "\n",
+        "get_weather",
+    ]
+    pieces += ['"city"', "<parameter=city>", "</parameter>", "</function>", "null", "1", "x"]
+
+    @settings(max_examples=EXAMPLES * 4, deadline=None, database=None)
+    @given(parts=st.lists(st.sampled_from(pieces), max_size=30), cut=st.booleans(), data=st.data())
+    def check(parts: list[str], cut: bool, data: Any) -> None:
+        text = "".join(parts)
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=4)))
+        reader, progress = ReplyReader(fmt, TOOLS_OF_PROPERTY), CallProgress(fmt, TOOLS_OF_PROPERTY)
+        for a, b in zip([0, *cuts], [*cuts, len(text)]):
+            reader.feed(text[a:b])
+            progress.feed(text[a:b])
+        reader.finish(cut=cut)
+
+    check()
+
+
+TOOLS_OF_PROPERTY = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {}}}},
+    }
+]
+
+
+def test_a_cut_json_object_reads_as_far_as_it_got():
+    from exllama_integrations.chat.formats import partial_object
+
+    assert partial_object('{"city": "Par') == {"city": "Par"}
+    assert partial_object('{"city": "Paris", "un') == {"city": "Paris"}
+    assert partial_object('{"a": [1, 2') == {"a": [1, 2]}
+    assert partial_object('{"a": {"b": tr') == {"a": {}}
+    assert partial_object("") == {} and partial_object("[1, 2") == {}
