@@ -177,11 +177,13 @@ def _tool_call_chunks(
     for i, c in enumerate(calls, first_index):
         if c.error is None and c.written is not None:
             continue  # streamed as it was written
+        if c.cut and not c.name:
+            continue  # cut before its name was whole: no call at all (as on the server)
         args = c.arguments_text
         if c.error is not None:
             kept = (c.written or "") if c.cut else c.raw
             try:
-                repairable = isinstance(parse_partial_json(kept), dict)
+                repairable = not kept or isinstance(parse_partial_json(kept), dict)  # ("" would read as {})
             except Exception:  # noqa: BLE001 - any failure to read means it stays invalid, as wanted
                 repairable = False
             args = json.dumps(kept, ensure_ascii=False) if repairable else kept

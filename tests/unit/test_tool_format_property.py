@@ -9,9 +9,11 @@ shown as the runtime shows them), and at random splits of the text, where the ca
 (what a forced call streams) must add up to the same arguments.
 
 What is left out, and why: string values holding ``<``, ``[`` or a newline (a family's markup could be spelled inside
-one, and Qwen3-Coder's XML writes a string bare on one line), and, under a schema that also takes other kinds, string
-values that read as JSON (``"null"``, ``"3"``): XML writes a string bare, so those are the other kind, as the family's
-own template writes them.
+one, and Qwen3-Coder's XML writes a string bare on one line) or beginning or ending with a space (the tag formats'
+readers strip a value, as their families' parsers do; their grammars write none), and, under a schema that also
+takes other kinds, string values that read as JSON (``"null"``, ``"3"``): the text formats write a string bare, so
+those are the other kind, as the families' own templates write them. Gemma 4's nested arrays and objects are left out
+(its template writes them in a syntax of its own, the grammar as JSON).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def _reads_as_json(s: str) -> bool:
 
 TEXT = st.text(
     alphabet=st.characters(exclude_categories=["Cs", "Cc"], exclude_characters="<[｜"), min_size=1, max_size=16
-)
+).filter(lambda s: s.strip() == s)
 WORDS = TEXT.filter(lambda s: not _reads_as_json(s.strip()) and s.strip() == s)
 
 KINDS: list[tuple[dict[str, Any], st.SearchStrategy[Any]]] = [
@@ -79,11 +81,18 @@ KINDS: list[tuple[dict[str, Any], st.SearchStrategy[Any]]] = [
 
 
 @st.composite
-def tools_and_calls(draw: Any, parallel: bool) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
-    """A tool (required arguments first, as the grammar writes them) and calls to it with arguments of its schema."""
+def tools_and_calls(
+    draw: Any, parallel: bool, nested: bool = True
+) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    """A tool (required arguments first, as the grammar writes them) and calls to it with arguments of its schema.
+
+    ``nested=False``: no array or object arguments (Gemma 4's template writes them in a syntax of its own, its
+    grammar as JSON; both read back, but the writer here is the template's).
+    """
     name = draw(_names())
     keys = draw(st.lists(_names(), min_size=0, max_size=4, unique=True))
-    kinds = [draw(st.sampled_from(range(len(KINDS)))) for _ in keys]
+    choices = [i for i, (schema, _) in enumerate(KINDS) if nested or schema.get("type") not in ("array", "object")]
+    kinds = [draw(st.sampled_from(choices)) for _ in keys]
     required = [k for k in keys if draw(st.booleans())]
     order = [*required, *(k for k in keys if k not in required)]
     props = {k: KINDS[kinds[keys.index(k)]][0] for k in order}
@@ -136,7 +145,7 @@ def test_every_format_reads_back_the_calls_its_grammar_writes(name, tokenizers):
     shown = {tok.token_to_id(m): m for m in fmt.markup if tok.token_to_id(m) in tok.special_ids}
 
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(case=tools_and_calls(fmt.parallel), data=st.data())
+    @given(case=tools_and_calls(fmt.parallel, nested=fmt.body != "gemma"), data=st.data())
     def check(case: Any, data: Any) -> None:
         tool, calls = case
         text = write_calls(fmt, calls)
@@ -161,8 +170,9 @@ def test_every_format_reads_back_the_calls_its_grammar_writes(name, tokenizers):
                 written[index] = written.get(index, "") + piece
         got += reader.finish()[1]
         assert _read(got) == calls
-        assert [(progress.calls[i].name, json.loads(w)) for i, w in sorted(written.items())] == calls
-        assert all(p.done for p in progress.calls)
+        if progress.follows:  # (the tagged and Gemma formats' calls come whole: see progress.py)
+            assert [(progress.calls[i].name, json.loads(w)) for i, w in sorted(written.items())] == calls
+            assert all(p.done for p in progress.calls)
 
     check()
 

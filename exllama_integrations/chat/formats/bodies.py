@@ -4,8 +4,8 @@
 (``ValueError``, ``TypeError``, ``KeyError``) where the text is not a call of that kind. What each kind reads is
 what the forced-call grammar (:mod:`.grammar`) writes for it: Python keyword arguments are read by a scanner, not
 by Python's parser, so that names and keys Python would not take (``from=``, ``content-type=``, ``get-weather(``)
-read back as written; an XML parameter's value is read by :func:`xml_value` with the same split of its schema
-into text and JSON (:func:`xml_kinds`) that the grammar writes it with.
+read back as written; an XML or tagged parameter's value is read by :func:`~.values.text_value` with the same
+split of its schema into text and JSON (:func:`~.values.text_kinds`) that the grammar writes it with.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from .table import ToolFormat
 from .tagged import read_tagged
+from .values import PY_CONSTANTS, text_value
 
 Call = tuple[str, dict[str, Any]]
 
@@ -46,7 +47,7 @@ def read_body(fmt: ToolFormat, body: str, schemas: Mapping[str, Any]) -> list[Ca
     if kind == "python":
         return python_calls(body)
     if kind in ("tagged", "gemma"):
-        return read_tagged(fmt.body_args, kind, body, schemas, xml_value)
+        return read_tagged(fmt.body_args, kind, body, schemas, text_value)
     raise ValueError(f"unknown body kind {kind!r}")
 
 
@@ -92,70 +93,6 @@ def _json_values(text: str, sep: str) -> list[Any]:
 
 _FUNCTION_RE = re.compile(r"^\s*<function=([^>\n]+)>(.*?)</function>\s*$", re.S)
 _PARAM_RE = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
-_ANY_JSON = ["integer", "number", "boolean", "null", "object", "array"]
-
-
-def xml_kinds(schema: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """How an XML parameter of ``schema`` is written: ``(as text, as JSON)``, either None where it cannot be that.
-
-    The family's own template writes a string value as its bare text and any other value as JSON
-    (``v if v is string else v | tojson``), and so does the forced grammar: the first is the schema of the bare
-    text (a string, its ``enum`` or ``maxLength`` kept), the second the schema of the JSON (the other types). A
-    union (``anyOf``, ``oneOf``, a list of types, no type at all) may be both.
-    """
-    if schema is None:  # an argument the tool does not declare: its text, as the family's parsers keep it
-        return {"type": "string"}, None
-    if not isinstance(schema, dict):  # (``true``: any value)
-        return {"type": "string"}, {"type": _ANY_JSON}
-    for key in ("anyOf", "oneOf"):
-        branches = schema.get(key)
-        if isinstance(branches, list) and branches:
-            split = [xml_kinds(b) for b in branches]
-            texts = [t for t, _ in split if t is not None]
-            others = [o for _, o in split if o is not None]
-            one = texts[0] if len(texts) == 1 else ({"type": "string"} if texts else None)
-            return one, (others[0] if len(others) == 1 else {key: others}) if others else None
-    kind = schema.get("type")
-    if "enum" in schema and kind is None:
-        words = [v for v in schema["enum"] if isinstance(v, str)]
-        values = [v for v in schema["enum"] if not isinstance(v, str)]
-        return ({"type": "string", "enum": words} if words else None), ({"enum": values} if values else None)
-    if "const" in schema and kind is None:
-        const = schema["const"]
-        return ({"type": "string", "enum": [const]}, None) if isinstance(const, str) else (None, schema)
-    kinds = [kind] if isinstance(kind, str) else list(kind) if isinstance(kind, list) else ["string", *_ANY_JSON]
-    text: dict[str, Any] | None = None
-    if "string" in kinds:
-        text = {"type": "string", **{k: schema[k] for k in ("enum", "maxLength", "const") if k in schema}}
-        if "enum" in text:
-            text["enum"] = [v for v in schema["enum"] if isinstance(v, str)]
-    rest = [k for k in kinds if k != "string"]
-    if not rest:
-        return text, None
-    other: dict[str, Any] = {
-        k: v for k, v in schema.items() if k not in ("type", "maxLength", "minLength", "pattern", "format")
-    }
-    if "enum" in other:
-        other["enum"] = [v for v in schema["enum"] if not isinstance(v, str)]
-    other["type"] = rest[0] if len(rest) == 1 else rest
-    return text, other
-
-
-def xml_value(raw: str, schema: Any) -> Any:
-    """An XML parameter's text as the value it was written for (:func:`xml_kinds`).
-
-    JSON of one of the schema's non-string kinds is that value (``3``, ``null``, ``[1, 2]``); other text is the
-    string itself where the schema takes one. A value that reads as neither stays text.
-    """
-    text, other = xml_kinds(schema)
-    if other is not None:
-        try:
-            value = json.loads(raw.strip())
-        except ValueError:  # Python's spelling (True, None) from a model writing freely, where no text is taken
-            value = raw if text is not None else _PY_CONSTANTS.get(raw.strip(), raw)
-        if not isinstance(value, str) or text is None:
-            return value
-    return raw
 
 
 def _xml_call(body: str, schemas: Mapping[str, Any]) -> Call:
@@ -164,20 +101,12 @@ def _xml_call(body: str, schemas: Mapping[str, Any]) -> Call:
         raise ValueError("expected <function=NAME>...</function>")
     name = m.group(1).strip()
     props = (schemas.get(name) or {}).get("properties") or {}
-    args = {k.strip(): xml_value(v, props.get(k.strip())) for k, v in _PARAM_RE.findall(m.group(2))}
+    args = {k.strip(): text_value(v, props.get(k.strip())) for k, v in _PARAM_RE.findall(m.group(2))}
     return name, args
 
 
 # ------------------------------------------------------------------ Python (Llama 4, Llama 3.2 pythonic)
 
-_PY_CONSTANTS: dict[str, Any] = {
-    "True": True,
-    "False": False,
-    "None": None,
-    "true": True,
-    "false": False,
-    "null": None,
-}
 _STOPS = frozenset("()[]{}=,'\"")
 _OPENS, _CLOSES = "([{", ")]}"
 
@@ -253,8 +182,8 @@ def _literal_text(literal: str) -> Any:
 
 
 def _literal(node: Any) -> Any:
-    if isinstance(node, ast.Name) and node.id in _PY_CONSTANTS:
-        return _PY_CONSTANTS[node.id]
+    if isinstance(node, ast.Name) and node.id in PY_CONSTANTS:
+        return PY_CONSTANTS[node.id]
     if isinstance(node, ast.List):
         return [_literal(e) for e in node.elts]
     if isinstance(node, ast.Dict):
@@ -290,4 +219,4 @@ def python_calls(body: str) -> list[Call]:
     return out
 
 
-__all__ = ["Call", "python_calls", "read_body", "xml_kinds", "xml_value"]
+__all__ = ["Call", "python_calls", "read_body"]

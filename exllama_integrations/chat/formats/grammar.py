@@ -19,10 +19,10 @@ from typing import Any
 
 from ...errors import InvalidSettingsError
 from ...model.grammar import JSON_OPTIONS
-from .bodies import xml_kinds
 from .reader import read_reply
 from .table import SPECIAL_SHAPE, ToolFormat
 from .tagged import SLOTS, slot_rule, write_slots
+from .values import text_kinds
 
 MAX_PARALLEL = 4
 """Most calls a forced reply may hold where the family writes several."""
@@ -163,21 +163,32 @@ class _Builder:
         return rule
 
     def value_rule(self, rule: str, schema: Any, xml: bool) -> str:
-        """A value as JSON; in XML a string as its bare text and the rest as JSON (:func:`~.bodies.xml_kinds`)."""
+        """A value as JSON; in XML a string as its bare text and the rest as JSON (:func:`~.values.text_kinds`)."""
         if not xml:
             return self.json_rule(rule, schema if isinstance(schema, dict) else {})
-        text, other = xml_kinds(schema)
-        alternatives = []
-        if text is not None:
-            words = text.get("enum", [text["const"]] if "const" in text else None)
-            if words is not None:
-                alternatives += [json.dumps(str(v)) for v in words]
-            else:
-                most = text.get("maxLength")
-                alternatives.append(rf"/[^<\n]{{1,{int(most)}}}/" if isinstance(most, int) else r"/[^<\n]+/")
+        text, other = text_kinds(schema)
+        alternatives = [self.text_rule(f"{rule}_text", text)] if text is not None else []
         if other is not None:
             alternatives.append(self.json_rule(f"{rule}_json", other))
         self.rules.append(f"{rule}: {' | '.join(alternatives)}")
+        return rule
+
+    def text_rule(self, rule: str, schema: Mapping[str, Any], trimmed: bool = False) -> str:
+        """A string written as its bare text: one of its ``enum``, or a line without ``<`` (at most ``maxLength``).
+
+        ``trimmed``: the family's reader strips a value, so the text neither begins nor ends with a space.
+        """
+        words = schema.get("enum", [schema["const"]] if "const" in schema else None)
+        if words is not None:
+            self.rules.append(f"{rule}: {' | '.join(json.dumps(str(v)) for v in words)}")
+            return rule
+        most = schema.get("maxLength")
+        if trimmed:
+            inner = rf"{{0,{int(most) - 2}}}" if isinstance(most, int) and most >= 2 else "*"
+            body = rf"/[^<\s]([^<\n]{inner}[^<\s])?/" if not isinstance(most, int) or most >= 2 else r"/[^<\s]/"
+        else:
+            body = rf"/[^<\n]{{1,{int(most)}}}/" if isinstance(most, int) else r"/[^<\n]+/"
+        self.rules.append(f"{rule}: {body}")
         return rule
 
 

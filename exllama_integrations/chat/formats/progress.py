@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .bodies import xml_kinds, xml_value
 from .table import ToolFormat
+from .values import text_kinds, text_value
 
 _LONGEST_NAME = 512
 _PARAM_OPEN, _PARAM_CLOSE, _FUNCTION_CLOSE = "<parameter=", "</parameter>", "</function>"
@@ -59,6 +59,7 @@ class CallProgress:
         self._value_at = -1
         self._quote = self._escape = self._bare = False
         self._schema: Any = None
+        self._kind = ""
         literals, slots = [""], []  # the text before each slot ("{{" is a literal brace)
         for literal, slot, _, _ in string.Formatter().parse(fmt.call):
             literals[-1] += literal
@@ -77,6 +78,15 @@ class CallProgress:
         self._json_name = slots[0] == "name_json"
         self._kind = slots[1]
         self._state = "seek"
+
+    @property
+    def follows(self) -> bool:
+        """Whether this format's calls are followed at all.
+
+        A call text of another shape (the tagged and Gemma formats' among them) is not: such a call comes whole,
+        when the reader has read it.
+        """
+        return bool(self._kind)
 
     @property
     def open(self) -> Progress | None:
@@ -237,7 +247,7 @@ class CallProgress:
         return True
 
     def _xml_parameters(self, out: list[tuple[int, str]]) -> bool:
-        """``<parameter=K>`` V ``</parameter>`` items, then ``</function>`` (V as :func:`~.bodies.xml_value` reads)."""
+        """``<parameter=K>`` V ``</parameter>`` items, then ``</function>`` (V as :func:`~.values.text_value` reads)."""
         if self._value_at < 0:
             body = self._text[self._pos :].lstrip()
             at = len(self._text) - len(body)
@@ -255,7 +265,7 @@ class CallProgress:
             key = body[len(_PARAM_OPEN) : close].strip()
             self._pos = at + close + 1 + (body[close + 1] == "\n")
             self._schema = ((self._schemas.get(self.calls[-1].name) or {}).get("properties") or {}).get(key)
-            self._bare = xml_kinds(self._schema)[1] is None  # a string for sure: streamed as it comes
+            self._bare = text_kinds(self._schema)[1] is None  # a string for sure: streamed as it comes
             self._emit(out, ("{" if not self._keys else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
             if self._bare:
                 self._emit(out, '"')
@@ -275,7 +285,7 @@ class CallProgress:
         if self._bare:
             self._emit(out, _escaped(raw[self._sent - self._value_at :]) + '"')
         else:
-            self._emit(out, json.dumps(xml_value(raw, self._schema), ensure_ascii=False))
+            self._emit(out, json.dumps(text_value(raw, self._schema), ensure_ascii=False))
         self._pos, self._value_at = close + len(_PARAM_CLOSE), -1
         return True
 

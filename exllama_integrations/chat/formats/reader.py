@@ -19,9 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .bodies import read_body, xml_value
+from .bodies import read_body
 from .response_template import CUT_OFF, FoundCall, TemplateReader
 from .table import ToolFormat
+from .values import text_value
 
 _NAME_RE = re.compile(
     r'"name"\s*:\s*"([^"]+)"|<function=([^>\n]+)>|to=(?:functions\.)?([^\s<]+)|invoke name="([^"]+)"|call:([\w.-]+)'
@@ -113,7 +114,7 @@ class ReplyReader:
         for name, args, raw, error in found:
             if args is not None and name is not None:
                 props = (self._schemas.get(name) or {}).get("properties") or {}
-                args = {k: xml_value(v, props[k]) if isinstance(v, str) and k in props else v for k, v in args.items()}
+                args = {k: text_value(v, props[k]) if isinstance(v, str) and k in props else v for k, v in args.items()}
             calls.append(ParsedToolCall(new_call_id(self.fmt), name, args, raw, error))
         self.text.append(text)
         self.calls += calls
