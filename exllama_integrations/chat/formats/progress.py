@@ -24,9 +24,44 @@ from .table import ToolFormat
 from .values import text_kinds, text_value
 
 _LONGEST_NAME = 512
-_PARAM_OPEN, _PARAM_CLOSE, _FUNCTION_CLOSE = "<parameter=", "</parameter>", "</function>"
-_SHAPES = (("name", "arguments"), ("name_json", "arguments"), ("name", "xml_parameters"), ("name", "python_arguments"))
+_SHAPES = (
+    ("name", "arguments"),
+    ("name_json", "arguments"),
+    ("name", "xml_parameters"),
+    ("name", "tagged_parameters"),
+    ("name", "python_arguments"),
+)
 """The call texts followed: a name, then its arguments (the table's slots)."""
+
+
+@dataclass(frozen=True)
+class _Params:
+    """How parameters written as text are laid out.
+
+    ``open`` KEY ``between`` [FLAG ``flagged``] VALUE ``close``, until ``end``; ``trimmed``: the reader strips a
+    value (else one newline each side goes).
+    """
+
+    open: str
+    between: str
+    close: str
+    end: str
+    trimmed: bool
+    flagged: str | None = None  # what follows DeepSeek's string="true|false" flag before the value
+
+
+_XML = _Params("<parameter=", ">", "</parameter>", "</function>", trimmed=False)
+
+
+def _tagged(write_param: str, after: str) -> _Params:
+    """The layout a table entry's ``write_param`` (slots ``{key}``, ``{string}``, ``{value}``) describes."""
+    opening, rest = write_param.split("{key}", 1)
+    between, closing = rest.split("{value}", 1)
+    flagged = None
+    if "{string}" in between:
+        between, flagged = between.split("{string}", 1)
+    end = after.strip().split("\n")[0].strip()
+    return _Params(opening, between, closing.strip(), end, trimmed=True, flagged=flagged)
 
 
 @dataclass
@@ -40,7 +75,12 @@ class Progress:
 
 
 def _pattern(literal: str) -> re.Pattern[str]:
-    """``literal`` as a regex in which a run of whitespace is any whitespace (a model writing freely)."""
+    """``literal`` as a regex in which a run of whitespace is any whitespace (a model writing freely).
+
+    A literal of whitespace alone (GLM's newline after a call's name) is some whitespace, at least one.
+    """
+    if literal and not literal.strip():
+        return re.compile(r"\s+")
     return re.compile(r"\s*".join(re.escape(p) for p in re.split(r"\s+", literal)))
 
 
@@ -59,7 +99,9 @@ class CallProgress:
         self._value_at = -1
         self._quote = self._escape = self._bare = False
         self._schema: Any = None
+        self._flag: str | None = None
         self._kind = ""
+        self._layout = _XML
         literals, slots = [""], []  # the text before each slot ("{{" is a literal brace)
         for literal, slot, _, _ in string.Formatter().parse(fmt.call):
             literals[-1] += literal
@@ -76,7 +118,8 @@ class CallProgress:
         self._anchored = not head.strip()
         self._between = _pattern(between)
         self._json_name = slots[0] == "name_json"
-        self._kind = slots[1]
+        self._kind = "text_parameters" if slots[1] in ("xml_parameters", "tagged_parameters") else slots[1]
+        self._layout = _XML if slots[1] != "tagged_parameters" else _tagged(fmt.body_args["write_param"], literals[2])
         self._state = "seek"
 
     @property
@@ -246,48 +289,76 @@ class CallProgress:
             return self._done()
         return True
 
-    def _xml_parameters(self, out: list[tuple[int, str]]) -> bool:
-        """``<parameter=K>`` V ``</parameter>`` items, then ``</function>`` (V as :func:`~.values.text_value` reads)."""
+    def _text_parameters(self, out: list[tuple[int, str]]) -> bool:
+        """Parameters written as text (Qwen3-Coder's XML, the tag formats'), then the call's end.
+
+        Each value as :func:`~.values.text_value` reads it: a string for sure streamed as it comes, any other whole.
+        """
+        shape = self._layout
         if self._value_at < 0:
             body = self._text[self._pos :].lstrip()
             at = len(self._text) - len(body)
-            if body.startswith(_FUNCTION_CLOSE):
+            if body.startswith(shape.end):
                 self._emit(out, "}" if self._keys else "{}")
-                self._pos = at + len(_FUNCTION_CLOSE)
+                self._pos = at + len(shape.end)
                 return self._done()
-            if not body.startswith(_PARAM_OPEN):
-                if body and not (_PARAM_OPEN.startswith(body) or _FUNCTION_CLOSE.startswith(body)):
+            if not body.startswith(shape.open):
+                if body and not (shape.open.startswith(body) or shape.end.startswith(body)):
                     self._state = "lost"
                 return False
-            close = body.find(">")
-            if close < 0 or close + 1 == len(body):  # (the newline after it decides where the value begins)
+            m = _pattern(shape.between).search(body, len(shape.open))
+            if m is None:
+                if len(body) > _LONGEST_NAME:
+                    self._state = "lost"
                 return False
-            key = body[len(_PARAM_OPEN) : close].strip()
-            self._pos = at + close + 1 + (body[close + 1] == "\n")
+            key, end, flag = body[len(shape.open) : m.start()].strip(), m.end(), None
+            if shape.flagged is not None:  # DeepSeek's string="true|false", then the value
+                f = re.compile(r"(true|false)" + _pattern(shape.flagged).pattern).match(body, end)
+                if f is None:
+                    if len(body) - end > 16:
+                        self._state = "lost"
+                    return False
+                flag, end = f.group(1), f.end()
+            if end == len(body) and not shape.trimmed:  # (the newline after it decides where the value begins)
+                return False
+            self._pos = at + end + (not shape.trimmed and body[end] == "\n")
             self._schema = ((self._schemas.get(self.calls[-1].name) or {}).get("properties") or {}).get(key)
-            self._bare = text_kinds(self._schema)[1] is None  # a string for sure: streamed as it comes
+            self._flag = flag
+            self._bare = flag == "true" if flag is not None else text_kinds(self._schema)[1] is None
             self._emit(out, ("{" if not self._keys else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
             if self._bare:
                 self._emit(out, '"')
             self._keys += 1
             self._value_at = self._sent = self._pos
             return True
-        close = self._text.find(_PARAM_CLOSE, self._value_at)
+        close = self._text.find(shape.close, self._value_at)
         if close < 0:
             if self._bare:
-                upto = len(self._text) - _held(self._text, "\n" + _PARAM_CLOSE)
-                if upto > self._sent:
-                    self._emit(out, _escaped(self._text[self._sent : upto]))
-                    self._sent = upto
+                self._stream_text(out, shape)
             return False
         raw = self._text[self._value_at : close]
-        raw = raw[:-1] if raw.endswith("\n") else raw
+        raw = raw.strip() if shape.trimmed else raw[:-1] if raw.endswith("\n") else raw
         if self._bare:
-            self._emit(out, _escaped(raw[self._sent - self._value_at :]) + '"')
+            skipped = len(self._text[self._value_at : close]) - len(self._text[self._value_at : close].lstrip())
+            done = self._sent - self._value_at - (skipped if shape.trimmed else 0)
+            self._emit(out, _escaped(raw[max(done, 0) :]) + '"')
         else:
-            self._emit(out, json.dumps(text_value(raw, self._schema), ensure_ascii=False))
-        self._pos, self._value_at = close + len(_PARAM_CLOSE), -1
+            value = json.loads(raw) if self._flag == "false" else text_value(raw, self._schema)
+            self._emit(out, json.dumps(value, ensure_ascii=False))
+        self._pos, self._value_at = close + len(shape.close), -1
         return True
+
+    def _stream_text(self, out: list[tuple[int, str]], shape: _Params) -> None:
+        """A string value's text so far, less what may yet be its close (and, trimmed, its spaces at either end)."""
+        if shape.trimmed and self._sent == self._value_at:  # its leading spaces are not the value's
+            body = self._text[self._value_at :].lstrip()
+            self._sent = self._value_at = len(self._text) - len(body)
+        upto = len(self._text) - _held(self._text, ("" if shape.trimmed else "\n") + shape.close)
+        if shape.trimmed:
+            upto = self._sent + len(self._text[self._sent : upto].rstrip())
+        if upto > self._sent:
+            self._emit(out, _escaped(self._text[self._sent : upto]))
+            self._sent = upto
 
 
 def _held(text: str, marker: str) -> int:
