@@ -463,6 +463,65 @@ MAGISTRAL_FAMILY = Family(
     call_id="a1B2c3D4e",
 )
 
+# ---------------------------------------------------------------- Mistral Small 3.2 (NAME[ARGS]{...}, ids in history)
+
+# As Magistral's, but the history carries each call's id, which the template checks (9 letters and digits, as
+# Mistral Small 3.2's own does): calls as [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}, results as
+# [TOOL_RESULTS]ID[TOOL_CONTENT]...[/TOOL_RESULTS]. The model writes its calls without ids.
+MISTRAL_SMALL_32 = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] == 'system' %}[SYSTEM_PROMPT]{{ messages[0]['content'] }}[/SYSTEM_PROMPT]"
+    "{% set messages = messages[1:] %}{% endif %}"
+    "{% set users = messages | selectattr('role', 'equalto', 'user') | list %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}"
+    "{% if tools and m is sameas users[-1] %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "[INST]{{ m['content'] }}[/INST]"
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] or '' }}"
+    "{% for c in m.get('tool_calls') or [] %}" + _MISTRAL_ID_CHECK.replace("@", "c['id']") + ""
+    "[TOOL_CALLS]{{ c['function']['name'] }}[CALL_ID]{{ c['id'] }}[ARGS]{{ c['function']['arguments'] | tojson }}"
+    "{% endfor %}{{ eos_token }}"
+    "{% elif m['role'] == 'tool' %}" + _MISTRAL_ID_CHECK.replace("@", "m['tool_call_id']") + ""
+    "[TOOL_RESULTS]{{ m['tool_call_id'] }}[TOOL_CONTENT]{{ m['content'] }}[/TOOL_RESULTS]"
+    "{% else %}{{ raise_exception('Only user, assistant and tool roles are supported after the system message!') }}"
+    "{% endif %}{% endfor %}"
+)
+
+MISTRAL_SMALL_32_FAMILY = Family(
+    "mistral_small32",
+    "mistral",
+    "mistral_v11",
+    MISTRAL_SMALL_32,
+    (
+        "<unk>",
+        "<s>",
+        "</s>",
+        "[INST]",
+        "[/INST]",
+        "[TOOL_CALLS]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]",
+        "[TOOL_CONTENT]",
+        "[ARGS]",
+        "[CALL_ID]",
+        "[SYSTEM_PROMPT]",
+        "[/SYSTEM_PROMPT]",
+    ),
+    (),
+    "</s>",
+    "<s>",
+    None,
+    {
+        "one": _v11(ONE),
+        "two": _v11(TWO),
+        "content_then_call": PREFACE + _v11(ONE),
+        "answer": ANSWER,
+    },
+    call_id="a1B2c3D4e",
+)
+
 # ---------------------------------------------------------------- Phi-4-mini
 
 # The tools' JSON list in the system turn between <|tool|> and <|/tool|>; earlier calls in <|tool_call|>[...]
@@ -958,6 +1017,7 @@ FAMILIES: dict[str, Family] = {
         LLAMA4_FAMILY,
         MISTRAL_FAMILY,
         MAGISTRAL_FAMILY,
+        MISTRAL_SMALL_32_FAMILY,
         PHI4_MINI_FAMILY,
         GRANITE_FAMILY,
         DEEPSEEK_FAMILY,

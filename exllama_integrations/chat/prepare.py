@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..contract.api import GenerationRequest, Grammar, Media, Reasoning, check_depth
 from ..contract.settings import GenerationSettings
 from ..errors import ConstraintError, InvalidSettingsError, MediaError
-from .formats import FALLBACK, FORMATS, ToolFormat, find_format, forced_call_grammar, strict_schema
+from .formats import FALLBACK, FORMATS, ToolFormat, check_names, find_format, forced_call_grammar, strict_schema
 from .history import (
     RESPONSE_CLOSE,
     RESPONSE_OPEN,
@@ -95,6 +95,8 @@ class PreparedChat:
     """The family's tool-call format the reply is read in."""
     parallel: bool = True
     """Whether several calls of one reply are all kept (``parallel_tool_calls``)."""
+    forced: bool = False
+    """Whether ``tool_choice`` forces calls (the grammar writes them: their arguments stream as they come)."""
     max_calls: int | None = None
     """Most calls of the reply handed out (``max_tool_calls``); None: no bound."""
 
@@ -117,9 +119,15 @@ class PreparedChat:
 def forced_tools(tools: Sequence[Mapping[str, Any]], tool_choice: Any) -> list[Mapping[str, Any]] | None:
     """The tools a tool_choice forces a call to (None: the model decides; []: no tools).
 
+    Takes OpenAI's shapes (``"auto"``, ``"none"``, ``"required"``, ``{"type": "function", "function": {"name"}}``),
+    Anthropic's (``{"type": "auto" | "any" | "none"}``, ``{"type": "tool", "name"}``), a tool's name, and
+    ``{"type": "function", "function": NAME}`` (the name given bare: it means the same).
+
     Raises:
-        InvalidSettingsError: ``tool_choice`` names no bound tool.
+        InvalidSettingsError: a ``tool_choice`` of another shape, or one that names no bound tool.
     """
+    if isinstance(tool_choice, Mapping) and tool_choice.get("type") in ("auto", "any", "required", "none"):
+        tool_choice = tool_choice["type"]  # Anthropic's shape of the four
     if tool_choice in (None, "auto"):
         return None
     if tool_choice in ("none", False):
@@ -128,14 +136,27 @@ def forced_tools(tools: Sequence[Mapping[str, Any]], tool_choice: Any) -> list[M
         return list(tools)
     name = tool_choice
     if isinstance(tool_choice, Mapping):
-        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        function = tool_choice.get("function")
+        # {"function": {"name": N}} (OpenAI's), {"function": N} (a common slip: meant the same), {"name": N}
+        name = function.get("name") if isinstance(function, Mapping) else function or tool_choice.get("name")
+    bound = [t["function"]["name"] for t in tools]
+    if not isinstance(name, str):
+        raise InvalidSettingsError(
+            f"tool_choice {_short(tool_choice)} is not one of 'auto', 'none', 'required', a tool's name or "
+            f'{{"type": "function", "function": {{"name": ...}}}}; bound tools: {bound}.',
+            param="tool_choice",
+        )
     chosen = [t for t in tools if t["function"]["name"] == name]
     if not chosen:
         raise InvalidSettingsError(
-            f"tool_choice {tool_choice!r} names no bound tool; bound: {[t['function']['name'] for t in tools]}.",
-            param="tool_choice",
+            f"tool_choice {_short(tool_choice)} names no bound tool; bound: {bound}.", param="tool_choice"
         )
     return chosen
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def reply_schema(response_format: Mapping[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
@@ -215,6 +236,7 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
         spec = info.details.get("response_template")
         fmt = find_format(None, info.tool_format, spec) if info.tool_format else FORMATS[FALLBACK]
     parallel = request.parallel_tool_calls is not False
+    check_names(fmt, shown)
     try:
         if forced:
             # a named tool is one call; "required" may be several where the family and parallel_tool_calls allow
@@ -237,7 +259,7 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
     if grammar is not None and settings.stop:
         settings = settings.model_copy(update={"stop": []})  # with a grammar, the grammar decides where output ends
     media = tuple(request.media)
-    reply = _Reply(tuple(shown), fmt, parallel, request.max_tool_calls)
+    reply = _Reply(tuple(shown), fmt, parallel, bool(forced), request.max_tool_calls)
     if request.prompt is not None:
         turn = turn_reasoning(reasoning, request.prompt[-256:], settings.max_reasoning_tokens)
         return _prepared(request.prompt, settings, grammar, turn, media, reply)
@@ -285,6 +307,7 @@ class _Reply:
     tools: tuple[Mapping[str, Any], ...]
     format: ToolFormat
     parallel: bool
+    forced: bool
     max_calls: int | None = None
 
 
@@ -319,7 +342,7 @@ def _prepared(
         media=media,
         show_tokens=show,
     )
-    return PreparedChat(request, reply.tools, reply.format, reply.parallel, reply.max_calls)
+    return PreparedChat(request, reply.tools, reply.format, reply.parallel, reply.forced, reply.max_calls)
 
 
 _RENDERERS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="exllama-render")

@@ -26,7 +26,7 @@ from langchain_core.outputs import ChatGenerationChunk
 from langchain_core.utils.json import parse_partial_json
 
 from ..chat.content import content_of
-from ..chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall
+from ..chat.outcome import ArgumentsDelta, ChatDelta, ChatOutcome, ParsedToolCall
 from ..contract.api import Media, Usage
 from ..contract.shapes import logprobs_content
 from ..errors import InvalidSettingsError, MediaError
@@ -153,21 +153,40 @@ def usage_metadata(usage: Usage) -> UsageMetadata:
     )
 
 
-def _tool_call_chunks(calls: Sequence[ParsedToolCall], first_index: int) -> list[dict[str, Any]]:
+def _tool_call_chunks(
+    calls: Sequence[ParsedToolCall], first_index: int, arguments: Sequence[ArgumentsDelta] = ()
+) -> list[dict[str, Any]]:
     """Calls as LangChain tool-call chunks; one that did not read keeps its raw text (``invalid_tool_calls``).
 
-    LangChain re-reads chunk args as partial JSON: raw text that would pass as a cut-off JSON object is quoted,
-    so it is never "repaired" into a call with missing arguments.
+    A forced call's arguments come as they are written (``arguments``: a chunk each, merged by index), and the
+    call is not sent again when whole. A call cut short by ``max_tokens`` keeps its name and its arguments as far
+    as they got, never its markup. LangChain re-reads chunk args as partial JSON: the text of a call that did not
+    read that would pass as a cut-off JSON object is quoted, so it is never "repaired" into a call with missing
+    arguments.
     """
-    out = []
+    out = [
+        {
+            "name": d.name if d.first else None,
+            "args": d.delta,
+            "id": d.id if d.first else None,
+            "index": d.index,
+            "type": "tool_call_chunk",
+        }
+        for d in arguments
+    ]
     for i, c in enumerate(calls, first_index):
+        if c.error is None and c.written is not None:
+            continue  # streamed as it was written
+        if c.cut and not c.name:
+            continue  # cut before its name was whole: no call at all (as on the server)
         args = c.arguments_text
         if c.error is not None:
+            kept = (c.written or "") if c.cut else c.raw
             try:
-                repairable = isinstance(parse_partial_json(c.raw), dict)
+                repairable = not kept or isinstance(parse_partial_json(kept), dict)  # ("" would read as {})
             except Exception:  # noqa: BLE001 - any failure to read means it stays invalid, as wanted
                 repairable = False
-            args = json.dumps(c.raw, ensure_ascii=False) if repairable else c.raw
+            args = json.dumps(kept, ensure_ascii=False) if repairable else kept
         out.append({"name": c.name, "args": args, "id": c.id, "index": i, "type": "tool_call_chunk"})
     return out
 
@@ -185,7 +204,7 @@ def lc_chat_chunk(item: ChatDelta | ChatOutcome, wants_logprobs: bool) -> ChatGe
                 content=item.text,
                 response_metadata=lp,
                 additional_kwargs=extra,
-                tool_call_chunks=_tool_call_chunks(item.tool_calls, item.calls_before),  # type: ignore[arg-type]
+                tool_call_chunks=_tool_call_chunks(item.tool_calls, item.calls_before, item.arguments),  # type: ignore[arg-type]
             )
         )
     md: dict[str, Any] = {**item.metadata, "model_provider": "exllama"}
@@ -197,7 +216,7 @@ def lc_chat_chunk(item: ChatDelta | ChatOutcome, wants_logprobs: bool) -> ChatGe
         additional_kwargs={"reasoning_content": item.reasoning_tail} if item.reasoning_tail else {},
         usage_metadata=usage_metadata(item.usage),
         response_metadata=md,
-        tool_call_chunks=_tool_call_chunks(last, item.streamed_calls),  # type: ignore[arg-type]
+        tool_call_chunks=_tool_call_chunks(last, item.streamed_calls, item.arguments),  # type: ignore[arg-type]
         chunk_position="last",
     )
     return ChatGenerationChunk(message=msg, generation_info={"finish_reason": item.finish_reason})

@@ -210,7 +210,8 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
 
         Every response carries the valid calls so far in ``additional_kwargs["tool_calls"]`` (OpenAI's shape, as
         LlamaIndex's agents read them); a call that did not read is never among them: it is kept with its raw
-        text and the reason in ``additional_kwargs["invalid_tool_calls"]``.
+        text and the reason in ``additional_kwargs["invalid_tool_calls"]`` (one ``max_tokens`` cut short with its
+        ``arguments`` as far as they got).
         """
         calls.extend(item.tool_calls if isinstance(item, ChatDelta) else item.tool_calls[len(calls) :])
         kwargs: dict[str, Any] = {}
@@ -220,7 +221,11 @@ class ExLlamaLLM(ExLlamaConfig, FunctionCallingLLM):
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_text}}
                 for c in valid
             ]
-        invalid = [{"id": c.id, "name": c.name, "raw": c.raw, "error": c.error} for c in calls if c.error is not None]
+        invalid = [
+            {"id": c.id, "name": c.name, "raw": c.raw, "error": c.error, "arguments": c.written if c.cut else None}
+            for c in calls
+            if c.error is not None
+        ]
         if invalid:
             kwargs["invalid_tool_calls"] = invalid
         if isinstance(item, ChatDelta):

@@ -30,11 +30,12 @@ from ..chat.formats import find_format
 from ..contract import wire
 from ..contract.api import Runtime
 from . import metrics, native
+from .anthropic import endpoint as anthropic_messages
 from .anthropic import errors as anthropic_errors
-from .anthropic import messages as anthropic_messages
 from .guard import Guard, error_body, error_response, validation_response
 from .metrics import Metrics
-from .openai import chat, completions, embeddings, models, tokenize
+from .openai import completions, embeddings, models, tokenize
+from .openai import endpoint as chat
 from .openai.protocol import ALL_FIELDS
 from .openai.protocol.embeddings import EmbeddingBody
 from .rerank import endpoint as rerank

@@ -17,7 +17,7 @@ import dataclasses
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..chat.formats import without_template
 from ..chat.prepare import ChatRequest, PreparedChat, aprepare_chat
@@ -26,7 +26,10 @@ from ..contract.settings import GenerationSettings
 from ..errors import ExLlamaIntegrationsError, MediaError, ModelNotFoundError, ServerBusyError
 from ..model.media import MediaLimits, check_image_count
 from ..runtime.base import defaults_of
+from .conversion import ChatBody, ChatContext, ToChat
 from .metrics import Metrics
+
+B = TypeVar("B", bound=ChatBody)
 
 IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
 """The content-part types that carry an image in the APIs served (chat completions, Messages, Responses)."""
@@ -144,12 +147,12 @@ class ServeState:
         """The settings a request starts from."""
         return defaults_of(self.runtime)
 
-    async def prepare(self, body: Any, *extra: Any) -> PreparedChat:
+    async def prepare(self, body: B, to_chat: ToChat[B], *, thinking_switch: bool = False) -> PreparedChat:
         """A chat endpoint's body as its prepared chat, every API alike.
 
-        The model is checked, the body turned into the one chat request (``body.to_chat(defaults, refused,
-        max_tokens, chat_template, media limits, *extra)``; images decoded, or fetched where allowed, off the event
-        loop) and rendered off it.
+        The model is checked, the body turned into the one chat request by its API's conversion (``to_chat``, given
+        this server's :class:`~.conversion.ChatContext`; images decoded, or fetched where allowed, off the event
+        loop) and rendered off it. ``thinking_switch``: the template reads ``enable_thinking``.
 
         Raises:
             ModelNotFoundError: (404) the body names another model; and whatever the body or the chat refuses.
@@ -158,15 +161,15 @@ class ServeState:
         limits = self.limits
         if body.has_images():  # refused, or counted, before any is fetched or decoded
             self.check_images(image_parts(body.model_dump()))
-        args: tuple[Any, ...] = (
-            self.defaults,
-            self.info.unsupported_settings,
-            limits.max_tokens,
-            self.chat_template,
-            limits.media.for_request(),  # the request's images' bytes counted as they are read
-            *extra,
+        context = ChatContext(
+            defaults=self.defaults,
+            refused=self.info.unsupported_settings,
+            max_tokens=limits.max_tokens,
+            chat_template=self.chat_template,
+            media=limits.media.for_request(),  # the request's images' bytes counted as they are read
+            thinking_switch=thinking_switch,
         )
-        chat = (await asyncio.to_thread(body.to_chat, *args)) if body.has_images() else body.to_chat(*args)
+        chat = (await asyncio.to_thread(to_chat, body, context)) if body.has_images() else to_chat(body, context)
         return await aprepare_chat(self.runtime, self.with_tool_format(chat))
 
     def check_images(self, n: int) -> None:

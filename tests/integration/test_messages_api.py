@@ -8,13 +8,14 @@ integration suite. One server per shape, all over the one shared demo runtime (n
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import httpx
 import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_tests.integration_tests import ChatModelIntegrationTests
+from pydantic import BaseModel
 from servers import ThreadServer
 
 from exllama_integrations.serve.app import ServeLimits
@@ -207,6 +208,28 @@ def test_thinking_is_accepted_and_comes_back_as_a_block() -> None:
     # the thinking given back in history is taken
     again = [*msgs, {"role": "assistant", "content": reply.content}, {"role": "user", "content": "And 3 + 3?"}]
     assert _create(thinks, max_tokens=4, messages=again).content
+
+
+class Verdict(BaseModel):
+    """A yes/no answer (enums: the demo model cannot loop inside one)."""
+
+    answer: Literal["yes", "no"]
+    sure: Literal["very", "somewhat", "not"]
+
+
+def test_structured_output_config_is_honoured_by_the_sdk_parse_and_langchain() -> None:
+    """``output_config.format`` (the anthropic SDK's ``messages.parse``; LangChain's ``with_structured_output(...,
+    method="json_schema")``) holds the reply to the schema with the grammar; ``output_config.effort`` is accepted."""
+    msgs = [{"role": "user", "content": "Is Paris in France?"}]
+    parsed = _client().messages.parse(model=MODEL, max_tokens=40, messages=msgs, output_format=Verdict, **GREEDY)
+    assert isinstance(parsed.parsed_output, Verdict) and parsed.stop_reason == "end_turn"
+    raw = {"format": {"type": "json_schema", "schema": Verdict.model_json_schema()}, "effort": "low"}
+    whole = _create(_client(), max_tokens=40, messages=msgs, output_config=raw)
+    assert Verdict.model_validate_json(whole.content[0].text)
+    chat = ChatAnthropic(model=MODEL, base_url=_server().url, api_key=KEY, max_tokens=40, temperature=0, max_retries=0)
+    assert isinstance(chat.with_structured_output(Verdict, method="json_schema").invoke(msgs[0]["content"]), Verdict)
+    counted = _client().messages.count_tokens(model=MODEL, messages=msgs, output_config=raw)
+    assert counted.input_tokens > _client().messages.count_tokens(model=MODEL, messages=msgs).input_tokens
 
 
 def test_count_tokens_matches_the_prompt_a_reply_reads() -> None:

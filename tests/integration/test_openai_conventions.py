@@ -64,6 +64,7 @@ def test_documented_openai_fields_are_accepted(url):
         "max_tokens": 2,
         "temperature": 0,
         "prompt_cache_key": "k1",
+        "prompt_cache_retention": "24h",  # the OpenAI Agents SDK sends it (accepted on Responses too)
         "safety_identifier": "u-hash",
         "user": "someone",
         "metadata": {"run": "1"},
@@ -117,11 +118,13 @@ def test_legacy_functions_are_tools(url):
 
 def test_reasoning_effort_sets_the_templates_thinking_switch():
     from exllama_integrations import GenerationSettings
+    from exllama_integrations.serve.conversion import ChatContext
+    from exllama_integrations.serve.openai.convert import to_chat
     from exllama_integrations.serve.openai.protocol.chat import ChatCompletionRequest
 
     def kwargs(effort: str, switch: bool) -> dict:
         body = ChatCompletionRequest(messages=HI, reasoning_effort=effort)
-        return dict(body.to_chat(GenerationSettings(), {}, thinking_switch=switch).template_kwargs)
+        return dict(to_chat(body, ChatContext(GenerationSettings(), thinking_switch=switch)).template_kwargs)
 
     assert kwargs("none", True) == {"reasoning_effort": "none", "enable_thinking": False}
     assert kwargs("high", True) == {"reasoning_effort": "high", "enable_thinking": True}

@@ -14,9 +14,13 @@ openai = pytest.importorskip("openai")
 
 from langchain_tests.integration_tests import ChatModelIntegrationTests  # noqa: E402
 
+from exllama_integrations.contract.settings import GenerationSettings  # noqa: E402
 from exllama_integrations.errors import MediaError  # noqa: E402
 from exllama_integrations.model.media import MediaLimits  # noqa: E402
-from exllama_integrations.serve.responses.request import ResponsesRequest  # noqa: E402
+from exllama_integrations.serve.conversion import ChatContext  # noqa: E402
+from exllama_integrations.serve.responses.convert import messages as messages_of  # noqa: E402
+from exllama_integrations.serve.responses.convert import to_chat  # noqa: E402
+from exllama_integrations.serve.responses.protocol import ResponsesRequest  # noqa: E402
 
 ADD = {
     "type": "function",
@@ -88,7 +92,7 @@ def test_input_items_become_one_conversation() -> None:
             ],
         }
     )
-    messages = body.messages([], MediaLimits())
+    messages = messages_of(body, [], MediaLimits())
     assert [m["role"] for m in messages] == ["system", "system", "user", "assistant", "tool"]
     assert messages[0]["content"] == "Be brief." and messages[2]["content"] == "2+3?"
     turn = messages[3]
@@ -100,15 +104,14 @@ def test_input_items_become_one_conversation() -> None:
 
 
 def test_an_input_image_takes_its_place_in_the_user_turn() -> None:
-    from exllama_integrations.contract.settings import GenerationSettings
-
     parts = [
         {"type": "input_text", "text": "What is in "},
         {"type": "input_image", "image_url": PNG, "detail": "auto"},
         {"type": "input_text", "text": "?"},
     ]
-    chat = ResponsesRequest.model_validate({"input": [{"role": "user", "content": parts}]}).to_chat(
-        GenerationSettings(), {}
+    chat = to_chat(
+        ResponsesRequest.model_validate({"input": [{"role": "user", "content": parts}]}),
+        ChatContext(GenerationSettings()),
     )
     assert chat.messages[0]["content"] == [
         {"type": "text", "text": "What is in "},
@@ -118,7 +121,7 @@ def test_an_input_image_takes_its_place_in_the_user_turn() -> None:
     assert len(chat.media) == 1 and chat.media[0].data.startswith(b"\x89PNG")
     assistant = [{"role": "assistant", "content": [{"type": "input_image", "image_url": PNG}]}]
     with pytest.raises(MediaError):  # only a user turn holds images
-        ResponsesRequest.model_validate({"input": assistant}).to_chat(GenerationSettings(), {})
+        to_chat(ResponsesRequest.model_validate({"input": assistant}), ChatContext(GenerationSettings()))
 
 
 # --------------------------------------------------------------------------- the openai client
@@ -152,6 +155,33 @@ def test_create_whole_and_streamed_agree_and_a_cut_is_incomplete(client, model: 
     assert deltas == events[-4].text == events[-1].response.output_text == whole.output_text  # greedy: the same reply
     assert events[-1].response.usage.output_tokens == 6
     assert events[0].response.status == "in_progress" and events[-1].response.status == "incomplete"
+
+
+def test_include_output_text_logprobs_computes_them_as_chat_completions_does(client, model: str) -> None:
+    """``include: ["message.output_text.logprobs"]`` + ``top_logprobs``: each token of the answer with its
+    log-probability and alternatives, streamed with its text and whole on the part; the same as chat completions'."""
+    ask = {"model": model, "input": "Name a colour.", "max_output_tokens": 5, "temperature": 0}
+    wanted = {**ask, "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    whole = client.responses.create(**wanted)
+    part = whole.output[0].content[0]
+    assert len(part.logprobs) == whole.usage.output_tokens == 5
+    assert "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in part.logprobs)
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Name a colour."}],
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    assert [(lp.token, round(lp.logprob, 4)) for lp in chat.choices[0].logprobs.content] == [
+        (lp.token, round(lp.logprob, 4)) for lp in part.logprobs
+    ]
+    events = _events(client, **wanted)
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [lp.token for lp in streamed] == [lp.token for lp in part.logprobs]
+    assert client.responses.create(**ask).output[0].content[0].logprobs == []  # not asked: none
 
 
 def test_function_tool_round_trip(client, model: str) -> None:
@@ -261,6 +291,42 @@ def test_stateless_and_bad_requests_are_400(client, model: str) -> None:
         top_logprobs=0,
     )
     assert r.metadata == {"k": "v"} and r.store is False
+
+
+def test_truncation_auto_drops_the_oldest_turns_only_when_over_the_context() -> None:
+    """OpenAI's meaning: items are dropped from the beginning of the conversation only when it does not fit the
+    context (a whole turn at a time, never the last); the response says so. ``disabled`` refuses it typed."""
+    from servers import ThreadServer
+
+    from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.demo_model import demo_model_dir
+
+    runtime = ExLlamaRuntime(demo_model_dir(), "transformers", max_seq_len=256)  # a small context, to fill cheaply
+    server = ThreadServer(runtime, served_model_name="small")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        old = [
+            {"role": role, "content": f"Turn {i}: " + "the history of the long river runs on and on. " * 6}
+            for i in range(4)
+            for role in ("user", "assistant")
+        ]
+        last = {"role": "user", "content": "Name a colour."}
+        ask = {"model": "small", "max_output_tokens": 4, "temperature": 0}
+        with pytest.raises(openai.BadRequestError) as e:  # over the context: refused, as without the field
+            client.responses.create(input=[*old, last], truncation="disabled", **ask)
+        assert e.value.body["code"] == "context_length_exceeded"
+        cut = client.responses.create(input=[*old, last], truncation="auto", **ask)
+        assert cut.truncation == "auto" and cut.model_extra["truncated_input_items"] in (2, 4, 6)
+        kept = [*old, last][cut.model_extra["truncated_input_items"] :]
+        alone = client.responses.create(input=kept, truncation="disabled", **ask)  # what was kept fits as it is
+        assert alone.usage.input_tokens == cut.usage.input_tokens and alone.output_text == cut.output_text
+        with pytest.raises(openai.BadRequestError):  # one turn more (the fewest were dropped) does not
+            client.responses.create(input=[*old, last][cut.model_extra["truncated_input_items"] - 2 :], **ask)
+        fits = client.responses.create(input=[*old[-2:], last], truncation="auto", **ask)  # nothing to drop
+        assert fits.truncation == "auto" and fits.model_extra["truncated_input_items"] is None
+    finally:
+        server.stop()
+        runtime.close()
 
 
 def test_the_servers_max_tokens_caps_max_output_tokens(model: str) -> None:

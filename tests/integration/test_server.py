@@ -108,15 +108,15 @@ def test_openai_tools_and_json_response_format_go_through_the_grammar(client):
         model=MODEL, messages=messages, tools=tools, tool_choice="required", max_tokens=6
     )
     assert short.choices[0].finish_reason == "length"  # cut short: reported as OpenAI does, not an error
-    # a call cut off is no call (an agent must not run it): what the model wrote stays visible as text
-    assert short.choices[0].message.tool_calls is None
-    assert (short.choices[0].message.content or "").startswith("<tool_call>")
+    # a call cut off is what OpenAI's API answers (finish_reason length, the call as far as it got: none here, it was
+    # cut before its name was whole); its markup never reaches the text (issue 49)
+    assert not short.choices[0].message.tool_calls and "<tool_call>" not in (short.choices[0].message.content or "")
     streamed = client.chat.completions.create(
         model=MODEL, messages=messages, tools=tools, tool_choice="required", max_tokens=6, stream=True
     )
     chunks = [c.choices[0] for c in streamed if c.choices]
     assert not any(c.delta.tool_calls for c in chunks) and chunks[-1].finish_reason == "length"
-    assert "".join(c.delta.content or "" for c in chunks).startswith("<tool_call>")
+    assert "<tool_call>" not in "".join(c.delta.content or "" for c in chunks)
 
 
 def test_langchain_chat_openai_against_the_server(url, demo_runtime):

@@ -11,19 +11,18 @@ agent's second turn (its call and the tool's result) renders through the family'
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import re
 
 import jsonschema
 import pytest
+from scripted import Scripted
 from tool_families import EXPECTED, EXPECTED_TEXT, FAMILIES, FAMILIES_2026, TOOLS, history, make_family
 
 from exllama_integrations import ExLlamaRuntime
 from exllama_integrations.chat.formats import FORMATS
 from exllama_integrations.chat.outcome import stream_chat
 from exllama_integrations.chat.prepare import ChatRequest, prepare_chat
-from exllama_integrations.contract.api import GenerationSettings, Grammar
+from exllama_integrations.contract.api import GenerationSettings
 
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -51,58 +50,6 @@ KEYS = [
     if not (f == "gpt_oss" and k == "two") and (f not in FAMILIES_2026 or k in _RICH)
 ]
 DOOR_KEYS = [(f, k) for f, k in KEYS if k in _RICH or (f, k) == ("gpt_oss", "one")]
-
-
-class Scripted:
-    """A runtime that holds each generation to ``reply`` (after the model's thinking, which it keeps short)."""
-
-    def __init__(self, inner: ExLlamaRuntime, family: str) -> None:
-        self._inner, self.family, self.reply = inner, family, None
-
-    def __getattr__(self, name: str):
-        return getattr(self._inner, name)
-
-    def _script(self, request):
-        if self.reply is None:
-            return request
-        reply = self.reply.pop(0) if isinstance(self.reply, list) else self.reply  # a list: one reply a turn
-        prompt, r = request.prompt, request.reasoning
-        if r is not None:  # think two tokens, then the runtime closes the block and the reply follows
-            if not r.started:
-                prompt = prompt + r.start + "\n"
-            r = dataclasses.replace(r, started=True, budget=2)
-        grammar = Grammar.lark(f"start: {exact(self._inner, reply, FAMILIES[self.family].plain)}\n")
-        return dataclasses.replace(request, prompt=prompt, reasoning=r, grammar=grammar)
-
-    def open(self, request):
-        return self._inner.open(self._script(request))
-
-    def aopen(self, request):
-        return self._inner.aopen(self._script(request))
-
-
-def exact(runtime: ExLlamaRuntime, text: str, plain_tokens: tuple[str, ...] = ()) -> str:
-    """Lark for exactly ``text``: the family's tokens as themselves, the rest as text; a final end-of-turn left off.
-
-    ``plain_tokens``: the family's added tokens that are not special (they show in text, as GLM's ``<arg_key>``).
-    """
-    tok = runtime.tokenizer
-    ends = set(tok.eos_token_ids)
-    names = sorted((t for t in tok._special_by_text if t), key=len, reverse=True)  # noqa: SLF001
-    plain = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
-    plain += ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", *plain_tokens)
-    pieces = re.split("(" + "|".join(re.escape(t) for t in [*names, *plain]) + ")", text)
-    out = []
-    for p in pieces:
-        if not p:
-            continue
-        tid = tok.token_to_id(p)
-        if tid is not None and (p in names or p in plain):
-            if tid not in ends:
-                out.append(f"<[{tid}]>")
-        else:
-            out.append(json.dumps(p))
-    return " ".join(out)
 
 
 def answer_of(family: str, key: str) -> str:

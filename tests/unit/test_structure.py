@@ -130,3 +130,26 @@ def test_no_module_is_over_450_lines():
         if lines > MAX_MODULE_LINES:
             over[name] = lines
     assert over == {}, "split these by role (one module, one job)"
+
+
+def test_the_chat_apis_share_one_file_vocabulary_and_a_declared_conversion():
+    """Chat completions, the Responses API and the Messages API keep the same roles in files of the same names,
+    and each turns its body into the chat request through a conversion declared as a ``typing.Protocol``."""
+    import importlib
+    import inspect
+    from typing import Protocol
+
+    from exllama_integrations.serve.conversion import ChatBody, ChatContext, ToChat
+    from exllama_integrations.serve.state import ServeState
+
+    for api in ("openai", "responses", "anthropic"):
+        folder = ROOT / "serve" / api
+        for role in ("protocol", "convert", "stream", "endpoint"):
+            assert (folder / f"{role}.py").exists() or (folder / role / "__init__.py").exists(), (api, role)
+        to_chat = importlib.import_module(f"exllama_integrations.serve.{api}.convert").to_chat
+        params = inspect.signature(to_chat).parameters
+        assert list(params) == ["body", "context"] and params["context"].annotation in ("ChatContext", ChatContext)
+    assert all(Protocol in p.__mro__ for p in (ChatBody, ToChat))
+    prepare = inspect.signature(ServeState.prepare).parameters
+    assert not any(p.kind is p.VAR_POSITIONAL for p in prepare.values())  # no positional to_chat(*args) any more
+    assert list(prepare)[:3] == ["self", "body", "to_chat"]

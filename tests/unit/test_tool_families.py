@@ -88,7 +88,7 @@ def test_eos_and_stops_end_a_turn(dirs: dict[str, Path]) -> None:
         assert tok.eos_token_ids[: len(ends)] == ends, name
 
 
-@pytest.mark.parametrize("name", ["mistral", "magistral"])
+@pytest.mark.parametrize("name", ["mistral", "magistral", "mistral_small32"])
 def test_mistral_ids_are_nine_alphanumerics(dirs: dict[str, Path], name: str) -> None:
     family = FAMILIES[name]
     assert len(family.call_id) == 9 and family.call_id.isalnum()

@@ -136,3 +136,122 @@ def test_the_docs_table_names_every_format_and_each_is_a_tested_family():
     named = [re.search(r"\| `(\w+)` \|", r).group(1) for r in rows]
     assert sorted(named) == sorted(FORMATS)  # every format the package reads is in the table, once
     assert {f.tool_format for f in FAMILIES.values()} == set(FORMATS)  # each has a tested family
+
+
+# ---------------------------------------------------------------- replies that do not read (issue 49)
+
+PYTHONIC_BAD = {
+    "text_after": '[get_weather(city="Paris")] and more text',
+    "cut": '[get_weather(city="Par',
+    "eos_text": '[get_weather(city="Paris")]</s>',
+    "not_a_call": "[get_weather(city=Paris, unit)]",
+}
+
+
+@pytest.mark.parametrize("case", list(PYTHONIC_BAD))
+def test_a_pythonic_reply_that_does_not_read_is_an_invalid_call_with_its_text(case):
+    fmt, text = FORMATS["pythonic"], PYTHONIC_BAD[case]
+    content, [call] = read_reply(fmt, text, TOOLS)  # never an exception, whole or char by char
+    assert content == "" and call.error and call.raw == text and call.name == "get_weather"
+    reader, calls = ReplyReader(fmt, TOOLS), []
+    for ch in text:
+        assert reader.feed(ch)[0] == ""
+        calls += reader.feed("")[1]
+    calls += reader.finish(cut=case == "cut")[1]
+    assert [c.raw for c in calls] == [text] and calls[0].error
+
+
+AWKWARD = {
+    "type": "function",
+    "function": {
+        "name": "get-weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"from": {"type": "string"}, "content-type": {"type": "integer"}, "météo": {}},
+            "required": ["from"],
+        },
+    },
+}
+
+
+def test_pythonic_names_python_would_not_take_read_back_as_the_grammar_writes_them(tokenizers):
+    fmt = FORMATS["pythonic"]
+    args = {"from": "Paris", "content-type": 3, "météo": [1, None]}
+    text = write_calls(fmt, [("get-weather", args)])
+    assert text == '[get-weather(from="Paris", content-type=3, météo=[1, null])]'
+    assert _calls(read_reply(fmt, text, [AWKWARD])[1]) == [("get-weather", args)]
+    tok = tokenizers["llama4_pythonic"]
+    grammar = forced_call_grammar(fmt, [AWKWARD], lambda t: None)
+    assert _accepts(tok, grammar, text)  # what the grammar admits is what the reader reads
+
+
+def _accepts(tok, grammar: str, text: str) -> bool:
+    from exllama_integrations.contract.api import Grammar
+    from exllama_integrations.model.grammar import TokenConstraint
+
+    matcher = TokenConstraint.compile(tok, Grammar.lark(grammar)).matcher()
+    ids = tok.encode(text, add_special_tokens=False)
+    return matcher._matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+
+def test_names_a_format_cannot_read_back_are_refused_typed():
+    from exllama_integrations.chat.formats import check_names
+    from exllama_integrations.errors import InvalidSettingsError
+
+    def tool(name, *keys):
+        return {"type": "function", "function": {"name": name, "parameters": {"properties": dict.fromkeys(keys, {})}}}
+
+    for fmt, bad in [
+        ("pythonic", tool("get weather")),
+        ("pythonic", tool("f", "a=b")),
+        ("qwen3_coder", tool("f", "a>b")),
+        ("mistral_v11", tool("get weather")),
+        ("harmony", tool("a b")),
+    ]:
+        with pytest.raises(InvalidSettingsError, match=f"cannot be called in the {fmt} tool-call format") as e:
+            check_names(FORMATS[fmt], [bad])
+        assert e.value.param == "tools"
+    for fmt in FORMATS.values():  # hyphens, keywords and unicode are fine everywhere
+        check_names(fmt, [AWKWARD])
+
+
+# ---------------------------------------------------------------- Qwen3-Coder values typed by the schema (issue 49)
+
+NULLABLE = {
+    "type": "function",
+    "function": {
+        "name": "find",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": ["string", "null"]},
+                "days": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "near": {"anyOf": [{"type": "string"}, {"type": "number"}]},
+                "note": {"type": "string"},
+            },
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"city": "Paris", "days": 3, "tags": ["a"], "near": "Lyon", "note": "3"},
+        {"city": None, "days": None, "near": 2.5, "note": "null"},
+        {"city": "New York"},
+    ],
+)
+def test_qwen3_coder_optional_and_nullable_values_come_back_typed_as_written(args, tokenizers):
+    fmt = FORMATS["qwen3_coder"]
+    text = write_calls(fmt, [("find", args)])
+    assert _calls(read_reply(fmt, text, [NULLABLE])[1]) == [("find", args)]
+    tok = tokenizers["qwen3_coder"]
+
+    def token_of(t):
+        ids = tok.encode(t, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    assert _accepts(tok, forced_call_grammar(fmt, [NULLABLE], token_of), text)

@@ -14,11 +14,15 @@ import json
 import re
 import string
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
+from ...errors import InvalidSettingsError
 from ...model.grammar import JSON_OPTIONS
+from .reader import read_reply
 from .table import SPECIAL_SHAPE, ToolFormat
 from .tagged import SLOTS, slot_rule, write_slots
+from .values import text_kinds
 
 MAX_PARALLEL = 4
 """Most calls a forced reply may hold where the family writes several."""
@@ -110,7 +114,7 @@ class _Builder:
             if slot == "name":
                 parts.append(json.dumps(name))
             elif slot == "name_json":
-                parts.append(json.dumps(json.dumps(name)))
+                parts.append(json.dumps(json.dumps(name, ensure_ascii=False)))  # as templates write it
             elif slot == "arguments":
                 parts.append(self.json_rule(f"{rule}_args", params))
             elif slot == "xml_parameters":
@@ -145,28 +149,47 @@ class _Builder:
         if not items:
             self.rules.append(f'{rule}: ""')
             return rule
+        if not xml and not items[0][1]:  # no argument is required: any of them (in order) or none, comma-separated
+            for j in reversed(range(len(items))):
+                rest = f' (", " {rule}_from{j + 1})? | {rule}_from{j + 1}' if j + 1 < len(items) else ""
+                self.rules.append(f"{rule}_from{j}: {items[j][0]}{rest}")
+            self.rules.append(f'{rule}: {rule}_from0 | ""')
+            return rule
         seq = []
         for j, (item, req) in enumerate(items):
-            sep = "" if xml or j == 0 else '", " '
-            if j == 0 and not req:
-                req = True  # a call needs a first argument to place the others after (it is valid: just optional)
+            sep = "" if xml or j == 0 else '", " '  # (a first Python argument is a required one here)
             seq.append(f"{sep}{item}" if req else f"({sep}{item})?")
         self.rules.append(f"{rule}: {' '.join(seq)}")
         return rule
 
     def value_rule(self, rule: str, schema: Any, xml: bool) -> str:
-        kind = schema.get("type") if isinstance(schema, dict) else None
-        if xml and kind == "string" and "enum" not in schema:
-            most = schema.get("maxLength")
-            self.rules.append(rf"{rule}: /[^<\n]{{1,{int(most)}}}/" if isinstance(most, int) else rf"{rule}: /[^<\n]+/")
+        """A value as JSON; in XML a string as its bare text and the rest as JSON (:func:`~.values.text_kinds`)."""
+        if not xml:
+            return self.json_rule(rule, schema if isinstance(schema, dict) else {})
+        text, other = text_kinds(schema)
+        alternatives = [self.text_rule(f"{rule}_text", text)] if text is not None else []
+        if other is not None:
+            alternatives.append(self.json_rule(f"{rule}_json", other))
+        self.rules.append(f"{rule}: {' | '.join(alternatives)}")
+        return rule
+
+    def text_rule(self, rule: str, schema: Mapping[str, Any], trimmed: bool = False) -> str:
+        """A string written as its bare text: one of its ``enum``, or a line without ``<`` (at most ``maxLength``).
+
+        ``trimmed``: the family's reader strips a value, so the text neither begins nor ends with a space.
+        """
+        words = schema.get("enum", [schema["const"]] if "const" in schema else None)
+        if words is not None:
+            self.rules.append(f"{rule}: {' | '.join(json.dumps(str(v)) for v in words)}")
             return rule
-        if xml and isinstance(schema, dict) and "enum" in schema and kind == "string":
-            self.rules.append(f"{rule}: {' | '.join(json.dumps(str(v)) for v in schema['enum'])}")
-            return rule
-        if xml and kind in ("integer", "number", "boolean"):
-            # XML values are bare: a JSON number or boolean is already that
-            return self.json_rule(rule, schema)
-        return self.json_rule(rule, schema if isinstance(schema, dict) else {})
+        most = schema.get("maxLength")
+        if trimmed:
+            inner = rf"{{0,{int(most) - 2}}}" if isinstance(most, int) and most >= 2 else "*"
+            body = rf"/[^<\s]([^<\n]{inner}[^<\s])?/" if not isinstance(most, int) or most >= 2 else r"/[^<\s]/"
+        else:
+            body = rf"/[^<\n]{{1,{int(most)}}}/" if isinstance(most, int) else r"/[^<\n]+/"
+        self.rules.append(f"{rule}: {body}")
+        return rule
 
 
 def write_call(fmt: ToolFormat, name: str, arguments: Mapping[str, Any]) -> str:
@@ -190,4 +213,30 @@ def write_calls(fmt: ToolFormat, calls: Sequence[tuple[str, Mapping[str, Any]]])
     return fmt.before + fmt.between.join(write_call(fmt, n, a) for n, a in calls) + fmt.after
 
 
-__all__ = ["MAX_PARALLEL", "forced_call_grammar", "strict_schema", "write_call", "write_calls"]
+def check_names(fmt: ToolFormat, tools: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a tool whose name or argument names ``fmt`` cannot write so that its own reader reads them back.
+
+    Each tool's call is written as the grammar writes it and read back: a name or key holding the format's own
+    delimiters (a space or ``(`` in a pythonic name, ``>`` in an XML one) would make every call to it invalid.
+
+    Raises:
+        InvalidSettingsError: naming the tool, the format and what did not read back.
+    """
+    table = replace(fmt, response_template=None)  # the entry writes calls and reads them back; a checkpoint's own
+    for tool in tools:  # response template reads the model's free replies, in a syntax of its own
+        function = tool["function"]
+        name = function["name"]
+        keys = list((function.get("parameters") or {}).get("properties") or {})
+        _, calls = read_reply(table, write_calls(table, [(name, dict.fromkeys(keys, 0))]), [tool])
+        got = [(c.name, sorted(c.arguments or {})) for c in calls if c.error is None]
+        if got != [(name, sorted(keys))]:
+            why = calls[0].error if calls and calls[0].error else f"it reads back as {got}"
+            raise InvalidSettingsError(
+                f"the tool {name!r} (arguments {keys}) cannot be called in the {fmt.name} tool-call format this "
+                f"model writes: its name or an argument name holds that format's own markup ({why}); "
+                "rename it (letters, digits, '_' and '-').",
+                param="tools",
+            )
+
+
+__all__ = ["MAX_PARALLEL", "check_names", "forced_call_grammar", "strict_schema", "write_call", "write_calls"]

@@ -10,7 +10,6 @@ unless its body is already whole. :func:`read_reply` reads a finished reply in o
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import secrets
@@ -20,12 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .response_template import FoundCall, TemplateReader
+from .bodies import read_body
+from .response_template import CUT_OFF, FoundCall, TemplateReader
 from .table import ToolFormat
-from .tagged import read_tagged
+from .values import text_value
 
 _NAME_RE = re.compile(
     r'"name"\s*:\s*"([^"]+)"|<function=([^>\n]+)>|to=(?:functions\.)?([^\s<]+)|invoke name="([^"]+)"|call:([\w.-]+)'
+    r'|^\s*\[\s*([^\s()\[\]{}=,\'"]+)\('
 )
 _ALNUM = string.ascii_letters + string.digits
 
@@ -39,10 +40,19 @@ class ParsedToolCall:
     arguments: dict[str, Any] | None
     raw: str
     error: str | None = None
+    written: str | None = None
+    """The arguments' JSON text as it was streamed, or as far as it got in a call cut short (see :attr:`cut`)."""
+
+    @property
+    def cut(self) -> bool:
+        """Whether ``max_tokens`` cut the call short (its name and :attr:`written` are what the model wrote)."""
+        return self.error == CUT_OFF
 
     @property
     def arguments_text(self) -> str:
-        """The arguments as JSON text (a malformed call keeps what the model wrote)."""
+        """The arguments as JSON text (as streamed, where they were; a malformed call keeps what the model wrote)."""
+        if self.written is not None:
+            return self.written
         return self.raw if self.error else json.dumps(self.arguments, ensure_ascii=False)
 
 
@@ -104,7 +114,7 @@ class ReplyReader:
         for name, args, raw, error in found:
             if args is not None and name is not None:
                 props = (self._schemas.get(name) or {}).get("properties") or {}
-                args = {k: _typed(v, props[k]) if isinstance(v, str) and k in props else v for k, v in args.items()}
+                args = {k: text_value(v, props[k]) if isinstance(v, str) and k in props else v for k, v in args.items()}
             calls.append(ParsedToolCall(new_call_id(self.fmt), name, args, raw, error))
         self.text.append(text)
         self.calls += calls
@@ -194,11 +204,11 @@ class ReplyReader:
             self._after_call = False
             return
         try:
-            found = _read_body(self.fmt, body, self._schemas)
+            found = read_body(self.fmt, body, self._schemas)
             if not found:
                 raise ValueError("no call in the region")
-        except (ValueError, TypeError, KeyError, RecursionError) as e:
-            why = "cut off by max_tokens before the call was complete" if cut else f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - whatever the model wrote, a region that does not read is an invalid call
+            why = CUT_OFF if cut else f"{type(e).__name__}: {e}"
             m = _NAME_RE.search(body)
             name = next((g for g in m.groups() if g), None) if m else None
             self.calls.append(ParsedToolCall(new_call_id(self.fmt), name, None, raw, why))
@@ -213,133 +223,6 @@ def read_reply(fmt: ToolFormat, text: str, tools: Sequence[Mapping[str, Any]] = 
     shown, calls = reader.feed(text)
     rest, more = reader.finish()
     return shown + rest, calls + more
-
-
-# ------------------------------------------------------------------ bodies
-
-
-def _read_body(fmt: ToolFormat, body: str, schemas: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    kind = fmt.body
-    if kind == "json":
-        return [_json_call(json.loads(body), fmt)]
-    if kind == "json-list":
-        value = json.loads(body)
-        items = value if isinstance(value, list) else [value]
-        return [_json_call(v, fmt) for v in items]
-    if kind == "json-seq":
-        text = body.strip()
-        if text.startswith("<|python_tag|>"):
-            text = text[len("<|python_tag|>") :]
-        return [_json_call(v, fmt) for v in _json_values(text, ";")]
-    if kind == "pattern":
-        m = re.match(fmt.body_args["pattern"], body, re.S)
-        if m is None:
-            raise ValueError(f"the call does not have the {fmt.name} shape")
-        return [(m.group("name").strip(), _object(json.loads(m.group("arguments") or "{}")))]
-    if kind == "xml":
-        return [_xml_call(body, schemas)]
-    if kind == "python":
-        return _python_calls(body)
-    if kind in ("tagged", "gemma"):
-        return read_tagged(fmt.body_args, kind, body, schemas, _typed)
-    raise ValueError(f"unknown body kind {kind!r}")
-
-
-def _object(value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        value = json.loads(value) if value.strip() else {}
-    if not isinstance(value, dict):
-        raise TypeError("the arguments must be a JSON object")
-    return value
-
-
-def _json_call(obj: Any, fmt: ToolFormat) -> tuple[str, dict[str, Any]]:
-    if not isinstance(obj, dict):
-        raise TypeError("a call must be a JSON object")
-    if isinstance(obj.get("function"), dict):  # {"type": "function", "function": {...}}
-        obj = obj["function"]
-    name = obj["name"]
-    keys = fmt.body_args.get("keys", ("arguments", "parameters"))
-    args: Any = next((obj[k] for k in keys if k in obj), {})
-    if not isinstance(name, str) or not name:
-        raise TypeError("the call's name must be a non-empty string")
-    return name, _object(args)
-
-
-def _json_values(text: str, sep: str) -> list[Any]:
-    """JSON values one after another, separated by ``sep`` (and whitespace)."""
-    decoder = json.JSONDecoder()
-    out: list[Any] = []
-    i = 0
-    while True:
-        while i < len(text) and (text[i].isspace() or text[i] == sep):
-            i += 1
-        if i >= len(text):
-            return out
-        value, i = decoder.raw_decode(text, i)
-        out.append(value)
-
-
-_FUNCTION_RE = re.compile(r"^\s*<function=([^>\n]+)>(.*?)</function>\s*$", re.S)
-_PARAM_RE = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
-
-
-def _xml_call(body: str, schemas: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    m = _FUNCTION_RE.match(body)
-    if m is None:
-        raise ValueError("expected <function=NAME>...</function>")
-    name = m.group(1).strip()
-    props = (schemas.get(name) or {}).get("properties") or {}
-    args = {k.strip(): _typed(v, props.get(k.strip())) for k, v in _PARAM_RE.findall(m.group(2))}
-    return name, args
-
-
-def _typed(raw: str, schema: Any) -> Any:
-    """An XML parameter's text as the schema's type (text stays text where it does not read as that type)."""
-    kinds = schema.get("type") if isinstance(schema, dict) else None
-    kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
-    for kind in kinds:
-        try:
-            if kind == "integer":
-                return int(raw.strip())
-            if kind == "number":
-                return float(raw.strip()) if any(c in raw for c in ".eE") else int(raw.strip())
-            if kind == "boolean" and raw.strip().lower() in ("true", "false"):
-                return raw.strip().lower() == "true"
-            if kind in ("object", "array"):
-                return json.loads(raw)
-            if kind == "null" and raw.strip() in ("null", "None"):
-                return None
-        except ValueError:
-            continue
-    return raw
-
-
-_PY_CONSTANTS = {"True": True, "False": False, "None": None, "true": True, "false": False, "null": None}
-
-
-def _python_calls(body: str) -> list[tuple[str, dict[str, Any]]]:
-    """``[f(a=1), g(b="x")]`` read with Python's own parser (literals only: nothing is evaluated)."""
-    tree = ast.parse(body.strip(), mode="eval").body
-    if not isinstance(tree, ast.List):
-        raise ValueError("expected a list of calls")
-    out = []
-    for node in tree.elts:
-        if not isinstance(node, ast.Call) or node.args:
-            raise ValueError("each item must be a call with keyword arguments only")
-        name = ast.unparse(node.func)
-        out.append((name, {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg is not None}))
-    return out
-
-
-def _literal(node: Any) -> Any:
-    if isinstance(node, ast.Name) and node.id in _PY_CONSTANTS:
-        return _PY_CONSTANTS[node.id]
-    if isinstance(node, ast.List):
-        return [_literal(e) for e in node.elts]
-    if isinstance(node, ast.Dict):
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
-    return ast.literal_eval(node)
 
 
 # ------------------------------------------------------------------ markers
@@ -365,4 +248,4 @@ def _partial_tail(buf: str, markers: Sequence[str]) -> int:
     return 0
 
 
-__all__ = ["ParsedToolCall", "ReplyReader", "new_call_id", "read_reply"]
+__all__ = ["CUT_OFF", "ParsedToolCall", "ReplyReader", "new_call_id", "read_reply"]

@@ -33,6 +33,9 @@ from ...errors import ChatTemplateError
 
 logger = logging.getLogger(__name__)
 
+CUT_OFF = "cut off by max_tokens before the call was complete"
+"""The ``error`` of a call that ``max_tokens`` cut short (whoever read it: a response template or the table)."""
+
 FoundCall = tuple[str | None, Any, str, str | None]
 """A call as the template read it: name, arguments (None: it did not read), the region's text, why it did not read."""
 
@@ -295,8 +298,8 @@ class TemplateReader:
             found = [_call(item) for item in items]
             if not found:
                 raise ValueError("no call in the region")
-        except (ValueError, TypeError, KeyError, RecursionError) as e:
-            why = "cut off by max_tokens before the call was complete" if cut else f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - whatever the model wrote, a region that does not read is an invalid call
+            why = CUT_OFF if cut else f"{type(e).__name__}: {e}"
             name = captures.get("name") if isinstance(captures.get("name"), str) else None
             return [(name, None, body, why)]
         return [(name, args, body, None) for name, args in found]

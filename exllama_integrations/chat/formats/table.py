@@ -206,6 +206,7 @@ FORMATS: dict[str, ToolFormat] = {
             body="pattern",
             body_args={"pattern": r"^\s*(?P<name>[^\s\[]+)\s*\[ARGS\](?P<arguments>.*)$"},
             call="[TOOL_CALLS]{name}[ARGS]{arguments}",
+            ids="alnum9",  # Mistral Small 3.2's template checks the ids of the calls in a history
             thinking=("[THINK]", "[/THINK]"),
         ),
         ToolFormat(
@@ -300,7 +301,7 @@ FORMATS: dict[str, ToolFormat] = {
             markers=("[func_name1(",),
             opens=("[",),
             at_start=True,
-            looks_like=r"^\s*\[\s*[A-Za-z_][\w.-]*\(",
+            looks_like=r"^\s*\[\s*[^\s()\[\]{}=,'\"]+\(",  # any name the reader reads: get-weather, météo
             body="python",
             call="{name}({python_arguments})",
             before="[",

@@ -21,14 +21,16 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from .values import text_kinds
+
 GEMMA_QUOTE = '<|"|>'
 """Gemma 4's string delimiter (one token of its vocabulary)."""
 
 _GEMMA_STRING = re.compile(r'<\|"\|>(.*?)<\|"\|>|"((?:[^"\\]|\\.)*)"', re.S)
-_GEMMA_KEY = re.compile(r"([{,]\s*)([A-Za-z_][\w.-]*)\s*:")
+_GEMMA_KEY = re.compile(r"([{,]\s*)([^\s{}\[\],:\"\x00]+)\s*:")  # a bare key (strings are set aside first)
 
 Typed = Callable[[str, Any], Any]
-"""How a value's text becomes the schema's type (the reader's ``_typed``)."""
+"""How a value's text becomes the schema's type (:func:`.values.text_value`)."""
 
 
 def read_tagged(
@@ -129,6 +131,8 @@ class Builder(Protocol):
 
     def json_rule(self, rule: str, schema: Any) -> str: ...
 
+    def text_rule(self, rule: str, schema: Mapping[str, Any], trimmed: bool = False) -> str: ...
+
 
 def slot_rule(g: Builder, body_args: Mapping[str, Any], slot: str, rule: str, params: Mapping[str, Any]) -> str:
     """Lark for the arguments slot ``slot``: each property written as the family writes it, required first."""
@@ -139,16 +143,22 @@ def slot_rule(g: Builder, body_args: Mapping[str, Any], slot: str, rule: str, pa
         names = sorted(names)  # Gemma's template writes keys in sorted order
     items = []
     for j, key in enumerate(names):
-        value = _value_rule(g, f"{rule}_{j}", props[key], gemma=slot == "gemma_arguments")
+        text, other = text_kinds(props[key])  # a string as text, the rest as JSON (the reader reads it so)
         if slot == "gemma_arguments":
-            item = f"{json.dumps(key + ':')} {value}"
-        else:
-            kind = props[key].get("type") if isinstance(props[key], dict) else None
-            before, after = body_args["write_param"].split("{value}")
-            string = "true" if kind == "string" else "false"
-            pieces = [g.lit(before.format(key=key, string=string)), value, g.lit(after.format(key=key, string=string))]
-            item = " ".join(p for p in pieces if p)
-        items.append((item, key in required))
+            quote = g.lit(GEMMA_QUOTE)
+            alternatives = [f"{quote} {g.text_rule(f'{rule}_{j}_text', text)} {quote}"] if text is not None else []
+            if other is not None:
+                alternatives.append(g.json_rule(f"{rule}_{j}_json", other))
+            items.append((f"{json.dumps(key + ':')} ({' | '.join(alternatives)})", key in required))
+            continue
+        before, after = body_args["write_param"].split("{value}")
+        alternatives = []
+        if text is not None:  # (the reader strips a value: the text neither begins nor ends with a space)
+            value = g.text_rule(f"{rule}_{j}_text", text, trimmed=True)
+            alternatives.append(_param(g, before, after, key, "true", value))
+        if other is not None:
+            alternatives.append(_param(g, before, after, key, "false", g.json_rule(f"{rule}_{j}_json", other)))
+        items.append((f"({' | '.join(alternatives)})", key in required))
     if slot == "gemma_arguments":
         return _gemma_sequence(g, rule, items)
     seq = " ".join(item if req else f"({item})?" for item, req in items)
@@ -156,33 +166,25 @@ def slot_rule(g: Builder, body_args: Mapping[str, Any], slot: str, rule: str, pa
     return rule
 
 
+def _param(g: Builder, before: str, after: str, key: str, string: str, value: str) -> str:
+    """One parameter as lark: its opening (with ``string`` where the family says a value's kind), value, closing."""
+    pieces = [g.lit(before.format(key=key, string=string)), value, g.lit(after.format(key=key, string=string))]
+    return " ".join(p for p in pieces if p)
+
+
 def _gemma_sequence(g: Builder, rule: str, items: list[tuple[str, bool]]) -> str:
-    """``{`` items joined by ``,`` ``}``; an optional item carries its comma (the first present one has none)."""
-    if not items:
-        g.rules.append(f'{rule}: "{{}}"')
-        return rule
-    seq = []
-    for j, (item, req) in enumerate(items):
-        if j == 0:
-            seq.append(item)  # the first argument is written (as the other keyword formats do)
-        else:
-            seq.append(f'"," {item}' if req else f'("," {item})?')
-    g.rules.append(f'{rule}: "{{" {" ".join(seq)} "}}"')
+    """``{`` items joined by ``,`` ``}`` in their (sorted) order: each required one present, an optional one or not."""
+    needed = [any(req for _, req in items[j:]) for j in range(len(items) + 1)]  # a required item at j or after
+    for j in reversed(range(len(items))):  # {rule}_from{j}: the items from j on, at least one of them
+        item, req = items[j]
+        later = f"{rule}_from{j + 1}" if j + 1 < len(items) else None
+        body = item if later is None else f'{item} "," {later}' if needed[j + 1] else f'{item} ("," {later})?'
+        if not req and later is not None:
+            body += f" | {later}"
+        g.rules.append(f"{rule}_from{j}: {body}")
+    inner = f"{rule}_from0" if needed[0] else f"({rule}_from0)?"
+    g.rules.append(f'{rule}: "{{" {inner} "}}"' if items else f'{rule}: "{{}}"')
     return rule
-
-
-def _value_rule(g: Builder, rule: str, schema: Any, gemma: bool) -> str:
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if kind == "string":
-        if "enum" in schema:
-            body = " | ".join(json.dumps(str(v)) for v in schema["enum"])
-        else:
-            most = schema.get("maxLength")
-            body = rf"/[^<\n]{{1,{int(most)}}}/" if isinstance(most, int) else r"/[^<\n]+/"
-        quote = g.lit(GEMMA_QUOTE) if gemma else ""
-        g.rules.append(f"{rule}: {quote} ({body}) {quote}" if quote else f"{rule}: {body}")
-        return rule
-    return g.json_rule(rule, schema if isinstance(schema, dict) else {})
 
 
 __all__ = ["GEMMA_QUOTE", "SLOTS", "gemma_object", "gemma_value", "read_tagged", "slot_rule", "write_slots"]

@@ -1,5 +1,6 @@
-"""Anthropic's Messages API (``POST /v1/messages``): its wire models, its endpoint and its stream framing.
+"""Anthropic's Messages API (``POST /v1/messages``), over the one prepared chat, in the APIs' file vocabulary.
 
-Over the one prepared chat (:mod:`exllama_integrations.chat.prepare`) and the contract's values, as the OpenAI
-endpoints are; nothing here is decided twice.
+:mod:`.protocol` (its wire models), :mod:`.convert` (a request to the chat request, a reply to the Messages
+shapes), :mod:`.stream` (a streamed reply's events), :mod:`.endpoint` (the routes), :mod:`.errors` (Anthropic's
+error shapes). Nothing here is decided twice: the chat layer and the contract's values decide.
 """

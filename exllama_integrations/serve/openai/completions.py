@@ -18,7 +18,7 @@ from ..streaming import start_stream, whole
 from .choices import announce, merged, summed_usage
 from .protocol.common import UsageWire
 from .protocol.completions import CompletionChoice, CompletionRequest, CompletionResponse
-from .sse import framed, sse
+from .stream import framed, sse
 
 router = APIRouter(tags=["openai"])
 

@@ -17,6 +17,7 @@ from ...chat.prepare import ChatRequest, prepare_chat
 from ...contract.api import GenerationRequest, SharesTokenizer
 from ...errors import BackendUnavailableError, InvalidSettingsError
 from ..state import image_parts, state_of
+from .convert import template_message
 from .protocol.chat import MessageWire, ToolWire
 from .protocol.common import Wire
 
@@ -88,7 +89,7 @@ def _ids(state: Any, body: TokenizeRequest) -> list[int]:
         if images:
             state.check_images(images)
         limits = state.limits.media.for_request()
-        messages = [m.to_template(media, limits) for m in body.messages]
+        messages = [template_message(m, media, limits) for m in body.messages]
         if not body.add_generation_prompt:
             raise InvalidSettingsError(
                 "/tokenize renders messages as a chat request is rendered, with the generation prompt; "

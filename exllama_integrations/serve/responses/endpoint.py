@@ -19,9 +19,9 @@ from ..guard import validation_response
 from ..rules import ERRORS, check_finish
 from ..state import record, state_of
 from ..streaming import start_stream, whole
-from .events import ResponseEvents, framed
-from .request import ALL_FIELDS, ResponsesRequest, plain_errors
-from .response import ResponseObject
+from .protocol import ALL_FIELDS, ResponseObject, ResponsesRequest, plain_errors
+from .stream import ResponseEvents, framed
+from .truncation import fitted
 
 
 class ResponsesRoute(APIRoute):
@@ -48,8 +48,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     """A reply through the model's own template, as a response object; ``stream: true`` for its events."""
     state = state_of(request.app)
     state.admit(request.state)  # before anything is rendered, tokenized or fetched
-    prepared = await state.prepare(body)
-    events = ResponseEvents(ResponseObject.draft(body, state.name))
+    prepared, dropped = await fitted(state, body)  # (truncation: "auto" drops the oldest turns over the context)
+    events = ResponseEvents(ResponseObject.draft(body, state.name, dropped), logprobs=body.wants_logprobs)
 
     def finished(outcome: ChatOutcome) -> None:
         check_finish(outcome.native_finish_reason)

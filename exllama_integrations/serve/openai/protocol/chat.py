@@ -1,24 +1,16 @@
 """``/v1/chat/completions``' wire models: messages, tools, the request, the reply and its stream chunks.
 
-A request turns into the plain-data chat request every front door uses on the model itself
-(:meth:`ChatCompletionRequest.to_chat`).
+What each field means for the chat is :mod:`..convert`'s.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ....chat.content import content_of
-from ....chat.prepare import ChatRequest
-from ....contract.api import Media
-from ....contract.settings import GenerationSettings
-from ....errors import MediaError
-from ....model.media import MediaLimits, media_from_url
-from .common import CommonRequest, UsageWire, Wire, refuse
+from .common import CommonRequest, UsageWire, Wire
 
 
 class FunctionCall(Wire):
@@ -77,50 +69,6 @@ class MessageWire(Wire):
         """Whether the message has image parts (reading them may fetch, so it runs off the event loop)."""
         return isinstance(self.content, list) and any(p.type not in ("text", "refusal") for p in self.content)
 
-    def template_content(self, media: list[Media] | None, limits: MediaLimits) -> str | list[dict[str, Any]]:
-        """The message's content: its text, or text and image parts, the images appended to ``media``.
-
-        With ``media=None`` (a turn that is not the user's) images are refused.
-        """
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        pieces: list[str | Media] = []
-        for part in self.content:
-            if part.type == "text":
-                pieces.append(part.text or "")
-            elif part.type == "refusal" and self.role == "assistant":
-                pieces.append(part.refusal or "")
-            elif part.type == "image_url" and media is not None and part.image_url is not None:
-                ref = part.image_url
-                pieces.append(media_from_url(ref.url if isinstance(ref, ImageURL) else ref, limits))
-            else:
-                raise MediaError(
-                    f"message content of type {part.type!r} is not taken here: send text parts "
-                    "(and image_url parts in user turns).",
-                    param="messages",
-                )
-        return content_of(pieces, media if media is not None else [])
-
-    def to_template(self, media: list[Media] | None = None, limits: MediaLimits | None = None) -> dict[str, Any]:
-        """The message as a template dict (Hugging Face conventions); a user turn's images go to ``media``."""
-        role = "system" if self.role == "developer" else "tool" if self.role == "function" else self.role
-        content = self.template_content(media if role == "user" else None, limits or MediaLimits())
-        d: dict[str, Any] = {"role": role, "content": content}
-        if self.name:
-            d["name"] = self.name
-        if self.tool_calls:
-            d["tool_calls"] = [c.model_dump() for c in self.tool_calls]
-        elif self.function_call is not None:  # the legacy form of one tool call
-            d["tool_calls"] = [ToolCallWire(function=self.function_call).model_dump()]
-        if self.tool_call_id:
-            d["tool_call_id"] = self.tool_call_id
-        thought = self.reasoning_content or self.reasoning
-        if thought and role == "assistant":
-            d["reasoning_content"] = thought
-        return d
-
 
 class FunctionSpec(Wire):
     """A tool's function: name, description and JSON-schema parameters."""
@@ -177,57 +125,6 @@ class ChatCompletionRequest(CommonRequest):
     def _logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def to_chat(
-        self,
-        defaults: GenerationSettings,
-        refused: Mapping[str, str],
-        max_tokens_cap: int | None = None,
-        chat_template: str | None = None,
-        media_limits: MediaLimits | None = None,
-        thinking_switch: bool = False,
-    ) -> ChatRequest:
-        """The chat call as the plain-data chat request every front door uses (images read within ``media_limits``).
-
-        ``thinking_switch``: the template reads ``enable_thinking`` (``reasoning_effort`` sets it).
-
-        Raises:
-            InvalidSettingsError: audio asked for, or ``tools`` and the legacy ``functions`` both sent.
-        """
-        if self.modalities is not None and "audio" in self.modalities:
-            raise refuse("modalities", 'only text is served; send modalities ["text"] or leave it out.')
-        if self.functions is not None and self.tools is not None:
-            raise refuse("functions", "send tools or the legacy functions, not both.")
-        if self.function_call is not None and self.tool_choice is not None:
-            raise refuse("function_call", "send tool_choice or the legacy function_call, not both.")
-        if self.tools is not None:
-            tools = [t.model_dump(exclude_none=True) for t in self.tools]
-        else:
-            tools = [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in self.functions or []]
-        choice: Any = self.tool_choice
-        if isinstance(self.function_call, FunctionName):
-            choice = {"type": "function", "function": {"name": self.function_call.name}}
-        elif self.function_call is not None:
-            choice = self.function_call
-        media: list[Media] = []
-        messages = [m.to_template(media, media_limits) for m in self.messages]
-        template_kwargs = dict(self.chat_template_kwargs or {})
-        if self.reasoning_effort is not None:
-            template_kwargs.setdefault("reasoning_effort", self.reasoning_effort)
-            if thinking_switch:
-                template_kwargs.setdefault("enable_thinking", self.reasoning_effort != "none")
-        return ChatRequest(
-            messages=messages,
-            settings=self.to_settings(defaults, refused, max_tokens_cap),
-            tools=tools,
-            tool_choice=choice if tools else None,
-            response_format=self.response_format,
-            template_kwargs=template_kwargs,
-            chat_template=chat_template,
-            split_special_tokens=self.split_special_tokens,
-            media=media,
-            parallel_tool_calls=self.parallel_tool_calls,
-        )
-
     def has_images(self) -> bool:
         """Whether any message has image parts."""
         return any(m.has_images() for m in self.messages)
@@ -243,6 +140,25 @@ class ToolCallOut(BaseModel):
     type: Literal["function"] = "function"
     function: dict[str, str]
     index: int | None = None
+
+
+class FunctionDelta(BaseModel):
+    """More of a streamed call: its name with its first delta, then its arguments' text as they are written."""
+
+    name: str | None = None
+    arguments: str = ""
+
+
+class ToolCallDelta(BaseModel):
+    """A stream's tool-call delta, as OpenAI streams them.
+
+    The first of a call carries its ``id``, ``type`` and name, the rest only ``index`` and more ``function.arguments``.
+    """
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
 
 
 class AssistantMessage(BaseModel):
@@ -282,7 +198,7 @@ class ChatDeltaWire(BaseModel):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
-    tool_calls: list[ToolCallOut] | None = None
+    tool_calls: list[ToolCallOut | ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -103,6 +103,8 @@ class CommonRequest(Wire):
     # OpenAI fields that change nothing here (accepted, ignored: no server-side store, tiers or caching keys)
     user: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    """``"in-memory"`` or ``"24h"`` (the OpenAI Agents SDK sends it); the prefix cache keeps prompts on its own."""
     safety_identifier: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ...contract.api import Usage
+from ....contract.api import Usage
 from .options import FormatText, FunctionChoice, FunctionTool, ReasoningConfig, TextConfig
 from .request import ResponsesRequest
 
@@ -157,16 +157,24 @@ class ResponseObject(BaseModel):
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice = "auto"
     tools: list[FunctionTool] = []
     top_p: float | None = None
-    truncation: Literal["disabled"] = "disabled"
+    truncation: Literal["disabled", "auto"] = "disabled"
+    truncated_input_items: int | None = None
+    """(An extension.) With ``truncation: "auto"``: how many of the oldest input items were dropped to fit the
+    context (None: none were)."""
     metadata: dict[str, str] = {}
     user: str | None = None
     background: bool = False
     service_tier: str = "default"
 
     @classmethod
-    def draft(cls, body: ResponsesRequest, model: str) -> ResponseObject:
-        """The response to ``body`` before any output: in progress, with the request's options echoed."""
+    def draft(cls, body: ResponsesRequest, model: str, dropped: int = 0) -> ResponseObject:
+        """The response to ``body`` before any output: in progress, with the request's options echoed.
+
+        ``dropped``: how many input items ``truncation: "auto"`` dropped.
+        """
         return cls(
+            truncation=body.truncation or "disabled",
+            truncated_input_items=dropped or None,
             id=new_id("resp"),
             model=model,
             instructions=body.instructions,

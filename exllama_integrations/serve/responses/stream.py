@@ -1,4 +1,4 @@
-"""A reply as the Responses API's stream of events, and the finished response they build.
+"""The Responses API's stream: a reply as its documented events, and the finished response they build.
 
 :class:`ResponseEvents` turns the chat layer's deltas and outcome into the documented sequence:
 ``response.created``, ``response.in_progress``; for each output item ``response.output_item.added``, then
@@ -6,8 +6,10 @@ for a message ``response.content_part.added``, ``response.output_text.delta``...
 ``response.content_part.done`` (a reasoning item the same with ``reasoning_text``; a function call
 ``response.function_call_arguments.delta`` and ``.done``), ``response.output_item.done``; last
 ``response.completed`` (or ``response.incomplete``) with the whole response and its usage. Every event has a
-``sequence_number``. A call is emitted when it is complete; a call that did not read is no call: its text goes to
-the answer. The non-streamed answer is the same builder's final response, so both agree item for item.
+``sequence_number``. A forced call's arguments stream as the model writes them (a delta event each); any other call
+is emitted when it is complete; a call cut short by ``max_output_tokens`` is an ``incomplete`` item with its
+arguments as far as they got (as OpenAI's are); a call that did not read is no call: its text goes to the answer.
+The non-streamed answer is the same builder's final response, so both agree item for item.
 
 :func:`framed` writes the events as server-sent events (``event: <type>`` and ``data: {...}``, no ``[DONE]``);
 a typed error after the first event becomes an ``error`` event.
@@ -17,16 +19,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from ...chat.outcome import ChatDelta, ChatOutcome, ParsedToolCall
+from ...chat.outcome import ArgumentsDelta, ChatDelta, ChatOutcome, ParsedToolCall
+from ...contract.api import TokenLogprob
+from ...contract.shapes import logprobs_content
 from ...errors import ExLlamaIntegrationsError
-from .response import (
+from .protocol import (
     IncompleteDetails,
+    ItemStatus,
     OutputFunctionCall,
     OutputMessage,
     OutputReasoning,
@@ -48,16 +53,23 @@ class _Open:
     id: str
     index: int
     text: list[str] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ResponseEvents:
     """Deltas and an outcome in, events out; :attr:`response` is the response they built."""
 
-    def __init__(self, response: ResponseObject) -> None:
-        """``response``: the draft (:meth:`ResponseObject.draft`), filled in as the reply arrives."""
+    def __init__(self, response: ResponseObject, logprobs: bool = False) -> None:
+        """``response``: the draft (:meth:`ResponseObject.draft`), filled in as the reply arrives.
+
+        ``logprobs``: the answer's text comes with its tokens' log-probabilities (``include``).
+        """
         self.response = response
+        self._logprobs = logprobs
+        self._pending: list[dict[str, Any]] = []  # tokens whose text is not shown yet (markup held back)
         self._seq = 0
         self._open: _Open | None = None
+        self._streamed: dict[int, int] = {}  # a streamed call's place in the reply -> its output index
 
     def _event(self, kind: str, **fields: Any) -> Event:
         event = {"type": kind, "sequence_number": self._seq, **fields}
@@ -76,9 +88,11 @@ class ResponseEvents:
         """The events for one delta, or the last ones for the outcome."""
         if isinstance(item, ChatOutcome):
             return self._finish(item)
-        events = self._reasoning(item.reasoning) + self._text(item.text)
-        for call in item.tool_calls:
-            events += self._call(call)
+        events = (
+            self._reasoning(item.reasoning) + self._text(item.text, item.logprobs) + self._arguments(item.arguments)
+        )
+        for i, call in enumerate(item.tool_calls, item.calls_before):
+            events += self._call(i, call)
         return events
 
     # ---------------------------------------------------------------- items
@@ -92,14 +106,18 @@ class ResponseEvents:
         where = {"item_id": self._open.id, "output_index": self._open.index, "content_index": 0}
         return [*events, self._event("response.reasoning_text.delta", **where, delta=delta)]
 
-    def _text(self, delta: str) -> list[Event]:
+    def _text(self, delta: str, logprobs: Sequence[TokenLogprob] | None = None) -> list[Event]:
+        if self._logprobs and logprobs:
+            self._pending += logprobs_content(logprobs)
         if not delta:
             return []
         events = self._ensure("message")
         assert self._open is not None
         self._open.text.append(delta)
+        lps, self._pending = self._pending, []
+        self._open.logprobs += lps
         where = {"item_id": self._open.id, "output_index": self._open.index, "content_index": 0}
-        return [*events, self._event("response.output_text.delta", **where, delta=delta, logprobs=[])]
+        return [*events, self._event("response.output_text.delta", **where, delta=delta, logprobs=lps)]
 
     def _ensure(self, kind: str) -> list[Event]:
         """Open an item of ``kind`` unless one is open (closing an item of the other kind first)."""
@@ -121,7 +139,8 @@ class ResponseEvents:
     def _item(self, open_: _Open, status: str) -> OutputMessage | OutputReasoning:
         text = "".join(open_.text)
         if open_.kind == "message":
-            return OutputMessage(id=open_.id, status=status, content=[OutputTextPart(text=text)])  # type: ignore[arg-type]
+            part = OutputTextPart(text=text, logprobs=open_.logprobs)
+            return OutputMessage(id=open_.id, status=status, content=[part])  # type: ignore[arg-type]
         return OutputReasoning(id=open_.id, status=status, content=[ReasoningTextPart(text=text)])  # type: ignore[arg-type]
 
     def _close(self, status: str) -> list[Event]:
@@ -133,7 +152,7 @@ class ResponseEvents:
         text = "".join(open_.text)
         where = {"item_id": open_.id, "output_index": open_.index, "content_index": 0}
         if isinstance(item, OutputMessage):
-            done = self._event("response.output_text.done", **where, text=text, logprobs=[])
+            done = self._event("response.output_text.done", **where, text=text, logprobs=open_.logprobs)
         else:
             done = self._event("response.reasoning_text.done", **where, text=text)
         return [
@@ -142,23 +161,62 @@ class ResponseEvents:
             self._event("response.output_item.done", output_index=open_.index, item=item.model_dump(mode="json")),
         ]
 
-    def _call(self, call: ParsedToolCall) -> list[Event]:
-        """A complete call's events (a call that did not read is no call: its text goes to the answer)."""
-        if call.error is not None or call.name is None:
+    def _arguments(self, deltas: Sequence[ArgumentsDelta]) -> list[Event]:
+        """A forced call's arguments as they are written: its item added with the first, a delta event each."""
+        events: list[Event] = []
+        for d in deltas:
+            if d.first:
+                events += self._close("completed")
+                item = OutputFunctionCall(
+                    id=new_id("fc"), status="in_progress", call_id=d.id, name=d.name, arguments=""
+                )
+                self._streamed[d.index] = len(self.response.output)
+                self.response.output.append(item)
+                events.append(
+                    self._event("response.output_item.added", output_index=self._streamed[d.index], item=_empty(item))
+                )
+            if d.delta:
+                index = self._streamed[d.index]
+                streamed = self.response.output[index]
+                assert isinstance(streamed, OutputFunctionCall)
+                streamed.arguments += d.delta
+                where = {"item_id": streamed.id, "output_index": index}
+                events.append(self._event("response.function_call_arguments.delta", **where, delta=d.delta))
+        return events
+
+    def _call(self, index: int, call: ParsedToolCall) -> list[Event]:
+        """A call's last events: whole, or cut short by max_output_tokens (``incomplete``, its arguments so far).
+
+        A call that did not read is no call: its text goes to the answer.
+        """
+        if call.name is None or (call.error is not None and not call.cut):
             return []
-        events = self._close("completed")
-        index = len(self.response.output)
-        item = OutputFunctionCall(
-            id=new_id("fc"), status="completed", call_id=call.id, name=call.name, arguments=call.arguments_text
-        )
-        self.response.output.append(item)
-        where = {"item_id": item.id, "output_index": index}
+        status: ItemStatus = "incomplete" if call.cut else "completed"
+        arguments = (call.written or "") if call.cut else call.arguments_text
+        events = []
+        if index in self._streamed:  # its item and its deltas went out as it was written
+            at = self._streamed[index]
+            item = self.response.output[at]
+            assert isinstance(item, OutputFunctionCall)
+            item.status, item.arguments = status, arguments
+        else:
+            events += self._close("completed")
+            at = len(self.response.output)
+            item = OutputFunctionCall(
+                id=new_id("fc"), status=status, call_id=call.id, name=call.name, arguments=arguments
+            )
+            self.response.output.append(item)
+            events += [
+                self._event("response.output_item.added", output_index=at, item=_empty(item)),
+                self._event(
+                    "response.function_call_arguments.delta", item_id=item.id, output_index=at, delta=arguments
+                ),
+            ]
+        where = {"item_id": item.id, "output_index": at}
         return [
             *events,
-            self._event("response.output_item.added", output_index=index, item=_empty(item)),
-            self._event("response.function_call_arguments.delta", **where, delta=item.arguments),
             self._event("response.function_call_arguments.done", **where, name=item.name, arguments=item.arguments),
-            self._event("response.output_item.done", output_index=index, item=item.model_dump(mode="json")),
+            self._event("response.output_item.done", output_index=at, item=item.model_dump(mode="json")),
         ]
 
     # ---------------------------------------------------------------- the end
@@ -166,9 +224,11 @@ class ResponseEvents:
     def _finish(self, outcome: ChatOutcome) -> list[Event]:
         cut = outcome.finish_reason == "length"
         events = self._reasoning(outcome.reasoning_tail)
-        events += self._text(outcome.tail + outcome.invalid_text)
-        for call in outcome.tool_calls[outcome.streamed_calls :]:
-            events += self._call(call)
+        events += self._text(outcome.tail + outcome.invalid_text) + self._arguments(outcome.arguments)
+        if self._pending and self._open is not None and self._open.kind == "message":
+            self._open.logprobs += self._pending  # the last tokens' text never showed (a call's markup)
+        for i, call in enumerate(outcome.tool_calls[outcome.streamed_calls :], outcome.streamed_calls):
+            events += self._call(i, call)
         status = "incomplete" if cut else "completed"
         if not any(isinstance(i, (OutputMessage, OutputFunctionCall)) for i in self.response.output):
             events += self._close(status)  # thinking cut by max_output_tokens is incomplete too

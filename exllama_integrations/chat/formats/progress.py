@@ -1,0 +1,427 @@
+"""A reply's calls as the model writes them: each call's name once it is whole, its arguments as JSON as they come.
+
+:class:`CallProgress` follows the table entry's ``call`` text (``P {name} L {arguments} S``, the arguments a JSON
+object, Python keyword arguments or XML parameters) through a reply, fed the same text as the reader. It is what
+lets a forced call's arguments stream as they are generated (the grammar writes the call exactly so), and what a
+call cut short by ``max_tokens`` keeps of its arguments instead of its markup. Python and XML arguments come out as
+JSON: a key and its separator when the key is whole, a JSON value as it is written, an XML string escaped as it is
+written, any other XML value when its parameter closes. A reply that leaves the call's shape stops being followed
+(the reader still reads it); nothing here raises on what a model writes.
+
+:func:`partial_object` reads a cut JSON object as far as it got (Anthropic's clients show a cut tool input so).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .table import ToolFormat
+from .values import text_kinds, text_value
+
+_LONGEST_NAME = 512
+_SHAPES = (
+    ("name", "arguments"),
+    ("name_json", "arguments"),
+    ("name", "xml_parameters"),
+    ("name", "tagged_parameters"),
+    ("name", "python_arguments"),
+)
+"""The call texts followed: a name, then its arguments (the table's slots)."""
+
+
+@dataclass(frozen=True)
+class _Params:
+    """How parameters written as text are laid out.
+
+    ``open`` KEY ``between`` [FLAG ``flagged``] VALUE ``close``, until ``end``; ``trimmed``: the reader strips a
+    value (else one newline each side goes).
+    """
+
+    open: str
+    between: str
+    close: str
+    end: str
+    trimmed: bool
+    flagged: str | None = None  # what follows DeepSeek's string="true|false" flag before the value
+
+
+_XML = _Params("<parameter=", ">", "</parameter>", "</function>", trimmed=False)
+
+
+def _tagged(write_param: str, after: str) -> _Params:
+    """The layout a table entry's ``write_param`` (slots ``{key}``, ``{string}``, ``{value}``) describes."""
+    opening, rest = write_param.split("{key}", 1)
+    between, closing = rest.split("{value}", 1)
+    flagged = None
+    if "{string}" in between:
+        between, flagged = between.split("{string}", 1)
+    end = after.strip().split("\n")[0].strip()
+    return _Params(opening, between, closing.strip(), end, trimmed=True, flagged=flagged)
+
+
+@dataclass
+class Progress:
+    """One call as written so far."""
+
+    name: str
+    arguments: str = ""
+    """Its arguments as JSON text so far (whole once ``done``)."""
+    done: bool = False
+
+
+def _pattern(literal: str) -> re.Pattern[str]:
+    """``literal`` as a regex in which a run of whitespace is any whitespace (a model writing freely).
+
+    A literal of whitespace alone (GLM's newline after a call's name) is some whitespace, at least one.
+    """
+    if literal and not literal.strip():
+        return re.compile(r"\s+")
+    return re.compile(r"\s*".join(re.escape(p) for p in re.split(r"\s+", literal)))
+
+
+def _escaped(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+class CallProgress:
+    """Follows one reply of ``fmt`` (see the module docstring): :meth:`feed` text, read :attr:`calls`."""
+
+    def __init__(self, fmt: ToolFormat, tools: Sequence[Mapping[str, Any]] = ()) -> None:
+        self.calls: list[Progress] = []
+        self._schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+        self._text, self._pos, self._state = "", 0, "lost"
+        self._name_at = self._depth = self._keys = self._sent = 0
+        self._value_at = -1
+        self._quote = self._escape = self._bare = False
+        self._schema: Any = None
+        self._flag: str | None = None
+        self._kind = ""
+        self._layout = _XML
+        literals, slots = [""], []  # the text before each slot ("{{" is a literal brace)
+        for literal, slot, _, _ in string.Formatter().parse(fmt.call):
+            literals[-1] += literal
+            if slot is not None:
+                slots.append(slot)
+                literals.append("")
+        if tuple(slots[:2]) not in _SHAPES:
+            return  # a call text of another shape: not followed
+        head, between = literals[0], literals[1]
+        opens = [i for i in (head.find(o) for o in fmt.opens) if i >= 0]
+        head = head[min(opens) :] if opens else head  # what comes before the open may be in the prompt already
+        # with no text before the name (pythonic) the name follows the list's opening, or the separator
+        self._heads = [head] if head.strip() else [fmt.before, fmt.between]
+        self._anchored = not head.strip()
+        self._between = _pattern(between)
+        self._json_name = slots[0] == "name_json"
+        self._kind = "text_parameters" if slots[1] in ("xml_parameters", "tagged_parameters") else slots[1]
+        self._layout = _XML if slots[1] != "tagged_parameters" else _tagged(fmt.body_args["write_param"], literals[2])
+        self._state = "seek"
+
+    @property
+    def follows(self) -> bool:
+        """Whether this format's calls are followed at all.
+
+        A call text of another shape (the tagged and Gemma formats' among them) is not: such a call comes whole,
+        when the reader has read it.
+        """
+        return bool(self._kind)
+
+    @property
+    def open(self) -> Progress | None:
+        """The call being written, if one is."""
+        return self.calls[-1] if self.calls and not self.calls[-1].done else None
+
+    def feed(self, text: str) -> list[tuple[int, str]]:
+        """Take more reply text; return ``(call index, new argument text)`` pieces (a call's first may be "")."""
+        if self._state == "lost":
+            return []
+        self._text += text
+        out: list[tuple[int, str]] = []
+        while self._state != "lost" and getattr(self, f"_{self._state}")(out):
+            pass
+        return _joined(out)
+
+    # ------------------------------------------------------------------ a call's start and name
+
+    def _seek(self, out: list[tuple[int, str]]) -> bool:
+        literal = self._heads[min(len(self.calls), len(self._heads) - 1)]
+        if not literal.strip():
+            self._state, self._name_at = "name", self._pos
+            return True
+        pattern = _pattern(literal)
+        if self._anchored:  # right where the last call ended (or the reply began)
+            body = self._text[self._pos :].lstrip()
+            m = pattern.match(self._text, len(self._text) - len(body))
+            if m is None:
+                if body and not literal.strip().startswith(body[: len(literal.strip())]):
+                    self._state = "lost"
+                return False
+        else:
+            m = pattern.search(self._text, self._pos)
+            if m is None:
+                self._pos = max(self._pos, len(self._text) - 4 * len(literal) - 64)
+                return False
+        self._pos = self._name_at = m.end()
+        self._state = "name"
+        return True
+
+    def _name(self, out: list[tuple[int, str]]) -> bool:
+        m = self._between.search(self._text, self._name_at)
+        if m is None:
+            if len(self._text) - self._name_at > _LONGEST_NAME:
+                self._state = "lost"
+            return False
+        raw = self._text[self._name_at : m.start()]
+        try:
+            name = json.loads(raw) if self._json_name else raw.strip()
+        except ValueError:
+            name = None
+        if not isinstance(name, str) or not name:
+            self._state = "lost"
+            return False
+        self.calls.append(Progress(name))
+        out.append((len(self.calls) - 1, ""))
+        self._pos, self._state = m.end(), self._kind
+        self._depth, self._quote, self._escape, self._keys, self._value_at = 0, False, False, 0, -1
+        if self._kind == "python_arguments":
+            self._emit(out, "{")
+        return True
+
+    def _emit(self, out: list[tuple[int, str]], text: str) -> None:
+        self.calls[-1].arguments += text
+        out.append((len(self.calls) - 1, text))
+
+    def _done(self) -> bool:
+        self.calls[-1].done = True
+        self._state = "seek"
+        return True
+
+    # ------------------------------------------------------------------ arguments
+
+    def _scan(self, stops: str) -> int | None:
+        """JSON from the cursor: where it ends, or None where it has not yet.
+
+        ``stops`` empty: just after its outermost container closes; else at the first of ``stops`` outside strings
+        and containers.
+        """
+        text, i = self._text, self._pos
+        while i < len(text):
+            c = text[i]
+            if self._quote:
+                if self._escape:
+                    self._escape = False
+                elif c == "\\":
+                    self._escape = True
+                elif c == '"':
+                    self._quote = False
+            elif c == '"':
+                self._quote = True
+            elif c in "[{":
+                self._depth += 1
+            elif c in "]}" and self._depth > 0:
+                self._depth -= 1
+                if self._depth == 0 and not stops:
+                    return i + 1
+            elif c in stops and self._depth == 0:
+                return i
+            i += 1
+        return None
+
+    def _arguments(self, out: list[tuple[int, str]]) -> bool:
+        """A JSON object, every character of it as it comes."""
+        if self._depth == 0:  # not begun yet: it begins with "{"
+            body = self._text[self._pos :].lstrip()
+            if not body:
+                return False
+            if body[0] != "{":
+                self._state = "lost"
+                return False
+            self._pos = len(self._text) - len(body)
+        start = self._pos
+        end = self._scan("")
+        self._pos = len(self._text) if end is None else end
+        if self._pos > start:
+            self._emit(out, self._text[start : self._pos])
+        return self._done() if end is not None else False
+
+    def _python_arguments(self, out: list[tuple[int, str]]) -> bool:
+        """``K=V, ...)``: each key when whole, each value (JSON, as the grammar writes it) as it comes."""
+        if self._value_at < 0:
+            body = self._text[self._pos :].lstrip()
+            if self._keys and body.startswith(","):
+                body = body[1:].lstrip()
+            if not body:
+                return False
+            self._pos = len(self._text) - len(body)
+            if body[0] == ")":
+                self._emit(out, "}")
+                self._pos += 1
+                return self._done()
+            eq = body.find("=")
+            if eq < 0:
+                if len(body) > _LONGEST_NAME:
+                    self._state = "lost"
+                return False
+            self._emit(out, (", " if self._keys else "") + json.dumps(body[:eq].strip(), ensure_ascii=False) + ": ")
+            self._keys += 1
+            self._pos += eq + 1
+            self._value_at = self._pos
+            return True
+        if self._pos == self._value_at:  # a value's leading spaces are not written out
+            body = self._text[self._pos :].lstrip()
+            self._pos = self._value_at = len(self._text) - len(body)
+        start = self._pos
+        end = self._scan(",)")
+        self._pos = len(self._text) if end is None else end
+        if self._pos > start:
+            self._emit(out, self._text[start : self._pos])
+        if end is None:
+            return False
+        self._value_at, self._depth, self._quote = -1, 0, False
+        if self._text[end] == ")":
+            self._emit(out, "}")
+            self._pos = end + 1
+            return self._done()
+        return True
+
+    def _text_parameters(self, out: list[tuple[int, str]]) -> bool:
+        """Parameters written as text (Qwen3-Coder's XML, the tag formats'), then the call's end.
+
+        Each value as :func:`~.values.text_value` reads it: a string for sure streamed as it comes, any other whole.
+        """
+        shape = self._layout
+        if self._value_at < 0:
+            body = self._text[self._pos :].lstrip()
+            at = len(self._text) - len(body)
+            if body.startswith(shape.end):
+                self._emit(out, "}" if self._keys else "{}")
+                self._pos = at + len(shape.end)
+                return self._done()
+            if not body.startswith(shape.open):
+                if body and not (shape.open.startswith(body) or shape.end.startswith(body)):
+                    self._state = "lost"
+                return False
+            m = _pattern(shape.between).search(body, len(shape.open))
+            if m is None:
+                if len(body) > _LONGEST_NAME:
+                    self._state = "lost"
+                return False
+            key, end, flag = body[len(shape.open) : m.start()].strip(), m.end(), None
+            if shape.flagged is not None:  # DeepSeek's string="true|false", then the value
+                f = re.compile(r"(true|false)" + _pattern(shape.flagged).pattern).match(body, end)
+                if f is None:
+                    if len(body) - end > 16:
+                        self._state = "lost"
+                    return False
+                flag, end = f.group(1), f.end()
+            if end == len(body) and not shape.trimmed:  # (the newline after it decides where the value begins)
+                return False
+            self._pos = at + end + (not shape.trimmed and body[end] == "\n")
+            self._schema = ((self._schemas.get(self.calls[-1].name) or {}).get("properties") or {}).get(key)
+            self._flag = flag
+            self._bare = flag == "true" if flag is not None else text_kinds(self._schema)[1] is None
+            self._emit(out, ("{" if not self._keys else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
+            if self._bare:
+                self._emit(out, '"')
+            self._keys += 1
+            self._value_at = self._sent = self._pos
+            return True
+        close = self._text.find(shape.close, self._value_at)
+        if close < 0:
+            if self._bare:
+                self._stream_text(out, shape)
+            return False
+        raw = self._text[self._value_at : close]
+        raw = raw.strip() if shape.trimmed else raw[:-1] if raw.endswith("\n") else raw
+        if self._bare:
+            skipped = len(self._text[self._value_at : close]) - len(self._text[self._value_at : close].lstrip())
+            done = self._sent - self._value_at - (skipped if shape.trimmed else 0)
+            self._emit(out, _escaped(raw[max(done, 0) :]) + '"')
+        else:
+            value = json.loads(raw) if self._flag == "false" else text_value(raw, self._schema)
+            self._emit(out, json.dumps(value, ensure_ascii=False))
+        self._pos, self._value_at = close + len(shape.close), -1
+        return True
+
+    def _stream_text(self, out: list[tuple[int, str]], shape: _Params) -> None:
+        """A string value's text so far, less what may yet be its close (and, trimmed, its spaces at either end)."""
+        if shape.trimmed and self._sent == self._value_at:  # its leading spaces are not the value's
+            body = self._text[self._value_at :].lstrip()
+            self._sent = self._value_at = len(self._text) - len(body)
+        upto = len(self._text) - _held(self._text, ("" if shape.trimmed else "\n") + shape.close)
+        if shape.trimmed:
+            upto = self._sent + len(self._text[self._sent : upto].rstrip())
+        if upto > self._sent:
+            self._emit(out, _escaped(self._text[self._sent : upto]))
+            self._sent = upto
+
+
+def _held(text: str, marker: str) -> int:
+    """How many characters at the end of ``text`` may begin ``marker``."""
+    for k in range(min(len(text), len(marker)), 0, -1):
+        if marker.startswith(text[-k:]):
+            return k
+    return 0
+
+
+def _joined(pieces: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Consecutive pieces of one call as one (a call's first, empty piece kept: it announces the call)."""
+    out: list[tuple[int, str]] = []
+    for i, piece in pieces:
+        if out and out[-1][0] == i and out[-1][1] and piece:
+            out[-1] = (i, out[-1][1] + piece)
+        elif not (out and out[-1][0] == i and not piece):
+            out.append((i, piece))
+    return out
+
+
+def partial_object(text: str) -> dict[str, Any]:
+    """The JSON object a cut ``text`` begins, as far as it got (``{}`` where nothing reads).
+
+    Open strings and containers are closed; an unfinished key or value is left out.
+    """
+    for candidate in _closings(text):
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        return value if isinstance(value, dict) else {}
+    return {}
+
+
+def _closings(text: str) -> list[str]:
+    """``text`` closed where it stands, then closed at each earlier place a value ended (most first)."""
+    stack: list[str] = []
+    quote = escape = False
+    ends: list[tuple[int, list[str]]] = []  # (where a value or container ended, the containers open there)
+    for i, c in enumerate(text):
+        if quote:
+            if escape:
+                escape = False
+            elif c == "\\":
+                escape = True
+            elif c == '"':
+                quote = False
+                ends.append((i + 1, list(stack)))
+        elif c == '"':
+            quote = True
+        elif c in "[{":
+            stack.append("]" if c == "[" else "}")
+            ends.append((i + 1, list(stack)))
+        elif c in "]}" and stack:
+            stack.pop()
+            ends.append((i + 1, list(stack)))
+        elif c in ",":
+            ends.append((i, list(stack)))
+    out = [text + ('"' if quote else "") + "".join(reversed(stack))]
+    for at, open_ in reversed(ends):
+        out.append(text[:at].rstrip().rstrip(",").rstrip() + "".join(reversed(open_)))
+    return out
+
+
+__all__ = ["CallProgress", "Progress", "partial_object"]
