@@ -55,7 +55,8 @@ def gateway(tmp_path_factory):
             [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port)]
             + ["--worker-urls", *(s.url for s in servers), "--policy", "cache_aware"]
             + ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port())]
-            + ["--load-monitor-interval", "1", "--log-level", "info"],
+            + ["--load-monitor-interval", "1", "--log-level", "info"]
+            + ["--worker-warmup-secs", "0"],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
