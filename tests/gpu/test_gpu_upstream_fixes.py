@@ -54,12 +54,13 @@ def _oracle(path: Path):
 def _exllamav3_rows(path: Path, patched: bool, ids: list[int], want: list[int]):
     """exllamav3's logits over prompt + the oracle's tokens, at the rows the oracle kept (its own forward)."""
     import torch
-    from exllamav3 import Config, Model
+    from exllamav3 import Cache, Config, Model
 
     from exllama_integrations.backends.exllamav3 import patches
 
     model = Model.from_config(Config.from_directory(str(path)))
     fixes = patches.apply(model) if patched else {}
+    Cache(model, max_num_tokens=4096)  # as the runtime builds it (the forward below reads no cache)
     model.load(progressbar=False)
     try:
         with torch.inference_mode():
