@@ -213,6 +213,7 @@ ARCHS: dict[str, Arch] = {
         },
         {
             **_DENSE_GPU,
+            "max_position_embeddings": 131072,  # as its checkpoints: YaRN factor 32 x 4096, which exllamav3 derives
             "intermediate_size": 1024,
             "num_local_experts": 8,
             "num_experts_per_tok": 2,

@@ -50,7 +50,7 @@ GPT_OSS_SMALL = {
     "num_attention_heads": 2,
     "num_key_value_heads": 1,
     "head_dim": 64,
-    "max_position_embeddings": 4096,
+    "max_position_embeddings": 131072,  # as GPT-OSS checkpoints: 32 x YaRN's original 4096 (see GPT_OSS_WHY)
     "num_local_experts": 4,
     "num_experts_per_tok": 2,
     "sliding_window": 128,
@@ -58,6 +58,30 @@ GPT_OSS_SMALL = {
 }
 FAMILIES: dict[str, Arch] = {**ARCHS_2026, "gpt_oss": replace(ARCHS["gpt_oss"], gpu=GPT_OSS_SMALL)}
 """The 2026 families and GPT-OSS (built by transformers 5.24 here, as its oracle, at the carried width)."""
+GPT_OSS_WHY = (
+    "GPT-OSS checkpoints carry max_position_embeddings 131072 with YaRN factor 32 over 4096 (exllamav3 takes the "
+    "factor as their ratio, transformers 5 from 'factor': with 4096 they disagree), and nonzero biases (transformers "
+    "initialises every bias to zero, so a loader that drops them would pass unseen)"
+)
+BIAS_STD = 0.1
+"""The spread of the GPT-OSS fixture's biases (q/k/v/o and both expert biases): enough that dropping one moves the
+logits past the oracle's tolerance (measured on the CPU: tests/unit/test_exllamav3_patches.py)."""
+
+
+def gpt_oss_biases(out: Path, seed: int) -> int:
+    """Give the GPT-OSS fixture's biases seeded values, as its checkpoints have (transformers zeroes them); how many."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    tensors = load_file(str(path))
+    gen = torch.Generator().manual_seed(seed)
+    names = sorted(k for k, v in tensors.items() if k.endswith("bias") and "router" not in k and not v.any())
+    for k in names:
+        v = tensors[k]
+        tensors[k] = (torch.randn(v.shape, generator=gen) * BIAS_STD).to(v.dtype)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return len(names)
 
 
 def exllamav3_overlay(name: str, config: dict[str, Any]) -> dict[str, tuple[Any, str]]:
@@ -126,6 +150,18 @@ def checkpoint_keys(name: str, out: Path) -> int:
     return sum(1 for a, b in zip(tensors, renamed) if a != b)
 
 
+def gemma4_checkpoint_text_config(text: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 4's ``text_config`` as Google's checkpoints write it: the full-attention layers' head size and KV heads as
+    ``global_head_dim`` / ``num_global_key_value_heads`` (what exllamav3 reads), not transformers 5.24's
+    ``per_layer_config`` (which its ``Gemma4TextConfig`` derives from those two keys again on load)."""
+    from exllama_integrations.backends.exllamav3.patches import gemma4_global_attention
+
+    keys = gemma4_global_attention({"model_type": "gemma4", "text_config": text})
+    if not keys:
+        raise RuntimeError(f"gemma4: per_layer_config {text.get('per_layer_config')!r} is not one global override")
+    return {k: v for k, v in keys["text_config"].items() if k != "per_layer_config"}
+
+
 def _gemma4_conditional(arch: Arch, out: Path, seed: int) -> Path:
     """Gemma 4 as its checkpoints are (``Gemma4ForConditionalGeneration``: exllamav3's architecture for it), with a
     tiny vision tower and the processor_config.json exllamav3 reads; the text model is the family's ``gpu`` size."""
@@ -162,6 +198,7 @@ def _gemma4_conditional(arch: Arch, out: Path, seed: int) -> Path:
     shutil.rmtree(text)
     saved = json.loads((out / "config.json").read_text())
     saved["vision_soft_tokens_per_image"] = 16
+    saved["text_config"] = gemma4_checkpoint_text_config(saved["text_config"])
     (out / "config.json").write_text(json.dumps(saved, indent=1))
     processor = {
         "image_processor": {
@@ -198,6 +235,7 @@ def build(name: str, out: Path, seed: int, steps: int) -> dict[str, Any]:
     else:
         make_arch(arch, out, size="gpu", seed=seed, vocab=VOCAB)
     renamed = checkpoint_keys(name, out)
+    biases = gpt_oss_biases(out, seed) if name == "gpt_oss" else 0
     config = json.loads((out / "config.json").read_text())
     overlay = exllamav3_overlay(name, config)
     if overlay:
@@ -255,6 +293,7 @@ def build(name: str, out: Path, seed: int, steps: int) -> dict[str, Any]:
         "turns_share_tokens": shared,
         "overlay": {k: {"value": v, "why": why} for k, (v, why) in overlay.items()},
         "keys_rewritten": renamed,
+        "biases_seeded": {"count": biases, "std": BIAS_STD, "why": GPT_OSS_WHY} if biases else None,
         "mtp_num_hidden_layers": config.get("mtp_num_hidden_layers", 0),
         "build_seconds": round(time.perf_counter() - t0, 1),
     }

@@ -44,9 +44,11 @@ logger = logging.getLogger(__name__)
 
 WRONG_UNQUANTIZED = {
     "GptOssForCausalLM": (
-        "exllamav3 1.6.5 computes GPT-OSS logits that differ from transformers' on bf16 weights (max logit "
-        "difference 3.28 against a tolerance of 0.03, measured on an H200 with a model built by transformers "
-        "5.17); use backend='transformers' until this is resolved."
+        "exllamav3 1.6.5 reads GPT-OSS's unquantized experts wrongly: its modules/linear.py splits a plain "
+        "mlp.experts.gate_up_proj in contiguous halves (gate and up columns alternate) and drops gate_up_proj_bias "
+        "and down_proj_bias, so the logits differ from transformers' by 3.28 (tolerance 0.03, on an H200); our "
+        "fix for it (patches.gpt_oss_bf16_experts) is not yet proven on the GPU. Use backend='transformers' for "
+        "bf16 GPT-OSS until it is."
     ),
 }
 """Architectures exllamav3 runs but, on unquantized weights, computes wrongly (measured against the oracle)."""
