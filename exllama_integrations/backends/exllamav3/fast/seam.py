@@ -319,6 +319,26 @@ def _walk(modules: list[Any]) -> Iterator[Any]:
         yield from _walk(list(getattr(m, "modules", []) or []))
 
 
+class NoPartialPages:
+    """The page table as a ``deterministic`` job's ``Job.prefill`` sees it: no page to copy a partial page from.
+
+    Its one read of ``all_pages`` (a search for a cached page whose first tokens match the rest of the prompt, to
+    copy their K/V) finds none; every other read and write reaches the real table.
+    """
+
+    __slots__ = ("_table",)
+    all_pages: tuple[Any, ...] = ()
+
+    def __init__(self, table: Any) -> None:
+        object.__setattr__(self, "_table", table)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._table, name, value)
+
+
 # ---------------------------------------------------------------------- the hooks, installed as one unit
 
 
@@ -349,6 +369,8 @@ class Seam:
         self.jobs = GeneratorView(generator)
         self._undo: list[tuple[Any, str, bool, Any]] = []  # (object, name, had an instance value, that value)
         self._job_wraps: weakref.WeakSet[Any] = weakref.WeakSet()  # adopted jobs still alive
+        self._pinned: weakref.WeakSet[Any] = weakref.WeakSet()  # deterministic: jobs whose prefill ignores history
+        self.private_pages = 0  # deterministic: pages completed while decoding, kept from later prompts
         self.own_forward: Callable[..., Any] = generator.model.forward  # exllamav3's own Model.forward
 
     def _wrap(self, obj: Any, name: str, new: Any) -> None:
@@ -356,19 +378,34 @@ class Seam:
         self._undo.append((obj, name, had, vars(obj).get(name)))
         setattr(obj, name, new)  # an instance attribute shadows the class's method
 
-    def install(self, hooks: Hooks, prefill: bool, pointer_table: Callable[[Any], Any] | None) -> None:
+    def install(
+        self, hooks: Hooks, prefill: bool, pointer_table: Callable[[Any], Any] | None, deterministic: bool = False
+    ) -> None:
         """Wrap the generator, its model and cache for ``hooks``: all or nothing.
 
         ``prefill``: also ``Model.prefill`` and ``Cache.copy_page``; ``pointer_table(mq)``: a ``c_ptrs`` for each sliced
-        Q/K/V GEMM.
+        Q/K/V GEMM; ``deterministic``: every job's prefill ignores what was cached before it (:meth:`pin`; the
+        generator must prefill one page a forward).
+
+        Raises:
+            ValueError: ``deterministic`` with a generator whose prefill chunks are not one page.
         """
         gen = self.generator
         model, cache = gen.model, gen.cache
+        if deterministic and (gen.max_chunk_size, gen.shared_chunk_size) != (PAGE_SIZE, PAGE_SIZE):
+            raise ValueError(
+                f"deterministic=True prefills one page a forward: the Generator's max_chunk_size and shared_chunk_size "
+                f"must be {PAGE_SIZE} (they are {gen.max_chunk_size} and {gen.shared_chunk_size})"
+            )
         try:
             iterate, iterate_gen, forward = gen.iterate, gen.iterate_gen, model.forward
             self.own_forward = forward
 
             def fast_iterate(*args: Any, **kwargs: Any) -> Any:
+                if deterministic:  # jobs enqueued since: before iterate() starts and prefills them
+                    for job in (*gen.pending_jobs, *gen.active_jobs):
+                        if job not in self._pinned:
+                            self.pin(job)
                 try:
                     return iterate(*args, **kwargs)
                 finally:
@@ -413,6 +450,38 @@ class Seam:
         self._job_wraps.add(job)
         job.receive_logits = receive_logits
 
+    def pin(self, job: Any) -> None:
+        """``job``'s prompt is prefilled as on a fresh cache, whatever was cached before (``deterministic=True``).
+
+        With one page a forward, a page's K/V is computed in a forward of its own tokens after the same pages: cached
+        full pages are those a cold run computes; no partial page is copied (:class:`NoPartialPages`); and a page the
+        job completes while decoding keeps its private hash (decode steps of one row computed it, a cold run of a
+        later prompt computes it in one forward): exllamav3's ``hash_completed_page`` less the publishing, the next
+        page linked as ``receive_sample`` links a page whose hash it defers.
+        """
+        own_prefill, own_hash = job.prefill, job.hash_completed_page
+        prefilling = [False]
+
+        def prefill(results: list[Any], chunk_size: int | None = None) -> Any:
+            table = job.pagetable
+            job.pagetable, prefilling[0] = NoPartialPages(table), True
+            try:
+                return own_prefill(results, chunk_size)
+            finally:
+                job.pagetable, prefilling[0] = table, False
+
+        def hash_completed_page(seq: Any, page_idx: int) -> Any:
+            if prefilling[0]:  # a prompt page prefill computed in one forward
+                return own_hash(seq, page_idx)
+            self.private_pages += 1
+            pages = seq.allocated_pages
+            if page_idx + 1 < len(pages):
+                pages[page_idx + 1].prev_hash, pages[page_idx + 1].can_revert = pages[page_idx].phash, False
+            return None
+
+        self._pinned.add(job)
+        job.prefill, job.hash_completed_page = prefill, hash_completed_page
+
     def remove(self) -> None:
         """Undo every wrap, newest first (idempotent; never raises)."""
         while self._undo:
@@ -427,6 +496,10 @@ class Seam:
         for job in list(self._job_wraps):
             vars(job).pop("receive_logits", None)
         self._job_wraps.clear()
+        for job in list(self._pinned):
+            vars(job).pop("prefill", None)
+            vars(job).pop("hash_completed_page", None)
+        self._pinned.clear()
 
     @property
     def installed(self) -> bool:
