@@ -110,7 +110,9 @@ class Raw:
         if model is None:
             self.model.load(progressbar=False)
         self.tokenizer = Tokenizer.from_config(config)
-        self.generator = Generator(self.model, self.cache, self.tokenizer, max_batch_size=64)
+        # deterministic=True prefills one page a forward (max_chunk_size and shared_chunk_size 256), as the runtime does
+        chunks = {"max_chunk_size": 256, "shared_chunk_size": 256} if deterministic else {}
+        self.generator = Generator(self.model, self.cache, self.tokenizer, max_batch_size=64, **chunks)
         self.fast = None
         if fast:
             from exllama_integrations.backends.exllamav3.fast import FastDecode

@@ -9,12 +9,20 @@ token ids, ``--new`` tokens each, greedy and seeded sampled (temperature 0.8, to
 * ``in 16`` / ``in 64``: the probes inside one batch with 8 / 56 fresh prompts, at scattered positions;
 * ``reversed``: the 8 probes handed over together in reverse order;
 * ``after history``: a second probe set, run alone after 8 other prompts that share each probe's first page
-  (256 tokens) were prefilled, against the same probes run alone on a fresh runtime.
+  (256 tokens) and the first half of the rest (a partial second page, which exllamav3 copies from a cached page
+  whose first tokens match) were prefilled, against the same probes run alone on a fresh runtime;
+* ``next turn``: a chat's next turn: 8 prompts of 500 tokens answered (``--new`` tokens: the page holding the
+  prompt's end is completed while decoding), then each prompt + its answer + 40 more tokens, against the same
+  next-turn prompts run alone on a fresh runtime.
 
 Each cell counts the probes whose tokens equal their ``alone`` tokens (of 8); ``vs own loop`` counts the greedy
-probes equal to exllamav3's own loop in the same situation.
+probes equal to exllamav3's own loop in the same situation. ``first token ms`` is the time to the first token of 8
+prompts of ``--prefill-prompt`` random tokens on a fresh runtime (the median; each prompt cold, after one untimed
+prompt): the cost of prefilling one page a forward with ``deterministic=True`` against the 2048-token chunks of the
+others.
 
     python benchmarks/gpu_invariance.py --out DIR [--models exl3,fp16] [--modes own,fast,deterministic]
+    python benchmarks/gpu_invariance.py --backend transformers --model-dir DIR --prompt 300 --new 4  # CPU check
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Results, exl3_model, parser  # noqa: E402
+from _common import Results, exl3_model, parser, summary  # noqa: E402
 
 RESULTS = Results("gpu_invariance.json")
 MODES = {"own": {"decode": "exllamav3"}, "fast": {}, "deterministic": {"deterministic": True}}
@@ -54,7 +62,10 @@ def run_mode(model: Path, options: dict[str, Any], args: Any) -> dict[str, Any]:
     a = prompts(1, 8, args.prompt)
     fill = prompts(2, 56, args.prompt)
     b = prompts(3, 8, args.prompt)
-    history = [p[:256] + q[: args.prompt - 256] for p, q in zip(b, prompts(4, 8, args.prompt))]
+    shared = 256 + (args.prompt - 256) // 2  # the first page and half of a partial second page
+    history = [p[:shared] + q[: args.prompt - 256] for p, q in zip(b, prompts(4, 8, args.prompt))]
+    turns = prompts(5, 8, 500)  # + --new tokens: the page holding the prompt's end completes while decoding
+    more = prompts(6, 8, 40)
     at16 = [0, 2, 5, 6, 9, 11, 12, 15]  # where the probes sit among the fillers
     at64 = [1, 9, 17, 30, 33, 47, 50, 63]
 
@@ -95,14 +106,33 @@ def run_mode(model: Path, options: dict[str, Any], args: Any) -> dict[str, Any]:
                 got["in 64"] = [list(r64[at64[i]].token_ids) for i in range(8)]
                 rr = rt.batch(a[::-1], **kw)
                 got["reversed"] = [list(r.token_ids) for r in rr[::-1]]
-        rt.batch(history, **greedy)  # b's first pages, prefilled by other requests
+        rt.batch(history, **greedy)  # b's first page and part of its second, prefilled by other requests
         out["greedy"]["after history"] = [list(rt.generate(p, **greedy).token_ids) for p in b]
+        answers = [list(rt.generate(p, **greedy).token_ids) for p in turns]
+        nxt = [p + a + m for p, a, m in zip(turns, answers, more)]
+        out["greedy"]["next turn"] = [list(rt.generate(p, **greedy).token_ids) for p in nxt]
         report = rt.diagnostics().get("fast_decode")
         out["report"] = report.report() if report is not None else None
     with ExLlamaRuntime(model, args.backend, **load) as fresh:
+        out["first token"] = first_token_ms(fresh, args)
         out["greedy"]["b alone, fresh runtime"] = [list(fresh.generate(p, **greedy).token_ids) for p in b]
+        out["greedy"]["next turn, fresh runtime"] = [list(fresh.generate(p, **greedy).token_ids) for p in nxt]
     out["seconds"] = round(time.perf_counter() - t0, 1)
+    out["prompt_tokens"] = args.prefill_prompt
     return out
+
+
+def first_token_ms(rt: Any, args: Any) -> dict[str, float]:
+    """Milliseconds to the first token of 8 cold prompts of ``--prefill-prompt`` random tokens (one untimed first)."""
+    cold = prompts(7, 9, args.prefill_prompt)
+    one = {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True}
+    rt.generate(cold[0], **one)  # kernels, graphs and allocations of the first prompt: not timed
+    times = []
+    for p in cold[1:]:
+        t = time.perf_counter()
+        rt.generate(p, **one)
+        times.append((time.perf_counter() - t) * 1000)
+    return {k: round(v, 2) for k, v in summary(times).items()}
 
 
 def table(name: str, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -119,6 +149,11 @@ def table(name: str, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         row["greedy: after history"] = sum(
             x == y for x, y in zip(hist["after history"], hist["b alone, fresh runtime"])
         )
+        if "next turn" in hist:  # (runs before the next-turn row have none)
+            row["greedy: next turn"] = sum(x == y for x, y in zip(hist["next turn"], hist["next turn, fresh runtime"]))
+        if "first token" in got:
+            key = f"first token ms, {got['prompt_tokens']}-token prompt, cold (median of 8)"
+            row[key] = got["first token"]["median"]
         if own is not None and mode != "own":
             for situation in ("alone", "in 16", "in 64", "reversed"):
                 row[f"greedy {situation} vs own loop"] = sum(
@@ -135,6 +170,7 @@ def main() -> None:
     ap.add_argument("--models", default="exl3,fp16")
     ap.add_argument("--modes", default="own,fast,deterministic")
     ap.add_argument("--prompt", type=int, default=300, help="tokens per prompt (> 256: a page to share)")
+    ap.add_argument("--prefill-prompt", type=int, default=3584, help="tokens of each prompt whose first token is timed")
     ap.add_argument("--backend", default="exllamav3", help="transformers: a CPU check of the script (--model-dir)")
     ap.add_argument("--model-dir", type=Path, default=None, help="with --backend transformers: the model")
     ap.set_defaults(new=64)

@@ -188,6 +188,52 @@ def test_deterministic_a_request_gets_its_tokens_alone_whatever_runs_beside_it(m
     print(f"deterministic=True: 4 probes alone == in 16 (reversed) == exllamav3 alone; {report}")
 
 
+@pytest.fixture(scope="module")
+def exl3_model(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same model in 4-bit EXL3 (its GEMMs round a prefill chunk by its row count: where history showed)."""
+    from fixture_models import convert_exl3
+
+    out = tmp_path_factory.mktemp("fast-exl3") / "exl3"
+    convert_exl3(model, out, bits=4, cal_rows=16, cal_cols=256, timeout=400)
+    return out
+
+
+@pytest.mark.parametrize("weights", ["fp16", "exl3"])
+def test_deterministic_a_request_gets_its_cold_tokens_whatever_was_cached_before(
+    weights: str, model: Path, request: pytest.FixtureRequest
+) -> None:
+    """deterministic=True: probes after other prompts that share their first page and part of their second were
+    prefilled, and a chat's next turn after its answer completed a page while decoding, give the tokens each gets
+    on a fresh runtime (exllamav3 would reuse those pages and copy the partial one, and prefill the rest in a chunk
+    of another size)."""
+    import torch
+
+    from exllama_integrations import ExLlamaRuntime
+
+    path = model if weights == "fp16" else request.getfixturevalue("exl3_model")
+    g = torch.Generator().manual_seed(17)
+    ids = torch.randint(10, 4000, (12, 500), generator=g).tolist()  # the fixture's vocabulary is 4096
+    probes = ids[:4]  # a full first page, 244 tokens of a second
+    history = [p[:380] + q[:120] for p, q in zip(probes, ids[4:8])]  # the first page and 124 tokens of the second
+    greedy = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}  # 500 + 32: page 2 completes decoding
+    load = {"cache_size": 16384, "deterministic": True}
+
+    with ExLlamaRuntime(path, "exllamav3", **load) as warm:
+        warm.batch(history, **greedy)
+        after = [list(warm.generate(p, **greedy).token_ids) for p in probes]
+        turns = [p + a + q[:40] for p, a, q in zip(probes, after, ids[8:12])]  # the next turn of each chat
+        next_turn = [list(warm.generate(p, **greedy).token_ids) for p in turns]
+        report = warm.diagnostics()["fast_decode"].report()
+    with ExLlamaRuntime(path, "exllamav3", **load) as cold:
+        alone = [list(cold.generate(p, **greedy).token_ids) for p in probes]
+    with ExLlamaRuntime(path, "exllamav3", **load) as cold:
+        turn_alone = [list(cold.generate(p, **greedy).token_ids) for p in turns]
+    assert after == alone
+    assert next_turn == turn_alone
+    assert report["private_pages"] >= 4, report  # each answer completed its prompt's last page while decoding
+    print(f"deterministic=True, {weights}: 4 probes after history == alone, 4 next turns == alone; {report}")
+
+
 def test_where_the_fast_path_stands_aside_close_still_releases_the_model(
     model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

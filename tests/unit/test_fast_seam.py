@@ -69,11 +69,13 @@ def test_a_release_that_changed_what_the_seam_wraps_is_named() -> None:
     facts["exllamav3.generator.generator:Generator.iterate_gen:params"]["keys"].append("sparse_flag")
     facts["exllamav3.generator.job:Job.receive_logits"]["present"] = False
     facts["exllamav3.constants:PAGE_SIZE"]["value"] = 128
+    facts["exllamav3.generator.job:Job.prefill:reads self.pagetable.all_pages"]["reads"] = 2
     got = depends.problems(REQUIREMENTS, facts)
     assert got == [
         "exllamav3.generator.generator:Generator.iterate_gen: parameters ['results', 'draft', 'window'] do not begin "
         "with ['results', 'draft_tokens']",
         "exllamav3.generator.job:Job.receive_logits: missing",
+        "exllamav3.generator.job:Job.prefill:reads self.pagetable.all_pages: read 2 times, the seam assumes 1",
         "exllamav3.generator.generator:Generator.iterate_gen:params: keys ['sparse_flag'] are new (the captured "
         "forward lacks them)",
         "exllamav3.constants:PAGE_SIZE: is 128, the fast path assumes 256",
@@ -85,6 +87,7 @@ def test_a_release_that_changed_what_the_seam_wraps_is_named() -> None:
         "exllamav3.generator.generator:Generator.iterate_gen:params",
         "exllamav3.generator.job:Job.receive_logits",
         "exllamav3.constants:PAGE_SIZE",
+        "exllamav3.generator.job:Job.prefill:reads self.pagetable.all_pages",
     }
 
 
@@ -107,6 +110,8 @@ def test_the_source_reader_finds_members_signatures_keys_and_constants(tmp_path:
         depends.Constant("lib.sub.gen", "_on"),
         depends.Constant("lib.sub.gen", "PAGE", 64),
         depends.Member("lib.missing", "X", "y"),
+        depends.Reads("lib.sub.gen", "Gen", "__init__", "self.jobs"),
+        depends.Reads("lib.sub.gen", "Gen", "step", "self.jobs"),
     ]
     found = depends.facts(pkg, reqs)
     assert found["lib.sub.gen:Gen.step"]["params"] == ["results", "draft"]
@@ -114,6 +119,7 @@ def test_the_source_reader_finds_members_signatures_keys_and_constants(tmp_path:
         "lib.sub.gen:Gen.gone: missing",
         "lib.sub.gen:Gen.step:params: keys ['b'] are new (the captured forward lacks them)",
         "lib.missing:X.y: missing",
+        "lib.sub.gen:Gen.step:reads self.jobs: read 0 times, the seam assumes 1",
     ]
     # a docstring or comment edit is not a change of code; a changed line is
     before = found["lib.sub.gen:Gen.step"]["body"]
@@ -139,7 +145,7 @@ ALLOWED |= {"pooling.py"}  # the exllamav3 embedding backend (its own Model forw
 ALLOWED |= {"mtp.py"}  # draft="mtp": the checkpoint's MTP heads built as exllamav3's draft model
 """The exllamav3 backend's own modules, which build its objects (Config, Model, Cache, Generator, Job, samplers,
 filters, LoRA, the embedding forward) and apply upstream fixes; the fast path reaches exllamav3 through
-fast/seam.py only."""
+the fast/seam/ package only."""
 
 
 def _imports(path: Path) -> set[str]:
@@ -152,18 +158,21 @@ def _imports(path: Path) -> set[str]:
     return {m for m in out if m == "exllamav3" or m.startswith("exllamav3.")}
 
 
+SEAM = "backends/exllamav3/fast/seam/"
+
+
 def test_only_the_seam_touches_exllamav3_from_the_fast_path() -> None:
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
         found = _imports(path)
-        if not found or rel == "backends/exllamav3/fast/seam.py":
+        if not found or rel.startswith(SEAM):
             continue
         in_backend = rel.startswith("backends/exllamav3/") and "/" not in rel.removeprefix("backends/exllamav3/")
         if not (in_backend and Path(rel).name in ALLOWED):
             offenders.append(f"{rel}: {sorted(found)}")
     assert offenders == [], "exllamav3 imported outside the seam and the backend's own modules"
-    assert _imports(PACKAGE / "backends/exllamav3/fast/seam.py")  # (the check sees imports inside functions)
+    assert _imports(PACKAGE / SEAM / "views.py")  # (the check sees imports inside functions)
 
 
 # ---------------------------------------------------------------------- options the installed exllamav3 would ignore
@@ -212,3 +221,148 @@ def test_deterministic_decoding_refuses_what_would_break_its_guarantee() -> None
     opts = build_options(ExLlamaV3Options, "exllamav3", {"deterministic": True})
     assert isinstance(opts, ExLlamaV3Options) and opts.prefill == "exllamav3"
     assert ExLlamaV3Options().prefill == "exllamav3"  # job by job by default: tokens independent of neighbours
+
+
+# ---------------------------------------------------------------------- deterministic=True: prefill without history
+
+
+def test_deterministic_prefills_one_page_a_forward_and_refuses_a_chunk_that_contradicts_it() -> None:
+    from exllama_integrations import InvalidSettingsError
+    from exllama_integrations.backends.base import build_options
+    from exllama_integrations.backends.exllamav3.options import ExLlamaV3Options, generator_kwargs, prefill_chunk
+
+    det = ExLlamaV3Options(deterministic=True)
+    assert prefill_chunk(det, 65536) == PAGE_SIZE  # cold and warm runs prefill the same page-aligned chunks
+    kw = generator_kwargs(det, prefill_chunk(det, 65536))
+    assert (kw["max_chunk_size"], kw["shared_chunk_size"]) == (PAGE_SIZE, PAGE_SIZE)
+    assert prefill_chunk(ExLlamaV3Options(), 65536) == 2048 and prefill_chunk(ExLlamaV3Options(), 1024) == 1024
+    same = {"deterministic": True, "max_chunk_size": PAGE_SIZE, "shared_chunk_size": PAGE_SIZE}
+    assert prefill_chunk(build_options(ExLlamaV3Options, "exllamav3", same), 65536) == PAGE_SIZE  # (ExLlamaV3Options)
+    for name in ("max_chunk_size", "shared_chunk_size"):
+        with pytest.raises(InvalidSettingsError, match=f"deterministic=True prefills one page.*{name}=512") as e:
+            build_options(ExLlamaV3Options, "exllamav3", {"deterministic": True, name: 512})
+        assert "leave" in str(e.value)
+        assert build_options(ExLlamaV3Options, "exllamav3", {name: 512})  # without deterministic: as asked
+
+
+class Page:
+    """A cache page as exllamav3's ``CachePage`` keeps it (the fields the seam and prefill read)."""
+
+    def __init__(self, tokens: list[int], phash: str, prev_hash: str | None = None) -> None:
+        self.tokens, self.phash, self.prev_hash, self.can_revert = tokens, phash, prev_hash, True
+
+
+class PageTable:
+    def __init__(self, pages: list[Page]) -> None:
+        self.all_pages, self.referenced_pages = pages, {p.phash: p for p in pages}
+
+
+class Seq:
+    def __init__(self, pages: list[Page]) -> None:
+        self.allocated_pages = pages
+
+
+class HistoryJob:
+    """exllamav3's ``Job`` in miniature, at the two points where its prefill depends on the cache's history.
+
+    ``prefill``: copies the K/V of the cached page whose first tokens match most of the prompt (``Job.prefill``'s
+    partial-page search over ``self.pagetable.all_pages``) and hashes the prompt page it completes;
+    ``hash_completed_page``: publishes a completed page under its content hash and links the next one.
+    """
+
+    def __init__(self, gen: FakeGenerator, prompt: list[int]) -> None:
+        self.pagetable, self.prompt, self.copied = gen.pagetable, prompt, 0
+        self.seq = Seq([Page(prompt, "private-0"), Page([], "private-1"), Page([], "private-2")])
+
+    def prefill(self, results: list[object], chunk_size: int | None = None) -> None:
+        def match(p: Page) -> int:
+            return next((i for i, (a, b) in enumerate(zip(p.tokens, self.prompt, strict=False)) if a != b), 0)
+
+        self.copied = max([match(p) for p in self.pagetable.all_pages] + [0])
+        assert self.pagetable.referenced_pages  # the rest of the table is there as ever
+        self.hash_completed_page(self.seq, 0)  # a prompt page this prefill computed
+
+    def hash_completed_page(self, seq: Seq, page_idx: int) -> None:
+        page = seq.allocated_pages[page_idx]
+        page.phash = f"content-{page_idx}"
+        self.pagetable.referenced_pages[page.phash] = page
+        seq.allocated_pages[page_idx + 1].prev_hash, seq.allocated_pages[page_idx + 1].can_revert = page.phash, False
+
+
+class FakeGenerator:
+    """exllamav3's ``Generator.iterate`` in miniature: start pending jobs, prefill them, a decode step completes a
+    page of each (``receive_sample`` calls ``hash_completed_page``)."""
+
+    def __init__(self, chunk: int = PAGE_SIZE) -> None:
+        self.max_chunk_size = self.shared_chunk_size = chunk
+        self.pagetable = PageTable([Page([5, 6, 7, 8], "content-other")])
+        self.pending_jobs: list[HistoryJob] = []
+        self.active_jobs: list[HistoryJob] = []
+        self.model = type("M", (), {"forward": lambda *a, **k: None, "prefetch_tokens": lambda *a: None})()
+        self.cache = type("C", (), {"copy_page": lambda *a: None})()
+
+    def iterate(self) -> list[object]:
+        self.active_jobs += self.pending_jobs
+        self.pending_jobs = []
+        for job in self.active_jobs:
+            job.prefill([])
+        self.iterate_gen([])
+        return []
+
+    def iterate_gen(self, results: list[object], draft_tokens: object = None) -> None:
+        for job in self.active_jobs:
+            job.hash_completed_page(job.seq, 1)  # the page straddling the prompt's end, completed while decoding
+
+
+class NoHooks:
+    def step(self, drafted: bool) -> object:
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+    def forward(self, eager: object, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+        return None
+
+    def tokens_read(self, ids: list[int]) -> None:
+        pass
+
+    def iterate_end(self) -> None:
+        pass
+
+
+def test_deterministic_prefill_copies_no_partial_page_and_keeps_decoded_pages_private() -> None:
+    from exllama_integrations.backends.exllamav3.fast.seam import Seam
+
+    gen = FakeGenerator()
+    gen.pending_jobs.append(warm := HistoryJob(gen, [5, 6, 7, 9]))
+    gen.iterate()  # exllamav3 alone: 3 tokens' K/V copied from another prompt's page, the decoded page published
+    assert warm.copied == 3 and warm.seq.allocated_pages[1].phash == "content-1"
+
+    gen = FakeGenerator()
+    seam = Seam(gen)
+    seam.install(NoHooks(), prefill=False, pointer_table=None, deterministic=True)  # type: ignore[arg-type]
+    gen.pending_jobs.append(job := HistoryJob(gen, [5, 6, 7, 9]))
+    gen.iterate()
+    assert job.copied == 0  # no partial page copied: the prompt is prefilled as on a fresh cache
+    assert job.pagetable is gen.pagetable  # the view lasted the prefill only
+    pages = job.seq.allocated_pages
+    assert pages[0].phash == "content-0"  # a prompt page prefill computed in one forward: published as ever
+    assert pages[1].phash == "private-1" and "content-1" not in gen.pagetable.referenced_pages  # decoded: private
+    assert (pages[2].prev_hash, pages[2].can_revert) == ("private-1", False)  # linked, not reverted at the end
+    assert seam.private_pages == 1
+
+    seam.remove()  # with the seam's other wraps
+    assert not vars(job).keys() & {"prefill", "hash_completed_page"} and "iterate" not in vars(gen)
+    gen.pending_jobs.append(after := HistoryJob(gen, [5, 6, 7, 9]))
+    gen.iterate()
+    assert after.copied == 3  # exllamav3's own prefill again
+
+
+def test_deterministic_needs_a_generator_that_prefills_one_page_a_forward() -> None:
+    from exllama_integrations.backends.exllamav3.fast.seam import Seam
+
+    gen = FakeGenerator(chunk=2048)
+    seam = Seam(gen)
+    with pytest.raises(ValueError, match="max_chunk_size and shared_chunk_size must be 256"):
+        seam.install(NoHooks(), prefill=False, pointer_table=None, deterministic=True)  # type: ignore[arg-type]
+    assert not seam.installed and "iterate" not in vars(gen)

@@ -31,6 +31,7 @@ from .options import (
     cache_kwargs,
     generator_kwargs,
     generator_parameters,
+    prefill_chunk,
     show_progress,
     whole_pages,
 )
@@ -139,7 +140,7 @@ class ExLlamaV3Backend(Backend):
                 cache_tokens, self._sizing = auto_cache_tokens(model, options, context, draft, heads)
             else:
                 cache_tokens = whole_pages(int(options.cache_size))
-            chunk = min(options.max_chunk_size or 2048, cache_tokens)  # a prefill chunk must fit the cache
+            chunk = prefill_chunk(options, cache_tokens)  # a prefill chunk must fit the cache
             cache_kw = cache_kwargs(options, default_draft(mtp) if mtp is not None else 4)
             self._cache = Cache(self._model, max_num_tokens=cache_tokens, **cache_kw)
             load_kw: dict[str, Any] = {"progressbar": show_progress(options.progressbar), "max_chunk_size": chunk}

@@ -110,7 +110,7 @@ class ExLlamaV3Options(BackendOptions):
     max_batch_size: int = Field(default=64, ge=1, le=1024)
     """Most jobs decoding together."""
     max_chunk_size: int | None = Field(default=None, ge=256)
-    """Prefill chunk (tokens); None: min(2048, cache)."""
+    """Prefill chunk (tokens); None: min(2048, cache), or one page (256) with ``deterministic=True``."""
     prefill_cooldown: int | None = Field(default=0, ge=0)
     """Iterations between prefill passes while other jobs decode. 0 (ours): a caller who arrives while others
     decode starts at the next step; exllamav3's own 4 smooths running streams but, measured with 64 callers
@@ -120,7 +120,7 @@ class ExLlamaV3Options(BackendOptions):
     ``prefill_cooldown`` 0 every prompt waiting starts at the next step, and with ``decode="fast"`` their chunks run
     together in a few forwards (``fast.prefill``, with ``prefill="batched"``). exllamav3's own (half of
     ``max_chunk_size``) takes one waiting prompt a step: 64 callers arriving ms apart then start one step apart,
-    each prefilled alone."""
+    each prefilled alone. With ``deterministic=True``: one page (256), as ``max_chunk_size``."""
     warmup: bool = False
     """Run exllamav3's ``Model.warmup()`` at load (kernel compiles, GEMM autotuning, graph workspaces), so the first
     request pays none of it; its time is in ``model_info().details["warmup_seconds"]`` (8 s on the H200 for a
@@ -141,9 +141,11 @@ class ExLlamaV3Options(BackendOptions):
     """With ``decode="fast"``: a request's tokens do not depend on what runs beside it (the requests decoding with it,
     their number and order). Each row of a decode step runs as a step of its own, as exllamav3 runs a request alone
     (one forward per row: 0.97 of the default alone, 0.16 at 16 jobs, 0.13 at 64 on an H100), and prompts are
-    prefilled job by job. Not covered: a prompt prefix another request prefilled (docs/determinism.md). Without it
-    (the default), tokens are those of exllamav3's own loop for the same schedule, which may part from the same
-    request alone at near-ties."""
+    prefilled job by job, one page (256 tokens) a forward (``max_chunk_size`` and ``shared_chunk_size`` 256), so that
+    a page's K/V are the same whatever of its prefix was cached before; a partly filled cached page is not copied,
+    and a page completed while decoding is not offered to later prompts (docs/determinism.md). Without it (the
+    default), tokens are those of exllamav3's own loop for the same schedule, which may part from the same request
+    alone at near-ties."""
     progressbar: bool | None = None
     """A progress bar while loading; None: when stderr is a terminal or in a notebook."""
     stream_interval: int | Literal["auto"] = "auto"
@@ -204,6 +206,13 @@ class ExLlamaV3Options(BackendOptions):
             raise ValueError("deterministic=True needs decode='fast' (the rows of a step run apart there)")
         if self.deterministic and self.prefill == "batched":
             raise ValueError("deterministic=True prefills job by job: leave prefill='exllamav3'")
+        for name in ("max_chunk_size", "shared_chunk_size"):
+            chunk = getattr(self, name)
+            if self.deterministic and chunk is not None and chunk != PAGE:
+                raise ValueError(
+                    f"deterministic=True prefills one page ({PAGE} tokens) a forward, so that a prompt's K/V do not "
+                    f"depend on what was cached before it; {name}={chunk} contradicts it: leave {name} unset"
+                )
         if self.deterministic and ways:
             raise ValueError(
                 f"deterministic=True runs the rows of a decode step apart, but a drafted step ({ways[0]}) verifies "
@@ -254,6 +263,17 @@ def cache_kwargs(options: ExLlamaV3Options, default_draft: int = 4) -> dict[str,
 
 IGNORED_BY_OLD_RELEASES = ("prefill_cooldown", "shared_chunk_size")
 """Generator arguments exllamav3 before 1.6.4 does not have: it takes them in ``**kwargs`` and ignores them."""
+
+
+def prefill_chunk(options: ExLlamaV3Options, cache_tokens: int) -> int:
+    """The longest prefill forward (tokens): ``max_chunk_size`` (None: 2048) within the cache.
+
+    One page when ``deterministic``: each page's K/V is then computed in a forward of that page's tokens alone, on a
+    cold cache as on a warm one.
+    """
+    if options.deterministic:
+        return PAGE
+    return min(options.max_chunk_size or 2048, cache_tokens)
 
 
 def generator_kwargs(options: ExLlamaV3Options, chunk: int, accepted: set[str] | None = None) -> dict[str, Any]:

@@ -14,8 +14,10 @@ exllamav3's own kernels choose their attention split and GEMM tiles by the numbe
 alone and the same request inside a batch may part where two logits nearly tie. ``deterministic=True`` removes
 that: each row of a decode step runs as a step of its own (its own table width, exllamav3's own launch for one
 row), so a request's tokens are those exllamav3's own loop gives it alone, whatever decodes beside it; the cost is
-one forward per row (benchmarks/results, run 15). Batched prefill is refused with it (its GEMMs round differently);
-a prompt prefix another request prefilled is not covered (docs/determinism.md).
+one forward per row (benchmarks/results, run 15). Batched prefill is refused with it (its GEMMs round differently),
+and prompts are prefilled one page a forward, with no K/V copied from a partly matching page and no page completed
+while decoding offered to later prompts (:meth:`.seam.Seam.pin`), so that what was cached before a request does not
+change its K/V (docs/determinism.md).
 
 Where it stands aside (:meth:`FastDecode.report` says which and how often):
 
@@ -122,7 +124,8 @@ class FastDecode:
             self.prefill = BatchedPrefill(self.jobs)
         try:
             table = self.graphs.pointer_table if self.graphs is not None and self.graphs.why_not is None else None
-            self.seam.install(self, prefill=self.prefill is not None and self.prefill.on, pointer_table=table)
+            on = self.prefill is not None and self.prefill.on
+            self.seam.install(self, prefill=on, pointer_table=table, deterministic=deterministic)
         except Exception as e:  # noqa: BLE001 - nothing stays wrapped (install is all or nothing)
             logger.exception("decode='fast': hooking exllamav3 failed; its own loop runs")
             self.active, self.why_not = False, f"hooking exllamav3 failed: {type(e).__name__}: {e}"
@@ -399,6 +402,7 @@ class FastDecode:
             "batched_steps": self.steps,
             "batched_tokens": self.tokens,
             **({"row_forwards": self.row_forwards} if self.deterministic else {}),
+            **({"private_pages": self.seam.private_pages} if self.deterministic and self.seam is not None else {}),
             "sampled_by_exllamav3": dict(self.fallback),
             "jobs_not_adopted": dict(self.not_adopted),
             "graphs": self.graphs.report() if self.graphs is not None else {"captured": False, "stands_aside": "off"},

@@ -69,7 +69,26 @@ class Constant:
         return f"{self.module}:{self.name}"
 
 
-Requirement = Member | DictKeys | Constant
+@dataclass(frozen=True)
+class Reads:
+    """How often ``cls.func`` reads an attribute chain (``self.pagetable.all_pages``): it must be ``times``.
+
+    For a wrap that changes what one read sees (a view of an object, for the duration of a call): another read of
+    the same chain, or none, in a new release means the wrap would change something else, or nothing.
+    """
+
+    module: str
+    cls: str
+    func: str
+    chain: str
+    times: int = 1
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.cls}.{self.func}:reads {self.chain}"
+
+
+Requirement = Member | DictKeys | Constant | Reads
 
 
 def release(version: str) -> tuple[int, ...] | None:
@@ -185,12 +204,26 @@ def _dict_keys(fn: ast.FunctionDef, var: str) -> list[str] | None:
     return None
 
 
+def _reads(fn: ast.FunctionDef, chain: str) -> int:
+    """Attribute chains spelled ``chain`` in ``fn`` (``a.b.c``: the outermost node of each counted once)."""
+
+    def spelled(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute):
+            inner = spelled(node.value)
+            return None if inner is None else f"{inner}.{node.attr}"
+        return None
+
+    return sum(isinstance(n, ast.Attribute) and spelled(n) == chain for n in ast.walk(fn))
+
+
 def facts(root: Path, requirements: list[Requirement]) -> dict[str, Any]:
     """What the source under ``root`` (the package's folder) says about each requirement, by its key.
 
     A member: ``{"present": bool, "params": [...]}`` (params for methods); dict keys: ``{"keys": [...]}`` or
     ``{"keys": None}`` when the dict is not found; a constant: ``{"present": bool, "value": ...}`` (its value when a
-    literal is assigned).
+    literal is assigned); reads: ``{"reads": n}`` (None: the method is not found).
     """
     cache: dict[str, _Module | None] = {}
 
@@ -210,7 +243,10 @@ def facts(root: Path, requirements: list[Requirement]) -> dict[str, Any]:
                 out[r.key]["value"] = m.values[r.name]
             continue
         cls = m.classes.get(r.cls) if m is not None else None
-        if isinstance(r, Member):
+        if isinstance(r, Reads):
+            fn = _method(cls, r.func) if cls is not None else None
+            out[r.key] = {"reads": _reads(fn, r.chain) if fn is not None else None}
+        elif isinstance(r, Member):
             fn = _method(cls, r.name) if cls is not None else None
             present = cls is not None and r.name in _members(cls)
             body = {"params": _params(fn), "body": _fingerprint(fn, m.source)} if fn is not None and m else {}
@@ -236,6 +272,9 @@ def problems(requirements: list[Requirement], found: dict[str, Any]) -> list[str
             got = f.get("params")
             if got is None or tuple(got[: len(r.params)]) != r.params:
                 out.append(f"{r.key}: parameters {got} do not begin with {list(r.params)}")
+        elif isinstance(r, Reads):
+            if f.get("reads") != r.times:
+                out.append(f"{r.key}: read {f.get('reads')} times, the seam assumes {r.times}")
         elif isinstance(r, DictKeys):
             keys = f.get("keys")
             if keys is None:

@@ -15,7 +15,18 @@ import logging
 import os
 from functools import lru_cache
 
-from .depends import Constant, DictKeys, Member, Requirement, facts, installed_version, problems, release, source_root
+from .depends import (
+    Constant,
+    DictKeys,
+    Member,
+    Reads,
+    Requirement,
+    facts,
+    installed_version,
+    problems,
+    release,
+    source_root,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,16 +67,22 @@ REQUIREMENTS: list[Requirement] = [
     Member("exllamav3.cache.cache", "Cache", "copy_page", ("target", "from_page", "to_page", "num_tokens")),
     Member(_J, "Job", "receive_logits", ("logits",)),
     Member(f"{_MOD}.multilinear", "SlicedMultiLinear", "c_ptrs", ("outputs",)),
+    # wrapped per job with deterministic=True: prefill sees no page to copy a partial page from (the one read of
+    # all_pages in Job.prefill), and a page completed while decoding keeps its private hash
+    Member(_J, "Job", "prefill", ("results", "chunk_size")),
+    Member(_J, "Job", "hash_completed_page", ("seq", "page_idx")),
+    Reads(_J, "Job", "prefill", "self.pagetable.all_pages"),
     DictKeys(_G, "Generator", "iterate_gen", "params", STEP_PARAMS - {"dev_cache", "position_ids"}),
     DictKeys(_J, "Job", "prefill", "params", PREFILL_PARAMS),
     # read
-    *(Member(_G, "Generator", n) for n in "pending_jobs active_jobs max_chunk_size pagetable draft_model "
-      "recurrent_cache cpu_page_cache disk_page_cache".split()),
+    *(Member(_G, "Generator", n) for n in "pending_jobs active_jobs max_chunk_size shared_chunk_size pagetable "
+      "draft_model recurrent_cache cpu_page_cache disk_page_cache".split()),
     *(Member(_J, "Job", n) for n in "new_tokens stop_tokens max_new_tokens max_rq_tokens rq_margin sequences "
       "return_logits forced_ids device_logit_mask return_probs return_top_tokens current_device_ids "
-      "is_prefill_done".split()),
+      "is_prefill_done pagetable".split()),
     Member(_P, "Sequence", "allocated_pages"),
-    *(Member(_P, "CachePage", n) for n in "page_index ref_count kv_position sequence".split()),
+    *(Member(_P, "CachePage", n) for n in "page_index ref_count kv_position sequence phash prev_hash "
+      "can_revert".split()),
     Member(_P, "PageTable", "all_pages"),
     *(Member(_M, "Model", n) for n in "fwd_modules modules caps _get_prefetch_layers prepare_inputs".split()),
     Member("exllamav3.model.model_tp", "Model_TPMixin", "loaded_tp"),

@@ -1,30 +1,14 @@
-"""The fast path's one seam onto exllamav3: the only module that reads or wraps exllamav3's internals.
+"""The typed views through which the fast path reads exllamav3's jobs, pages, generator and model.
 
-What it relies on is declared in :mod:`.requirements` and checked against the installed library before anything is
-wrapped; the features (the batched sampler, the captured step, running ahead, batched prefill) see exllamav3 only
-through the typed views below and the hooks :class:`Seam` calls. :class:`Seam` installs every wrap of one generator
-as one unit and removes them as one unit, whatever fails (as SGLang's ``patch_model`` does in one context).
+Part of the seam (:mod:`.`): these classes and :class:`~.Seam`'s wraps are the only code that reads exllamav3's
+internals; the features see exllamav3 only through them.
 """
 
 from __future__ import annotations
 
-import logging
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
-
-from .requirements import PAGE_SIZE, PREFILL_PARAMS, STEP_PARAMS, VERIFIED, stands_aside
-
-logger = logging.getLogger(__name__)
-
-__all__ = ["PREFILL_PARAMS", "STEP_PARAMS", "VERIFIED", "stands_aside"]
-
-
-def page_size() -> int:
-    """Tokens per page of exllamav3's paged cache (:data:`.requirements.PAGE_SIZE`, checked against exllamav3's)."""
-    return PAGE_SIZE
-
+from typing import Any
 
 # ---------------------------------------------------------------------- views of jobs, pages and the generator
 
@@ -317,117 +301,3 @@ def _walk(modules: list[Any]) -> Iterator[Any]:
     for m in modules:
         yield m
         yield from _walk(list(getattr(m, "modules", []) or []))
-
-
-# ---------------------------------------------------------------------- the hooks, installed as one unit
-
-
-class Hooks(Protocol):
-    """What the fast path does at each point the seam wraps (``eager``: exllamav3's own call)."""
-
-    def step(self, drafted: bool) -> Any:
-        """A context for one ``iterate_gen`` (a decode step; ``drafted``: a window of draft tokens)."""
-
-    def forward(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
-
-    def prefill_chunk(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
-
-    def copy_page(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
-
-    def tokens_read(self, ids: list[int]) -> None:
-        """The step's tokens are on the host (exllamav3 read them back and synchronized)."""
-
-    def iterate_end(self) -> None:
-        """The end of ``Generator.iterate()`` (nothing is held between calls)."""
-
-
-class Seam:
-    """Every wrap of one exllamav3 generator, installed as one unit and removed as one unit."""
-
-    def __init__(self, generator: Any) -> None:
-        self.generator = generator
-        self.jobs = GeneratorView(generator)
-        self._undo: list[tuple[Any, str, bool, Any]] = []  # (object, name, had an instance value, that value)
-        self._job_wraps: weakref.WeakSet[Any] = weakref.WeakSet()  # adopted jobs still alive
-        self.own_forward: Callable[..., Any] = generator.model.forward  # exllamav3's own Model.forward
-
-    def _wrap(self, obj: Any, name: str, new: Any) -> None:
-        had = name in vars(obj)
-        self._undo.append((obj, name, had, vars(obj).get(name)))
-        setattr(obj, name, new)  # an instance attribute shadows the class's method
-
-    def install(self, hooks: Hooks, prefill: bool, pointer_table: Callable[[Any], Any] | None) -> None:
-        """Wrap the generator, its model and cache for ``hooks``: all or nothing.
-
-        ``prefill``: also ``Model.prefill`` and ``Cache.copy_page``; ``pointer_table(mq)``: a ``c_ptrs`` for each sliced
-        Q/K/V GEMM.
-        """
-        gen = self.generator
-        model, cache = gen.model, gen.cache
-        try:
-            iterate, iterate_gen, forward = gen.iterate, gen.iterate_gen, model.forward
-            self.own_forward = forward
-
-            def fast_iterate(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return iterate(*args, **kwargs)
-                finally:
-                    hooks.iterate_end()
-
-            def fast_iterate_gen(results: list[Any], draft_tokens: Any = None) -> Any:
-                with hooks.step(draft_tokens is not None):
-                    return iterate_gen(results, draft_tokens)
-
-            self._wrap(gen, "iterate", fast_iterate)
-            self._wrap(gen, "iterate_gen", fast_iterate_gen)
-            self._wrap(model, "forward", lambda *a, **k: hooks.forward(forward, a, k))
-            prefetch = model.prefetch_tokens
-
-            def prefetch_tokens(ids: list[int]) -> None:
-                prefetch(ids)
-                hooks.tokens_read(ids)
-
-            self._wrap(model, "prefetch_tokens", prefetch_tokens)
-            if prefill:
-                own_prefill, copy_page = model.prefill, cache.copy_page
-                self._wrap(model, "prefill", lambda *a, **k: hooks.prefill_chunk(own_prefill, a, k))
-                self._wrap(cache, "copy_page", lambda *a, **k: hooks.copy_page(copy_page, a, k))
-            if pointer_table is not None:
-                for mq in ModelView(model).sliced_qkv() if ModelView(model).why_not is None else []:
-                    if "c_ptrs" not in vars(mq):
-                        self._wrap(mq, "c_ptrs", pointer_table(mq))
-        except Exception:
-            self.remove()
-            raise
-
-    def adopt(self, job: Any, token_for: Callable[[Any], Any]) -> None:
-        """``job``'s tokens come from ``token_for(job)`` where it gives one, else from exllamav3's own sampler."""
-        own = job.receive_logits
-
-        def receive_logits(logits: Any) -> Any:
-            token = token_for(job)
-            if token is None:
-                return own(logits)
-            return token, None, None, None
-
-        self._job_wraps.add(job)
-        job.receive_logits = receive_logits
-
-    def remove(self) -> None:
-        """Undo every wrap, newest first (idempotent; never raises)."""
-        while self._undo:
-            obj, name, had, old = self._undo.pop()
-            try:
-                if had:
-                    setattr(obj, name, old)
-                else:
-                    vars(obj).pop(name, None)
-            except Exception:  # noqa: BLE001 - the other wraps must still go
-                logger.exception("decode='fast': removing the wrap of %s", name)
-        for job in list(self._job_wraps):
-            vars(job).pop("receive_logits", None)
-        self._job_wraps.clear()
-
-    @property
-    def installed(self) -> bool:
-        return bool(self._undo)

@@ -1,0 +1,224 @@
+"""The fast path's one seam onto exllamav3: the only package that reads or wraps exllamav3's internals.
+
+What it relies on is declared in :mod:`..requirements` and checked against the installed library before anything is
+wrapped; the features (the batched sampler, the captured step, running ahead, batched prefill) see exllamav3 only
+through the typed views of :mod:`.views` and the hooks :class:`Seam` calls. :class:`Seam` installs every wrap of one
+generator as one unit and removes them as one unit, whatever fails (as SGLang's ``patch_model`` does in one context).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..requirements import PAGE_SIZE, PREFILL_PARAMS, STEP_PARAMS, VERIFIED, stands_aside
+from .views import GeneratorView, JobView, ModelView, PageView, qkv_pointers, view
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "PREFILL_PARAMS",
+    "STEP_PARAMS",
+    "VERIFIED",
+    "GeneratorView",
+    "JobView",
+    "ModelView",
+    "PageView",
+    "qkv_pointers",
+    "stands_aside",
+    "view",
+]
+
+
+def page_size() -> int:
+    """Tokens per page of exllamav3's paged cache (:data:`.requirements.PAGE_SIZE`, checked against exllamav3's)."""
+    return PAGE_SIZE
+
+
+class NoPartialPages:
+    """The page table as a ``deterministic`` job's ``Job.prefill`` sees it: no page to copy a partial page from.
+
+    Its one read of ``all_pages`` (a search for a cached page whose first tokens match the rest of the prompt, to
+    copy their K/V) finds none; every other read and write reaches the real table.
+    """
+
+    __slots__ = ("_table",)
+    all_pages: tuple[Any, ...] = ()
+
+    def __init__(self, table: Any) -> None:
+        object.__setattr__(self, "_table", table)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._table, name, value)
+
+
+# ---------------------------------------------------------------------- the hooks, installed as one unit
+
+
+class Hooks(Protocol):
+    """What the fast path does at each point the seam wraps (``eager``: exllamav3's own call)."""
+
+    def step(self, drafted: bool) -> Any:
+        """A context for one ``iterate_gen`` (a decode step; ``drafted``: a window of draft tokens)."""
+
+    def forward(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+    def prefill_chunk(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+    def copy_page(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+    def tokens_read(self, ids: list[int]) -> None:
+        """The step's tokens are on the host (exllamav3 read them back and synchronized)."""
+
+    def iterate_end(self) -> None:
+        """The end of ``Generator.iterate()`` (nothing is held between calls)."""
+
+
+class Seam:
+    """Every wrap of one exllamav3 generator, installed as one unit and removed as one unit."""
+
+    def __init__(self, generator: Any) -> None:
+        self.generator = generator
+        self.jobs = GeneratorView(generator)
+        self._undo: list[tuple[Any, str, bool, Any]] = []  # (object, name, had an instance value, that value)
+        self._job_wraps: weakref.WeakSet[Any] = weakref.WeakSet()  # adopted jobs still alive
+        self._pinned: weakref.WeakSet[Any] = weakref.WeakSet()  # deterministic: jobs whose prefill ignores history
+        self.private_pages = 0  # deterministic: pages completed while decoding, kept from later prompts
+        self.own_forward: Callable[..., Any] = generator.model.forward  # exllamav3's own Model.forward
+
+    def _wrap(self, obj: Any, name: str, new: Any) -> None:
+        had = name in vars(obj)
+        self._undo.append((obj, name, had, vars(obj).get(name)))
+        setattr(obj, name, new)  # an instance attribute shadows the class's method
+
+    def install(
+        self, hooks: Hooks, prefill: bool, pointer_table: Callable[[Any], Any] | None, deterministic: bool = False
+    ) -> None:
+        """Wrap the generator, its model and cache for ``hooks``: all or nothing.
+
+        ``prefill``: also ``Model.prefill`` and ``Cache.copy_page``; ``pointer_table(mq)``: a ``c_ptrs`` for each sliced
+        Q/K/V GEMM; ``deterministic``: every job's prefill ignores what was cached before it (:meth:`pin`; the
+        generator must prefill one page a forward).
+
+        Raises:
+            ValueError: ``deterministic`` with a generator whose prefill chunks are not one page.
+        """
+        gen = self.generator
+        model, cache = gen.model, gen.cache
+        if deterministic and (gen.max_chunk_size, gen.shared_chunk_size) != (PAGE_SIZE, PAGE_SIZE):
+            raise ValueError(
+                f"deterministic=True prefills one page a forward: the Generator's max_chunk_size and shared_chunk_size "
+                f"must be {PAGE_SIZE} (they are {gen.max_chunk_size} and {gen.shared_chunk_size})"
+            )
+        try:
+            iterate, iterate_gen, forward = gen.iterate, gen.iterate_gen, model.forward
+            self.own_forward = forward
+
+            def fast_iterate(*args: Any, **kwargs: Any) -> Any:
+                if deterministic:  # jobs enqueued since: before iterate() starts and prefills them
+                    for job in (*gen.pending_jobs, *gen.active_jobs):
+                        if job not in self._pinned:
+                            self.pin(job)
+                try:
+                    return iterate(*args, **kwargs)
+                finally:
+                    hooks.iterate_end()
+
+            def fast_iterate_gen(results: list[Any], draft_tokens: Any = None) -> Any:
+                with hooks.step(draft_tokens is not None):
+                    return iterate_gen(results, draft_tokens)
+
+            self._wrap(gen, "iterate", fast_iterate)
+            self._wrap(gen, "iterate_gen", fast_iterate_gen)
+            self._wrap(model, "forward", lambda *a, **k: hooks.forward(forward, a, k))
+            prefetch = model.prefetch_tokens
+
+            def prefetch_tokens(ids: list[int]) -> None:
+                prefetch(ids)
+                hooks.tokens_read(ids)
+
+            self._wrap(model, "prefetch_tokens", prefetch_tokens)
+            if prefill:
+                own_prefill, copy_page = model.prefill, cache.copy_page
+                self._wrap(model, "prefill", lambda *a, **k: hooks.prefill_chunk(own_prefill, a, k))
+                self._wrap(cache, "copy_page", lambda *a, **k: hooks.copy_page(copy_page, a, k))
+            if pointer_table is not None:
+                for mq in ModelView(model).sliced_qkv() if ModelView(model).why_not is None else []:
+                    if "c_ptrs" not in vars(mq):
+                        self._wrap(mq, "c_ptrs", pointer_table(mq))
+        except Exception:
+            self.remove()
+            raise
+
+    def adopt(self, job: Any, token_for: Callable[[Any], Any]) -> None:
+        """``job``'s tokens come from ``token_for(job)`` where it gives one, else from exllamav3's own sampler."""
+        own = job.receive_logits
+
+        def receive_logits(logits: Any) -> Any:
+            token = token_for(job)
+            if token is None:
+                return own(logits)
+            return token, None, None, None
+
+        self._job_wraps.add(job)
+        job.receive_logits = receive_logits
+
+    def pin(self, job: Any) -> None:
+        """``job``'s prompt is prefilled as on a fresh cache, whatever was cached before (``deterministic=True``).
+
+        With one page a forward, a page's K/V is computed in a forward of its own tokens after the same pages: cached
+        full pages are those a cold run computes; no partial page is copied (:class:`NoPartialPages`); and a page the
+        job completes while decoding keeps its private hash (decode steps of one row computed it, a cold run of a
+        later prompt computes it in one forward): exllamav3's ``hash_completed_page`` less the publishing, the next
+        page linked as ``receive_sample`` links a page whose hash it defers.
+        """
+        own_prefill, own_hash = job.prefill, job.hash_completed_page
+        prefilling = [False]
+
+        def prefill(results: list[Any], chunk_size: int | None = None) -> Any:
+            table = job.pagetable
+            job.pagetable, prefilling[0] = NoPartialPages(table), True
+            try:
+                return own_prefill(results, chunk_size)
+            finally:
+                job.pagetable, prefilling[0] = table, False
+
+        def hash_completed_page(seq: Any, page_idx: int) -> Any:
+            if prefilling[0]:  # a prompt page prefill computed in one forward
+                return own_hash(seq, page_idx)
+            self.private_pages += 1
+            pages = seq.allocated_pages
+            if page_idx + 1 < len(pages):
+                pages[page_idx + 1].prev_hash, pages[page_idx + 1].can_revert = pages[page_idx].phash, False
+            return None
+
+        self._pinned.add(job)
+        job.prefill, job.hash_completed_page = prefill, hash_completed_page
+
+    def remove(self) -> None:
+        """Undo every wrap, newest first (idempotent; never raises)."""
+        while self._undo:
+            obj, name, had, old = self._undo.pop()
+            try:
+                if had:
+                    setattr(obj, name, old)
+                else:
+                    vars(obj).pop(name, None)
+            except Exception:  # noqa: BLE001 - the other wraps must still go
+                logger.exception("decode='fast': removing the wrap of %s", name)
+        for job in list(self._job_wraps):
+            vars(job).pop("receive_logits", None)
+        self._job_wraps.clear()
+        for job in list(self._pinned):
+            vars(job).pop("prefill", None)
+            vars(job).pop("hash_completed_page", None)
+        self._pinned.clear()
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._undo)
