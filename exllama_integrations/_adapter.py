@@ -20,9 +20,7 @@ Rules decided here, once, for every class:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
@@ -41,6 +39,7 @@ from .contract.settings import (
     unknown_name_hint,
 )
 from .errors import InvalidSettingsError, ModelNotFoundError
+from .model.template_override import read_template_override
 
 SETTING_FIELDS = SAMPLING_FIELDS
 """The generation settings that are also fields of the framework classes."""
@@ -55,25 +54,6 @@ def as_stops(stop: str | Iterable[str] | None) -> list[str]:
     if isinstance(stop, str):
         return [stop]
     return list(stop)
-
-
-def _read_template(value: str | None) -> str | None:
-    """``chat_template`` is the path of a file that holds a template, when such a file exists; else template text."""
-    if value is None:
-        return None
-    if "\n" not in value and len(value) < 4096:
-        path = Path(os.path.expanduser(value))
-        try:
-            is_file = path.is_file()
-        except OSError:
-            is_file = False
-        if is_file:
-            from .model.files import TEMPLATE_LIMIT, read_text
-
-            return read_text(path, "chat template file", TEMPLATE_LIMIT)
-        if "{" not in value and ("/" in value or value.endswith((".jinja", ".j2", ".txt", ".json"))):
-            raise InvalidSettingsError(f"chat_template {value!r} looks like a path, but no such file exists.")
-    return value
 
 
 class SettingFields(BaseModel):
@@ -185,7 +165,7 @@ class ExLlamaConfig(SettingFields):
                 f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})" for err in e.errors()
             ]
             raise InvalidSettingsError(f"invalid arguments for {type(self).__name__}: " + "; ".join(lines)) from None
-        self.chat_template = _read_template(self.chat_template)
+        self.chat_template = read_template_override(self.chat_template)
         if self.chat_template is not None:
             from .model.template import ChatTemplate
 

@@ -138,9 +138,9 @@ def _serve(args: argparse.Namespace) -> int:
         find_format(None, args.tool_format)  # a name that is no format is refused before the model loads
     template = None
     if args.chat_template is not None:
-        from ._adapter import _read_template
+        from .model.template_override import read_template_override
 
-        template = _read_template(args.chat_template)
+        template = read_template_override(args.chat_template)
     if args.ray:
         from .serve.ray.deployment import run_ray
 
