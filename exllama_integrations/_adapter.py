@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
+from ._model_source import check_one_place, server_runtime
 from .chat.formats.table import find_format
 from .contract.api import Reasoning, Runtime
 from .contract.settings import (
@@ -258,12 +259,7 @@ class ExLlamaConfig(SettingFields):
         raise InvalidSettingsError(f"{type(self).__name__} has no field {name!r} to make configurable: {hint}.")
 
     def _open_runtime(self) -> Runtime:
-        given = [n for n in ("model_dir", "base_url", "runtime") if getattr(self, n)]
-        if len(given) != 1:
-            raise InvalidSettingsError(
-                "pass exactly one of model_dir='path/to/model', base_url='http://127.0.0.1:8000' or runtime=..."
-                + (f" (got {', '.join(given)})" if given else "")
-            )
+        check_one_place(self)
         if self.runtime is not None:
             if not isinstance(self.runtime, Runtime):
                 missing = [m for m in ("model_info", "encode", "decode", "chat_prompt", "open", "aopen", "close")]
@@ -274,10 +270,7 @@ class ExLlamaConfig(SettingFields):
                 )
             return self.runtime
         if self.base_url:
-            from .runtime.remote import RemoteRuntime
-
-            key = self.api_key.get_secret_value() if self.api_key is not None else None
-            return RemoteRuntime.shared(self.base_url, api_key=key, model=self.server_model)
+            return server_runtime(self)
         from .runtime.local import ExLlamaRuntime
 
         factory = ExLlamaRuntime.shared if self.shared_runtime else ExLlamaRuntime
