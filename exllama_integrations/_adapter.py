@@ -2,11 +2,10 @@
 
 Rules decided here, once, for every class:
 
-* Where the model is: exactly one of ``model_dir=`` (load it in this process, shared; ``model=`` is accepted
-  as its name, as ChatOllama and vLLM spell it), ``base_url=`` (a server's model, through
-  :class:`~exllama_integrations.runtime.remote.RemoteRuntime`; with ``model=``, that one of a server of several)
-  or ``runtime=`` (any object with the core
-  :class:`~exllama_integrations.contract.api.Runtime` protocol).
+* Where the model is (checked in :mod:`._model_source`): exactly one of ``model_dir=`` (load it in this process,
+  shared; ``model=`` is accepted as its name, as ChatOllama and vLLM spell it), ``base_url=`` (a server's model,
+  through :class:`~exllama_integrations.runtime.remote.RemoteRuntime`; with ``model=``, that one of a server of
+  several) or ``runtime=`` (any object with the core :class:`~exllama_integrations.contract.api.Runtime` protocol).
 * Settings: the classes' setting fields are :class:`~exllama_integrations.contract.settings.GenerationSettings`'
   own (declared there once, with their docs), optional here; names are those settings accept (``max_tokens``,
   ``num_predict``, ``do_sample=False``, ``logprobs=True`` + ``top_logprobs=k`` ...), also inside ``model_kwargs``

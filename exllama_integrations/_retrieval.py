@@ -3,7 +3,7 @@
 Rules decided here, once, for the four classes (``ExLlamaEmbeddings`` / ``ExLlamaRerank`` in LangChain,
 ``ExLlamaEmbedding`` / ``ExLlamaRerank`` in LlamaIndex):
 
-* Where the model is: exactly one of ``model_dir=`` (loaded in this process by
+* Where the model is (checked in :mod:`._model_source`): exactly one of ``model_dir=`` (loaded in this process by
   :class:`~exllama_integrations.runtime.local.EmbeddingRuntime`, shared; ``model=`` is accepted as its name),
   ``base_url=`` (a server's model, through :class:`~exllama_integrations.runtime.remote.RemoteRuntime`; with
   ``model=``, that one of a server of several) or
