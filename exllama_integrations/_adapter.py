@@ -2,11 +2,10 @@
 
 Rules decided here, once, for every class:
 
-* Where the model is: exactly one of ``model_dir=`` (load it in this process, shared; ``model=`` is accepted
-  as its name, as ChatOllama and vLLM spell it), ``base_url=`` (a server's model, through
-  :class:`~exllama_integrations.runtime.remote.RemoteRuntime`; with ``model=``, that one of a server of several)
-  or ``runtime=`` (any object with the core
-  :class:`~exllama_integrations.contract.api.Runtime` protocol).
+* Where the model is (checked in :mod:`._model_source`): exactly one of ``model_dir=`` (load it in this process,
+  shared; ``model=`` is accepted as its name, as ChatOllama and vLLM spell it), ``base_url=`` (a server's model,
+  through :class:`~exllama_integrations.runtime.remote.RemoteRuntime`; with ``model=``, that one of a server of
+  several) or ``runtime=`` (any object with the core :class:`~exllama_integrations.contract.api.Runtime` protocol).
 * Settings: the classes' setting fields are :class:`~exllama_integrations.contract.settings.GenerationSettings`'
   own (declared there once, with their docs), optional here; names are those settings accept (``max_tokens``,
   ``num_predict``, ``do_sample=False``, ``logprobs=True`` + ``top_logprobs=k`` ...), also inside ``model_kwargs``
@@ -20,13 +19,12 @@ Rules decided here, once, for every class:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
+from ._model_source import check_one_place, server_runtime
 from .chat.formats.table import find_format
 from .contract.api import Reasoning, Runtime
 from .contract.settings import (
@@ -41,6 +39,7 @@ from .contract.settings import (
     unknown_name_hint,
 )
 from .errors import InvalidSettingsError, ModelNotFoundError
+from .model.template_override import read_template_override
 
 SETTING_FIELDS = SAMPLING_FIELDS
 """The generation settings that are also fields of the framework classes."""
@@ -55,25 +54,6 @@ def as_stops(stop: str | Iterable[str] | None) -> list[str]:
     if isinstance(stop, str):
         return [stop]
     return list(stop)
-
-
-def _read_template(value: str | None) -> str | None:
-    """``chat_template`` is the path of a file that holds a template, when such a file exists; else template text."""
-    if value is None:
-        return None
-    if "\n" not in value and len(value) < 4096:
-        path = Path(os.path.expanduser(value))
-        try:
-            is_file = path.is_file()
-        except OSError:
-            is_file = False
-        if is_file:
-            from .model.files import TEMPLATE_LIMIT, read_text
-
-            return read_text(path, "chat template file", TEMPLATE_LIMIT)
-        if "{" not in value and ("/" in value or value.endswith((".jinja", ".j2", ".txt", ".json"))):
-            raise InvalidSettingsError(f"chat_template {value!r} looks like a path, but no such file exists.")
-    return value
 
 
 class SettingFields(BaseModel):
@@ -185,7 +165,7 @@ class ExLlamaConfig(SettingFields):
                 f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})" for err in e.errors()
             ]
             raise InvalidSettingsError(f"invalid arguments for {type(self).__name__}: " + "; ".join(lines)) from None
-        self.chat_template = _read_template(self.chat_template)
+        self.chat_template = read_template_override(self.chat_template)
         if self.chat_template is not None:
             from .model.template import ChatTemplate
 
@@ -278,12 +258,7 @@ class ExLlamaConfig(SettingFields):
         raise InvalidSettingsError(f"{type(self).__name__} has no field {name!r} to make configurable: {hint}.")
 
     def _open_runtime(self) -> Runtime:
-        given = [n for n in ("model_dir", "base_url", "runtime") if getattr(self, n)]
-        if len(given) != 1:
-            raise InvalidSettingsError(
-                "pass exactly one of model_dir='path/to/model', base_url='http://127.0.0.1:8000' or runtime=..."
-                + (f" (got {', '.join(given)})" if given else "")
-            )
+        check_one_place(self)
         if self.runtime is not None:
             if not isinstance(self.runtime, Runtime):
                 missing = [m for m in ("model_info", "encode", "decode", "chat_prompt", "open", "aopen", "close")]
@@ -294,10 +269,7 @@ class ExLlamaConfig(SettingFields):
                 )
             return self.runtime
         if self.base_url:
-            from .runtime.remote import RemoteRuntime
-
-            key = self.api_key.get_secret_value() if self.api_key is not None else None
-            return RemoteRuntime.shared(self.base_url, api_key=key, model=self.server_model)
+            return server_runtime(self)
         from .runtime.local import ExLlamaRuntime
 
         factory = ExLlamaRuntime.shared if self.shared_runtime else ExLlamaRuntime

@@ -3,7 +3,7 @@
 Rules decided here, once, for the four classes (``ExLlamaEmbeddings`` / ``ExLlamaRerank`` in LangChain,
 ``ExLlamaEmbedding`` / ``ExLlamaRerank`` in LlamaIndex):
 
-* Where the model is: exactly one of ``model_dir=`` (loaded in this process by
+* Where the model is (checked in :mod:`._model_source`): exactly one of ``model_dir=`` (loaded in this process by
   :class:`~exllama_integrations.runtime.local.EmbeddingRuntime`, shared; ``model=`` is accepted as its name),
   ``base_url=`` (a server's model, through :class:`~exllama_integrations.runtime.remote.RemoteRuntime`; with
   ``model=``, that one of a server of several) or
@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
+from ._model_source import check_one_place, server_runtime
 from .contract.retrieval import EmbeddingRequest, RerankHit, RerankRequest, embedder, reranker
 from .errors import InvalidSettingsError
 
@@ -97,19 +98,11 @@ class RetrievalConfig(BaseModel):
         """Called once the runtime is there (a class fills in what it reads from the model)."""
 
     def _open_runtime(self) -> Any:
-        given = [n for n in ("model_dir", "base_url", "runtime") if getattr(self, n)]
-        if len(given) != 1:
-            raise InvalidSettingsError(
-                "pass exactly one of model_dir='path/to/model', base_url='http://127.0.0.1:8000' or runtime=..."
-                + (f" (got {', '.join(given)})" if given else "")
-            )
+        check_one_place(self)
         if self.runtime is not None:
             return self.runtime
         if self.base_url:
-            from .runtime.remote import RemoteRuntime
-
-            key = self.api_key.get_secret_value() if self.api_key is not None else None
-            return RemoteRuntime.shared(self.base_url, api_key=key, model=self.server_model)
+            return server_runtime(self)
         from .runtime.local import EmbeddingRuntime
 
         factory = EmbeddingRuntime.shared if self.shared_runtime else EmbeddingRuntime

@@ -6,13 +6,10 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from .errors import ExLlamaIntegrationsError
 
 DEMO_QUESTION = "What is the capital of France?"
-SLOW_CPU_TOKENS_PER_S = 5
-"""Below this the demo model (135M) is starved of CPU (measured: 14-16 tokens/s on two free cores)."""
 
 
 def _sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -27,186 +24,6 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--max-seq-len", type=int, help="context/cache length to allocate")
     p.add_argument("--threads", type=int, help="CPU threads of the CPU reference backend (default: cores - 1)")
-
-
-def _llm(model_dir: str, args: argparse.Namespace, chat: bool) -> Any:
-    from .langchain import ExLlamaLLM
-
-    options = {"num_threads": args.threads} if args.threads else {}
-    return ExLlamaLLM(
-        backend_options=options,
-        model_dir=model_dir,
-        backend=args.backend,
-        max_seq_len=args.max_seq_len,
-        max_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        stop=args.stop,
-        use_chat_template=chat,
-    )
-
-
-def _run_chain(llm: Any, template: str, inputs: dict[str, str]) -> None:
-    """Stream prompt | llm | parser to the terminal, then the backend and speed."""
-    from langchain_core.callbacks import BaseCallbackHandler
-    from langchain_core.output_parsers import StrOutputParser
-    from langchain_core.prompts import PromptTemplate
-
-    class Stats(BaseCallbackHandler):
-        info: dict[str, Any] = {}
-
-        def on_llm_end(self, response: Any, **kwargs: Any) -> None:
-            Stats.info = response.generations[0][0].generation_info or {}
-
-    loaded = llm.exllama_runtime.model_info()
-    details = loaded.details
-    threads = details.get("threads")
-    where = f"{details.get('device')}, {threads} thread{'s' if threads != 1 else ''}" if threads else "GPU"
-    seconds = details.get("load_seconds", 0)
-    print(f"loaded {loaded.name} on {loaded.backend} ({where}) in {seconds:.1f} s", file=sys.stderr)
-    chain = PromptTemplate.from_template(template) | llm | StrOutputParser()
-    for piece in chain.stream(inputs, config={"callbacks": [Stats()]}):
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    info = Stats.info
-    model = llm.exllama_runtime.model_info()
-    usage = info.get("usage") or {}
-    tps = info.get("tokens_per_second")
-    sys.stdout.write("\n\n")
-    print(
-        f"[backend={model.backend} model={model.name} prompt_tokens={usage.get('prompt_tokens')} "
-        f"completion_tokens={usage.get('completion_tokens')} finish={info.get('native_finish_reason')} "
-        f"tokens/s={tps:.1f}]"
-        if tps
-        else f"[backend={model.backend} model={model.name}]",
-        file=sys.stderr,
-    )
-    if tps and model.backend == "transformers" and tps < SLOW_CPU_TOKENS_PER_S:
-        print(
-            f"hint: {tps:.1f} tokens/s is slow for this model on the CPU ({SLOW_CPU_TOKENS_PER_S}+ on two free cores): "
-            "the machine may be busy; try --threads 1, or a GPU with backend exllamav3.",
-            file=sys.stderr,
-        )
-
-
-def _options(pairs: Sequence[str]) -> dict[str, Any]:
-    import json
-
-    from .errors import InvalidSettingsError
-
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise InvalidSettingsError(f"--option takes KEY=VALUE, got {pair!r}.")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-def _load_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The served model's load options: ``--max-seq-len``, ``--dtype``, each ``--option`` and ``--draft``."""
-    options = {"max_seq_len": args.max_seq_len, "dtype": args.dtype, **_options(args.option)}
-    if args.draft is not None:
-        options["draft"] = args.draft
-    return options
-
-
-def _serve(args: argparse.Namespace) -> int:
-    import os
-
-    key = args.api_key or os.environ.get("EXLLAMA_API_KEY")
-    options = _load_options(args)
-    if args.config or len(args.model) + bool(args.model_dir) > 1:
-        from .serve.launch import serve_models
-
-        return serve_models(args, options, key)
-    model_dir = args.model_dir or (args.model[0] if args.model else None)
-    if model_dir is None:
-        from .demo_model import demo_model_dir
-
-        model_dir = str(demo_model_dir())
-    if args.tool_format is not None:
-        from .chat.formats import find_format
-
-        find_format(None, args.tool_format)  # a name that is no format is refused before the model loads
-    template = None
-    if args.chat_template is not None:
-        from ._adapter import _read_template
-
-        template = _read_template(args.chat_template)
-    if args.ray:
-        from .serve.ray.deployment import run_ray
-
-        return run_ray(
-            model_dir,
-            backend=args.backend,
-            host=args.host,
-            port=args.port,
-            replicas=args.replicas,
-            num_gpus=args.num_gpus,
-            api_key=key,
-            served_model_name=args.served_model_name,
-            tool_format=args.tool_format,
-            chat_template=template,
-            runtime_options={k: v for k, v in options.items() if v is not None},
-            limits={
-                "max_tokens": args.max_tokens,
-                "max_pending": args.max_pending,
-                "max_body_bytes": args.max_body_bytes,
-                "body_timeout": args.body_timeout,
-                "allow_image_urls": args.allow_image_urls or None,
-                "image_url_allow": args.image_url_allow or None,
-            },
-        )
-    from .runtime.local import ExLlamaRuntime
-
-    logging.getLogger("exllama_integrations.serve").setLevel(logging.INFO)  # one line per request, always
-    from .runtime.local.registry import serving_options
-    from .serve.app import create_app
-    from .serve.launch import limits_of, run_http
-
-    rt: Any
-    task = args.task or _task_of(model_dir)
-    if task in ("embed", "rerank"):  # its batches run on a worker thread of the server (no engine process)
-        from .runtime.local import EmbeddingRuntime
-
-        rt = EmbeddingRuntime(model_dir, args.backend, task=task, **{k: v for k, v in options.items() if v is not None})
-    else:
-        rt = ExLlamaRuntime(
-            model_dir,
-            args.backend,
-            engine=args.engine,
-            engines=args.engines,
-            **serving_options(model_dir, args.backend, options),
-        )
-    app = create_app(
-        rt,
-        served_model_name=args.served_model_name,
-        api_key=key,
-        limits=limits_of(args),
-        on_shutdown=rt.close,
-        freeze_gc=True,
-        chat_template=template,
-        tool_format=args.tool_format,
-    )
-    print(f"serving {rt.model.name} ({rt.backend_name}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    return run_http(app, args)
-
-
-def _task_of(model_dir: str) -> str:
-    """What a served directory is for, from its files (``embed``, ``rerank`` or ``generate``)."""
-    from .model.directory import ModelDirectory
-    from .model.hub import resolve_model_dir
-    from .model.pooling import detect_task
-
-    return detect_task(ModelDirectory.inspect(resolve_model_dir(model_dir)))
 
 
 def _format_names() -> str:
@@ -371,16 +188,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 print(embedding_model_dir())
         elif args.command == "serve":
-            return _serve(args)
+            from .serve.launch import serve_command
+
+            return serve_command(args)
         elif args.command == "demo":
             from .demo_model import demo_model_dir
+            from .generate_command import llm_of, run_chain
 
             path = demo_model_dir()
             print(f"loading the demo model ({path.name}) ...", file=sys.stderr)
-            llm = _llm(str(path), args, chat=True)
-            _run_chain(llm, "{question}", {"question": args.prompt})
+            llm = llm_of(str(path), args, chat=True)
+            run_chain(llm, "{question}", {"question": args.prompt})
         else:
-            _run_chain(_llm(args.model_dir, args, chat=args.chat), "{text}", {"text": args.prompt})
+            from .generate_command import llm_of, run_chain
+
+            run_chain(llm_of(args.model_dir, args, chat=args.chat), "{text}", {"text": args.prompt})
     except ExLlamaIntegrationsError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

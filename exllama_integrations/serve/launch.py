@@ -1,6 +1,8 @@
-"""``exllama-integrations serve`` run: the limits from its flags, uvicorn started, and a server of several models built.
+"""``exllama-integrations serve`` run: the load options and limits from its flags, the model(s) served, uvicorn started.
 
-Several model directories (``serve DIR DIR ...``) or a config file (``--config``) make a server of several models
+One model directory (or none: the demo model) is served by :func:`~.app.create_app` over an ``ExLlamaRuntime`` (or an
+``EmbeddingRuntime``, for a model that embeds or reranks) on uvicorn, or with ``--ray`` as Ray Serve replicas. Several
+model directories (``serve DIR DIR ...``) or a config file (``--config``) make a server of several models
 (:mod:`.front` over a :class:`~.models.ModelRegistry`), on uvicorn or, with ``--ray``, as one Ray Serve deployment
 per model behind one ingress; the budget and ``keep_alive`` flags override the file's.
 """
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from .model_config import ServerModels, parse_duration, parse_size, read_config, server_models
@@ -96,4 +100,111 @@ def serve_models(args: argparse.Namespace, options: dict[str, Any], api_key: str
     return run_http(app, args)
 
 
-__all__ = ["limits_of", "models_of", "run_http", "serve_models"]
+def _options(pairs: Sequence[str]) -> dict[str, Any]:
+    import json
+
+    from ..errors import InvalidSettingsError
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise InvalidSettingsError(f"--option takes KEY=VALUE, got {pair!r}.")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The served model's load options: ``--max-seq-len``, ``--dtype``, each ``--option`` and ``--draft``."""
+    options = {"max_seq_len": args.max_seq_len, "dtype": args.dtype, **_options(args.option)}
+    if args.draft is not None:
+        options["draft"] = args.draft
+    return options
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Run ``exllama-integrations serve`` with its parsed flags (see the module docstring); the exit status."""
+    import os
+
+    key = args.api_key or os.environ.get("EXLLAMA_API_KEY")
+    options = load_options(args)
+    if args.config or len(args.model) + bool(args.model_dir) > 1:
+        return serve_models(args, options, key)
+    model_dir = args.model_dir or (args.model[0] if args.model else None)
+    if model_dir is None:
+        from ..demo_model import demo_model_dir
+
+        model_dir = str(demo_model_dir())
+    if args.tool_format is not None:
+        from ..chat.formats import find_format
+
+        find_format(None, args.tool_format)  # a name that is no format is refused before the model loads
+    template = None
+    if args.chat_template is not None:
+        from ..model.template_override import read_template_override
+
+        template = read_template_override(args.chat_template)
+    if args.ray:
+        from .ray.deployment import limits_of_flags, run_ray
+
+        return run_ray(
+            model_dir,
+            backend=args.backend,
+            host=args.host,
+            port=args.port,
+            replicas=args.replicas,
+            num_gpus=args.num_gpus,
+            api_key=key,
+            served_model_name=args.served_model_name,
+            tool_format=args.tool_format,
+            chat_template=template,
+            runtime_options={k: v for k, v in options.items() if v is not None},
+            limits=limits_of_flags(args),
+        )
+    from ..runtime.local import ExLlamaRuntime
+
+    logger.setLevel(logging.INFO)  # one line per request, always
+    from ..runtime.local.registry import serving_options
+    from .app import create_app
+
+    rt: Any
+    task = args.task or task_of(model_dir)
+    if task in ("embed", "rerank"):  # its batches run on a worker thread of the server (no engine process)
+        from ..runtime.local import EmbeddingRuntime
+
+        rt = EmbeddingRuntime(model_dir, args.backend, task=task, **{k: v for k, v in options.items() if v is not None})
+    else:
+        rt = ExLlamaRuntime(
+            model_dir,
+            args.backend,
+            engine=args.engine,
+            engines=args.engines,
+            **serving_options(model_dir, args.backend, options),
+        )
+    app = create_app(
+        rt,
+        served_model_name=args.served_model_name,
+        api_key=key,
+        limits=limits_of(args),
+        on_shutdown=rt.close,
+        freeze_gc=True,
+        chat_template=template,
+        tool_format=args.tool_format,
+    )
+    print(f"serving {rt.model.name} ({rt.backend_name}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    return run_http(app, args)
+
+
+def task_of(model_dir: str) -> str:
+    """What a served directory is for, from its files (``embed``, ``rerank`` or ``generate``)."""
+    from ..model.directory import ModelDirectory
+    from ..model.hub import resolve_model_dir
+    from ..model.pooling import detect_task
+
+    return detect_task(ModelDirectory.inspect(resolve_model_dir(model_dir)))
+
+
+__all__ = ["limits_of", "load_options", "models_of", "run_http", "serve_command", "serve_models", "task_of"]

@@ -98,13 +98,19 @@ def _events(state: ServeState, request: GenerationRequest, scope_state: Any) -> 
     return events()
 
 
-@router.post("/tokenize")
-async def tokenize(request: Request) -> JSONResponse:
-    """The token ids the model reads for a request given in the wire form (images counted as the model reads them)."""
+async def _admitted_request(request: Request) -> tuple[ServeState, GenerationRequest]:
+    """The server's state and the request in the wire form, admitted first and its grammar's size checked."""
     state = state_of(request.app)
     state.admit(request.state)
     req = wire.loads_request(await request.body())
     check_grammar_size(req.grammar)
+    return state, req
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> JSONResponse:
+    """The token ids the model reads for a request given in the wire form (images counted as the model reads them)."""
+    state, req = await _admitted_request(request)
     count = getattr(state.runtime, "prompt_token_ids", None)
     if count is None:
         raise BackendUnavailableError("this server's runtime cannot count a request's tokens.")
@@ -114,10 +120,7 @@ async def tokenize(request: Request) -> JSONResponse:
 @router.post("/generate")
 async def generate(request: Request) -> Any:
     """Run a request given in the wire form; its chunks as server-sent events."""
-    state = state_of(request.app)
-    state.admit(request.state)
-    req = wire.loads_request(await request.body())
-    check_grammar_size(req.grammar)
+    state, req = await _admitted_request(request)
     cap = state.limits.max_tokens
     if cap is not None and (req.settings.max_new_tokens is None or req.settings.max_new_tokens > cap):
         raise InvalidSettingsError(

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import anyio
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from ..errors import ExLlamaIntegrationsError
 from .state import ServeState
 
 T = TypeVar("T")
@@ -52,6 +53,41 @@ async def start_stream(state: ServeState, events: AsyncIterator[bytes], media_ty
                 await close()
 
     return StreamingResponse(rest(), media_type=media_type)
+
+
+async def framed_events(
+    source: AsyncIterator[T],
+    render: Callable[[T], Iterable[bytes]],
+    on_error: Callable[[ExLlamaIntegrationsError], bytes],
+    opening: Callable[[T], Iterable[bytes]] | None = None,
+    last: bytes = b"",
+) -> AsyncIterator[bytes]:
+    """``source``'s items rendered as an API's events, then ``last`` (if any), for every API that streams.
+
+    The first item is awaited before anything is yielded, outside the error handling: an error there reaches the
+    endpoint, which answers with its status. The first item's events are ``opening(first)`` (an API's preamble, then
+    the item's own), or ``render(first)``. After that, a typed error becomes ``on_error``'s event. The source is closed
+    at the end, shielded from a disconnect's cancellation, so its generation stops. An empty source yields ``last``.
+    """
+    try:
+        first = await source.__anext__()
+    except StopAsyncIteration:
+        if last:
+            yield last
+        return
+    try:
+        for b in (opening or render)(first):
+            yield b
+        async for item in source:
+            for b in render(item):
+                yield b
+    except ExLlamaIntegrationsError as e:
+        yield on_error(e)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await source.aclose()  # type: ignore[attr-defined]
+    if last:
+        yield last
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:

@@ -85,13 +85,14 @@ def test_draft_mtp_needs_the_checkpoints_heads_and_says_what_is_missing(qwen3_5,
 
 def test_draft_mtp_reaches_the_backend_from_every_door_and_the_cpu_backend_refuses_it(qwen3_5, capsys):
     from exllama_integrations import ExLlamaRuntime
-    from exllama_integrations.cli import _load_options, main
+    from exllama_integrations.cli import main
     from exllama_integrations.langchain import ExLlamaLLM
     from exllama_integrations.llama_index import ExLlamaLLM as IndexLLM
+    from exllama_integrations.serve.launch import load_options
 
     path = str(qwen3_5[0])
     args = argparse.Namespace(max_seq_len=None, dtype=None, option=["num_draft_tokens=3"], draft="mtp")
-    options = options_for(ExLlamaV3Backend, _load_options(args))  # serve --draft mtp --option num_draft_tokens=3
+    options = options_for(ExLlamaV3Backend, load_options(args))  # serve --draft mtp --option num_draft_tokens=3
     assert isinstance(options, ExLlamaV3Options) and (options.draft, options.num_draft_tokens) == ("mtp", 3)
     assert main(["serve", path, "--backend", "transformers", "--draft", "mtp", "--engine", "thread"]) == 2
     err = capsys.readouterr().err

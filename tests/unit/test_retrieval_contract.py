@@ -106,12 +106,12 @@ def test_a_pipeline_module_not_computed_here_is_refused_by_name(tmp_path, minilm
 def test_serve_finds_what_a_directory_is_for(minilm_dir, demo_dir, tmp_path):
     import shutil
 
-    from exllama_integrations.cli import _task_of
+    from exllama_integrations.serve.launch import task_of
 
-    assert _task_of(str(minilm_dir)) == "embed"
-    assert _task_of(str(demo_dir)) == "generate"
+    assert task_of(str(minilm_dir)) == "embed"
+    assert task_of(str(demo_dir)) == "generate"
     head = tmp_path / "head"
     shutil.copytree(minilm_dir, head, ignore=shutil.ignore_patterns("modules.json", "1_Pooling"))
     config = json.loads((head / "config.json").read_text())
     (head / "config.json").write_text(json.dumps({**config, "architectures": ["BertForSequenceClassification"]}))
-    assert _task_of(str(head)) == "rerank"
+    assert task_of(str(head)) == "rerank"

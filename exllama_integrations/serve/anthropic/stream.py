@@ -14,13 +14,13 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-import anyio
 from pydantic import BaseModel
 
 from ...chat.outcome import ArgumentsDelta, ChatDelta, ChatOutcome
 from ...errors import ExLlamaIntegrationsError
 from ..rules import check_finish
 from ..state import ServeState, record
+from ..streaming import framed_events
 from .convert import stop_of, tool_use_id, usage_out
 from .errors import error_body, wire_status
 from .protocol import MessageOut, MessagesRequest, UsageOut
@@ -92,31 +92,24 @@ class Blocks:
         yield from self.close()
 
 
-async def framed(
+def framed(
     source: AsyncIterator[T], render: Callable[[T], Iterable[bytes]], preamble: Callable[[], Iterable[bytes]]
 ) -> AsyncIterator[bytes]:
     """``source``'s items rendered as events after ``preamble()``.
 
     The first item is awaited before anything is yielded, outside the error handling: an error there reaches the
-    endpoint, which answers with its status.
+    endpoint, which answers with its status (:func:`~..streaming.framed_events`).
     """
-    try:
-        first = await source.__anext__()
-    except StopAsyncIteration:
-        return
-    try:
-        for b in preamble():
-            yield b
-        for b in render(first):
-            yield b
-        async for item in source:
-            for b in render(item):
-                yield b
-    except ExLlamaIntegrationsError as e:
-        yield event("error", error_body(wire_status(type(e).status), str(e)))
-    finally:
-        with anyio.CancelScope(shield=True):
-            await source.aclose()  # type: ignore[attr-defined]
+
+    def opening(first: T) -> Iterator[bytes]:
+        yield from preamble()
+        yield from render(first)
+
+    return framed_events(source, render, _error_event, opening)
+
+
+def _error_event(e: ExLlamaIntegrationsError) -> bytes:
+    return event("error", error_body(wire_status(type(e).status), str(e)))
 
 
 def events(

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-import anyio
 from pydantic import BaseModel
 
 from ...chat.outcome import ArgumentsDelta, ChatDelta, ChatOutcome, ParsedToolCall
@@ -22,6 +21,7 @@ from ...errors import ExLlamaIntegrationsError
 from ..guard import error_body
 from ..rules import check_finish
 from ..state import ServeState, record
+from ..streaming import framed_events
 from .choices import merged, summed_usage
 from .convert import tool_calls_out
 from .protocol.chat import (
@@ -47,34 +47,25 @@ def sse(obj: BaseModel | dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
-async def framed(
+def framed(
     source: AsyncIterator[T], render: Callable[[T], Iterable[bytes]], preamble: Iterable[bytes] = ()
 ) -> AsyncIterator[bytes]:
-    """``source``'s items rendered as events, then ``data: [DONE]``.
+    """``source``'s items rendered as events (``preamble`` before the first), then ``data: [DONE]``.
 
     The first item is awaited before anything is yielded, outside the error handling: an error there
-    reaches the endpoint, which answers with its status.
+    reaches the endpoint, which answers with its status (:func:`~..streaming.framed_events`).
     """
-    try:
-        first = await source.__anext__()
-    except StopAsyncIteration:
-        yield DONE
-        return
-    try:
-        for b in preamble:
-            yield b
-        for b in render(first):
-            yield b
-        async for item in source:
-            for b in render(item):
-                yield b
-    except ExLlamaIntegrationsError as e:
-        kind = "invalid_request_error" if type(e).status < 500 else "server_error"
-        yield sse(error_body(str(e), kind, param=e.param, code=getattr(e, "reason", None) or type(e).code))
-    finally:
-        with anyio.CancelScope(shield=True):
-            await source.aclose()  # type: ignore[attr-defined]
-    yield DONE
+
+    def opening(first: T) -> Iterator[bytes]:
+        yield from preamble
+        yield from render(first)
+
+    return framed_events(source, render, _error_event, opening, last=DONE)
+
+
+def _error_event(e: ExLlamaIntegrationsError) -> bytes:
+    kind = "invalid_request_error" if type(e).status < 500 else "server_error"
+    return sse(error_body(str(e), kind, param=e.param, code=getattr(e, "reason", None) or type(e).code))
 
 
 class _Choice:

@@ -232,6 +232,18 @@ def run_ray(
     return _run(app_args, host, port, f"{model_dir} on {replicas} Ray replica(s)")
 
 
+def limits_of_flags(args: Any) -> dict[str, Any]:
+    """The ``serve`` flags' limits as the plain values an app's configuration carries to Ray (``limits``)."""
+    return {
+        "max_tokens": args.max_tokens,
+        "max_pending": args.max_pending,
+        "max_body_bytes": args.max_body_bytes,
+        "body_timeout": args.body_timeout,
+        "allow_image_urls": args.allow_image_urls or None,
+        "image_url_allow": args.image_url_allow or None,
+    }
+
+
 def run_ray_models(config: Any, args: Any, api_key: str | None) -> int:
     """``serve --ray`` over several models (a :class:`~..model_config.ServerModels`): a deployment each, one ingress.
 
@@ -255,14 +267,7 @@ def run_ray_models(config: Any, args: Any, api_key: str | None) -> int:
         "models": models,
         "num_gpus": args.num_gpus,
         "api_key": api_key,
-        "limits": {
-            "max_tokens": args.max_tokens,
-            "max_pending": args.max_pending,
-            "max_body_bytes": args.max_body_bytes,
-            "body_timeout": args.body_timeout,
-            "allow_image_urls": args.allow_image_urls or None,
-            "image_url_allow": args.image_url_allow or None,
-        },
+        "limits": limits_of_flags(args),
     }
     return _run(app_args, args.host, args.port, f"{', '.join(config.names)} as Ray deployments")
 

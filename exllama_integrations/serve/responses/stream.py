@@ -23,12 +23,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from ...chat.outcome import ArgumentsDelta, ChatDelta, ChatOutcome, ParsedToolCall
 from ...contract.api import TokenLogprob
 from ...contract.shapes import logprobs_content
 from ...errors import ExLlamaIntegrationsError
+from ..streaming import framed_events
 from .protocol import (
     IncompleteDetails,
     ItemStatus,
@@ -264,7 +263,7 @@ def sse(event: Event) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
-async def framed(
+def framed(
     source: AsyncIterator[ChatDelta | ChatOutcome],
     events: ResponseEvents,
     on_outcome: Callable[[ChatOutcome], None],
@@ -273,7 +272,7 @@ async def framed(
 
     The first item is awaited before anything is yielded, outside the error handling: an error there
     reaches the endpoint, which answers with its status. The source is closed at the end, shielded from a
-    disconnect's cancellation, so its generation stops.
+    disconnect's cancellation, so its generation stops (:func:`~..streaming.framed_events`).
     """
 
     def render(item: ChatDelta | ChatOutcome) -> Iterable[bytes]:
@@ -281,18 +280,7 @@ async def framed(
             on_outcome(item)
         return [sse(e) for e in events.feed(item)]
 
-    try:
-        first = await source.__anext__()
-    except StopAsyncIteration:
-        return
-    try:
-        for b in [*(sse(e) for e in events.start()), *render(first)]:
-            yield b
-        async for item in source:
-            for b in render(item):
-                yield b
-    except ExLlamaIntegrationsError as e:
-        yield sse(events.failed(e))
-    finally:
-        with anyio.CancelScope(shield=True):
-            await source.aclose()  # type: ignore[attr-defined]
+    def opening(first: ChatDelta | ChatOutcome) -> list[bytes]:
+        return [*(sse(e) for e in events.start()), *render(first)]
+
+    return framed_events(source, render, lambda e: sse(events.failed(e)), opening)
