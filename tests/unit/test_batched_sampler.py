@@ -227,7 +227,7 @@ def test_where_the_seam_stands_aside_nothing_is_hooked_and_close_still_works(mon
     assert not fast.active and fast.report() == {"decode": "exllamav3", "stands_aside": why}
     job = gen.active_jobs[0]
     fast.adopt(job, RowSettings(greedy=True), 1)
-    assert not vars(gen) .keys() & {"iterate", "iterate_gen"} and "forward" not in vars(gen.model)
+    assert not vars(gen).keys() & {"iterate", "iterate_gen"} and "forward" not in vars(gen.model)
     assert "receive_logits" not in vars(job)
     results: list[Any] = []
     gen.iterate_gen(results)
