@@ -3,7 +3,8 @@
 With ``tool_choice`` forcing calls and ``parallel_tool_calls`` on, the forced grammar lets a family write several
 calls; the demo model, served in the Hermes format, writes four calls to the question below when nothing bounds it.
 With ``max_tool_calls`` the reply holds at most that many, and generation ends after the last one: its output
-tokens are those of the calls handed out, not of calls nobody receives. Whole and streamed, on the real backend.
+tokens are those of the calls handed out, not of calls nobody receives. Whole and streamed, on the real backend
+(the claim in docs/serving-apis.md).
 """
 
 from __future__ import annotations
