@@ -241,8 +241,11 @@ def prepare_chat(runtime: Runtime, request: ChatRequest) -> PreparedChat:
         if forced:
             # a named tool is one call; "required" may be several where the family and parallel_tool_calls allow
             several = parallel and request.tool_choice in ("any", "required", True)
+            # and no more than max_tool_calls: the model writes no call that nobody receives
             grammar = Grammar.lark(
-                forced_call_grammar(fmt, forced, _token_of(runtime), several, runtime.model_info().eos_token_ids)
+                forced_call_grammar(
+                    fmt, forced, _token_of(runtime), several, info.eos_token_ids, most=request.max_tool_calls
+                )
             )
         elif wants_json:
             grammar = Grammar.json_schema(strict_schema(schema) if schema is not None else {"type": "object"})

@@ -14,7 +14,7 @@ import pytest
 from tool_families import EXPECTED, EXPECTED_TEXT, FAMILIES, TOOLS, family_tokenizer
 
 from exllama_integrations.chat.formats import FORMATS, ReplyReader, find_format, forced_call_grammar, read_reply
-from exllama_integrations.chat.formats.grammar import write_calls
+from exllama_integrations.chat.formats.grammar import MAX_PARALLEL, write_calls
 from exllama_integrations.chat.reasoning import find_reasoning
 from exllama_integrations.model.detokenizer import IncrementalDetokenizer
 
@@ -125,6 +125,40 @@ def test_the_forced_grammar_admits_the_family_syntax_and_nothing_else(family, to
     assert _calls(read_reply(fmt, write_calls(fmt, two if fmt.parallel else one), TOOLS)[1]) == (
         two if fmt.parallel else one
     )
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if FORMATS[FAMILIES[f].tool_format].parallel])
+def test_the_forced_grammar_writes_at_most_max_tool_calls(family, tokenizers):
+    """``max_tool_calls``: the grammar admits that many calls and not one more (no tokens on calls nobody gets)."""
+    tok = _tokenizer(tokenizers, family)
+    fmt = FORMATS[FAMILIES[family].tool_format]
+    ends = set(tok.eos_token_ids)
+
+    def token_of(text):
+        ids = tok.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    def accepts(grammar: str, text: str) -> bool:
+        from exllama_integrations.contract.api import Grammar
+        from exllama_integrations.model.grammar import TokenConstraint
+
+        matcher = TokenConstraint.compile(tok, Grammar.lark(grammar)).matcher()
+        ids = tok.encode(text, add_special_tokens=False)
+        while ids and ids[-1] in ends:
+            ids = ids[:-1]
+        return matcher._matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+    cities = ["Paris", "Rome", "Oslo", "Lima", "Kyiv"]
+    for most in (1, 2, 3):
+        grammar = forced_call_grammar(fmt, TOOLS, token_of, parallel=True, ends=ends, most=most)
+        for n in range(1, most + 2):
+            text = write_calls(fmt, [("get_weather", {"city": c}) for c in cities[:n]])
+            assert accepts(grammar, text) == (n <= most), (most, n, text)
+    # past MAX_PARALLEL the grammar's own bound holds; without max_tool_calls, that bound
+    many = write_calls(fmt, [("get_weather", {"city": c}) for c in cities[: MAX_PARALLEL + 1]])
+    assert not accepts(forced_call_grammar(fmt, TOOLS, token_of, parallel=True, ends=ends, most=99), many)
+    enough = write_calls(fmt, [("get_weather", {"city": c}) for c in cities[:MAX_PARALLEL]])
+    assert accepts(forced_call_grammar(fmt, TOOLS, token_of, parallel=True, ends=ends), enough)
 
 
 def test_the_docs_table_names_every_format_and_each_is_a_tested_family():

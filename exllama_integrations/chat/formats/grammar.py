@@ -57,22 +57,26 @@ def forced_call_grammar(
     token_of: Callable[[str], int | None],
     parallel: bool = True,
     ends: Collection[int] = (),
+    most: int | None = None,
 ) -> str:
     """Lark (llguidance dialect): well-formed calls of ``fmt`` to ``tools`` (OpenAI function specs).
 
     ``token_of(text)``: the id of ``text`` where it is one token of the model, else None. ``ends``: the model's
     end-of-turn ids; a call that ends on one (harmony's ``<|call|>``) ends the grammar there, and the model then
-    writes it as the end of its turn (a grammar may not ask for an end-of-turn token itself).
+    writes it as the end of its turn (a grammar may not ask for an end-of-turn token itself). ``most``: the most
+    calls handed out (``max_tool_calls``), so the model writes no call that nobody receives (at most
+    :data:`MAX_PARALLEL`; None: that many).
     """
     g = _Builder(token_of, fmt.markup, frozenset(ends))
     alternatives = []
     for i, tool in enumerate(tools):
         alternatives.append(g.call(fmt, tool, f"c{i}"))
     rules = [f"call: {' | '.join(alternatives)}"]
-    many = parallel and fmt.parallel and len(tools) > 0
-    calls = f"call ({g.lit(fmt.between)} call){{0,{MAX_PARALLEL - 1}}}" if many and fmt.between else "call"
+    limit = MAX_PARALLEL if most is None else max(1, min(most, MAX_PARALLEL))
+    many = parallel and fmt.parallel and len(tools) > 0 and limit > 1
+    calls = f"call ({g.lit(fmt.between)} call){{0,{limit - 1}}}" if many and fmt.between else "call"
     if many and not fmt.between:
-        calls = f"call{{1,{MAX_PARALLEL}}}"
+        calls = f"call{{1,{limit}}}"
     start = " ".join(p for p in (g.lit(fmt.before), calls, g.lit(fmt.after)) if p)
     return "\n".join([f"start: {start}", *rules, *g.rules]) + "\n"
 

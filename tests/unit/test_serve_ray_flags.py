@@ -1,0 +1,76 @@
+"""``serve --ray``: the limits a user gives as flags reach the Ray deployment, for one model and for several.
+
+The command is run through the CLI as a user runs it, with Ray's start replaced by a recorder of the app's
+configuration (what ``serve.run(build_app(...))`` would be given); the limits the ingress builds from that
+configuration (:func:`~exllama_integrations.serve.ray.ingress.limits_from`) must be the limits the same flags give
+a plain ``serve`` (:func:`~exllama_integrations.serve.launch.limits_of`). Ray itself is not started (the Ray
+deployment's own wiring of ``limits`` is tested end to end in tests/integration/test_ray_serve.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from exllama_integrations import cli
+from exllama_integrations.serve.launch import limits_of
+from exllama_integrations.serve.ray import deployment
+from exllama_integrations.serve.ray.ingress import limits_from
+
+FLAGS = [
+    "--max-tokens", "77",
+    "--max-pending", "3",
+    "--max-body-bytes", "123456",
+    "--body-timeout", "4.5",
+    "--allow-image-urls",
+    "--image-url-allow", "10.0.0.0/8",
+    "--image-url-allow", "images.internal",
+]  # fmt: skip
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """What ``serve --ray`` hands to Ray: each run's app configuration, instead of starting Ray."""
+    runs: list[dict] = []
+    monkeypatch.setattr(deployment, "_run", lambda app_args, host, port, what: runs.append(app_args) or 0)
+    return runs
+
+
+def _parsed(argv: list[str]) -> argparse.Namespace:
+    """The flags as the plain ``serve`` reads them (the CLI's own parser)."""
+    seen: list[argparse.Namespace] = []
+    import exllama_integrations.serve.launch as launch
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launch, "serve_command", lambda args: seen.append(args) or 0)
+        cli.main(argv)
+    return seen[0]
+
+
+@pytest.mark.parametrize(
+    "models",
+    [["--model-dir", "/models/one"], ["/models/one", "/models/two"]],
+    ids=["one model", "several models"],
+)
+@pytest.mark.parametrize("flags", [FLAGS, []], ids=["flags", "defaults"])
+def test_the_serve_flags_reach_the_ray_deployments_limits(recorded, models, flags):
+    argv = ["serve", "--ray", *models, *flags]
+    assert cli.main(argv) == 0
+    (app,) = recorded
+    if "--model-dir" in models:
+        assert app["model_dir"] == "/models/one"
+    else:  # a deployment each behind one ingress, which builds the limits
+        assert [m["model_dir"] for m in app["models"]] == ["/models/one", "/models/two"]
+    limits = limits_from(app)
+    assert limits == limits_of(_parsed(argv))  # the same limits as a plain `serve` with these flags
+    if flags:
+        assert (limits.max_tokens, limits.max_pending, limits.max_body_bytes, limits.body_timeout) == (
+            77,
+            3,
+            123456,
+            4.5,
+        )
+        assert limits.media.fetch_urls and limits.media.fetch_allow == ("10.0.0.0/8", "images.internal")
+    else:
+        assert not limits.media.fetch_urls and limits.max_tokens is None
