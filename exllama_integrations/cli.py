@@ -100,7 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="DURATION",
         help="several models: how long a model stays loaded after its last request (5m, 0, -1: for ever; default 5m)",
     )
-    sv.add_argument("--model-dir", help="model directory or Hub id (default: the demo model)")
+    sv.add_argument(
+        "--model-dir",
+        "--model",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="model directory or Hub id (default: the demo model); given again, another model served beside it",
+    )
     sv.add_argument("--backend", default="auto", help="auto, exllamav3, exllama, exllamav2, transformers")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     sv.add_argument("--port", type=int, default=8000, help="port to listen on")

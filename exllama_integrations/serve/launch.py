@@ -66,7 +66,7 @@ def models_of(args: argparse.Namespace, options: dict[str, Any]) -> ServerModels
             raise InvalidSettingsError("give model directories or --config, not both (the file names every model).")
         config = read_config(args.config)
     else:
-        dirs = [*args.model, *([args.model_dir] if args.model_dir else [])]
+        dirs = [*args.model, *args.model_dir]
         entries = [{"model_dir": d, "backend": args.backend, "options": options} for d in dirs]
         config = server_models({"models": entries}, "the command line")
     return ServerModels(
@@ -131,9 +131,10 @@ def serve_command(args: argparse.Namespace) -> int:
 
     key = args.api_key or os.environ.get("EXLLAMA_API_KEY")
     options = load_options(args)
-    if args.config or len(args.model) + bool(args.model_dir) > 1:
+    given = [*args.model, *args.model_dir]
+    if args.config or len(given) > 1:
         return serve_models(args, options, key)
-    model_dir = args.model_dir or (args.model[0] if args.model else None)
+    model_dir = given[0] if given else None
     if model_dir is None:
         from ..demo_model import demo_model_dir
 
