@@ -122,15 +122,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="read and write tool calls in this family's format instead of the one found in the chat template "
         "(as tool_format= does in process): one of " + _format_names(),
     )
-    sv.add_argument("--timeout-keep-alive", type=float, default=5.0, help="seconds an idle connection stays open")
-    sv.add_argument("--max-connections", type=int, default=1024, help="connections at once; more get 503")
+    sv.add_argument(
+        "--timeout-keep-alive", type=float, help="seconds an idle connection stays open (default: 5; not with --ray)"
+    )
+    sv.add_argument(
+        "--max-connections", type=int, help="connections at once; more get 503 (default: 1024; not with --ray)"
+    )
     sv.add_argument("--max-tokens", type=int, help="most tokens each generation may make (each choice of a request)")
     sv.add_argument(
         "--max-pending", type=int, default=256, help="generations in flight at once (prompts x n each); more get 503"
     )
     sv.add_argument("--max-body-bytes", type=int, default=8 * 2**20, help="largest request body; larger get 413")
     sv.add_argument("--body-timeout", type=float, default=30.0, help="seconds to send a whole body; slower get 408")
-    sv.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send a request's headers")
+    sv.add_argument(
+        "--header-timeout", type=float, help="seconds to send a request's headers (default: 10; not with --ray)"
+    )
     sv.add_argument(
         "--allow-image-urls",
         action="store_true",

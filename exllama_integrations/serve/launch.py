@@ -20,6 +20,29 @@ from .model_config import ServerModels, parse_duration, parse_size, read_config,
 logger = logging.getLogger("exllama_integrations.serve")
 
 
+CONNECTIONS = {"timeout_keep_alive": 5.0, "max_connections": 1024, "header_timeout": 10.0}
+"""The connection limits of the server ``serve`` runs (uvicorn), by flag, with their defaults (the flags' help says
+them); Ray Serve's proxy takes the connections with ``--ray`` and reads none of them."""
+
+
+def _connection(args: argparse.Namespace, name: str) -> Any:
+    value = getattr(args, name)
+    return CONNECTIONS[name] if value is None else value
+
+
+def _refuse_connection_flags(args: argparse.Namespace) -> None:
+    """With ``--ray``, a connection flag of :data:`CONNECTIONS` is refused rather than silently dropped."""
+    given = [name for name in CONNECTIONS if getattr(args, name) is not None]
+    if given:
+        from ..errors import InvalidSettingsError
+
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise InvalidSettingsError(
+            f"{flags} set the connection limits of the server `serve` runs without --ray; with --ray, Ray Serve's "
+            "HTTP proxy takes the connections and does not read them (set Ray's http_options instead)."
+        )
+
+
 def limits_of(args: argparse.Namespace) -> Any:
     """The server's limits from its flags."""
     from ..model.media import MediaLimits
@@ -45,10 +68,10 @@ def run_http(app: Any, args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         timeout_graceful_shutdown=30,
-        timeout_keep_alive=args.timeout_keep_alive,
-        limit_concurrency=args.max_connections,
+        timeout_keep_alive=_connection(args, "timeout_keep_alive"),
+        limit_concurrency=_connection(args, "max_connections"),
         h11_max_incomplete_event_size=64 * 1024,
-        http=header_deadline_protocol(args.header_timeout),
+        http=header_deadline_protocol(_connection(args, "header_timeout")),
         log_level="info" if args.verbose else "warning",
     )
     return 0
@@ -129,6 +152,8 @@ def serve_command(args: argparse.Namespace) -> int:
     """Run ``exllama-integrations serve`` with its parsed flags (see the module docstring); the exit status."""
     import os
 
+    if args.ray:
+        _refuse_connection_flags(args)
     key = args.api_key or os.environ.get("EXLLAMA_API_KEY")
     options = load_options(args)
     given = [*args.model, *args.model_dir]

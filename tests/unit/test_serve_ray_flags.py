@@ -79,3 +79,15 @@ def test_the_serve_flags_reach_the_ray_deployments_limits(recorded, models, flag
         assert limits.media.fetch_urls and limits.media.fetch_allow == ("10.0.0.0/8", "images.internal")
     else:
         assert not limits.media.fetch_urls and limits.max_tokens is None
+
+
+@pytest.mark.parametrize("models", [["--model-dir", "/models/one"], ["/models/one", "/models/two"]])
+@pytest.mark.parametrize(
+    "flag", [["--max-connections", "64"], ["--header-timeout", "3"], ["--timeout-keep-alive", "30"]]
+)
+def test_a_connection_flag_ray_would_not_read_is_refused(recorded, capsys, models, flag):
+    """Ray Serve's proxy takes the connections with --ray: a limit meant for our server is refused, not dropped."""
+    assert cli.main(["serve", "--ray", *models, *flag]) == 2
+    assert recorded == []  # Ray was never started
+    err = capsys.readouterr().err
+    assert "InvalidSettingsError" in err and flag[0] in err and "Ray" in err
