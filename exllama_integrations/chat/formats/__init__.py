@@ -12,7 +12,7 @@ from .grammar import check_names, forced_call_grammar, strict_schema, write_call
 from .progress import CallProgress, partial_object
 from .reader import ParsedToolCall, ReplyReader, new_call_id, read_reply
 from .response_template import response_template_of, template_details, without_template
-from .table import FALLBACK, FORMATS, ToolFormat, find_format
+from .table import FALLBACK, FORMATS, ToolFormat, find_format, spelled
 
 __all__ = [
     "CallProgress",
@@ -28,6 +28,7 @@ __all__ = [
     "partial_object",
     "read_reply",
     "response_template_of",
+    "spelled",
     "strict_schema",
     "template_details",
     "without_template",

@@ -1,11 +1,13 @@
 """A reply's calls as the model writes them: each call's name once it is whole, its arguments as JSON as they come.
 
 :class:`CallProgress` follows the table entry's ``call`` text (``P {name} L {arguments} S``, the arguments a JSON
-object, Python keyword arguments or XML parameters) through a reply, fed the same text as the reader. It is what
-lets a forced call's arguments stream as they are generated (the grammar writes the call exactly so), and what a
-call cut short by ``max_tokens`` keeps of its arguments instead of its markup. Python and XML arguments come out as
-JSON: a key and its separator when the key is whole, a JSON value as it is written, an XML string escaped as it is
-written, any other XML value when its parameter closes. A reply that leaves the call's shape stops being followed
+object, Python keyword arguments, XML or tagged parameters, or Gemma 4's ``{key:<|"|>text<|"|>}``) through a reply,
+fed the same text as the reader. It is what lets a forced call's arguments stream as they are generated (the grammar
+writes the call exactly so), and what a call cut short by ``max_tokens`` keeps of its arguments instead of its
+markup. Python, XML and Gemma arguments come out as JSON: a key and its separator when the key is whole, a JSON value
+as it is written, an XML or Gemma string escaped as it is written, any other XML value when its parameter closes.
+A call text that names the tool twice (Muse Glimmer's recipient, then its ``<atem:invoke name=..>``) is followed by
+the first; a bare name that holds markup or spaces was not a call's (Glimmer's ``to=user``): the search goes on. A reply that leaves the call's shape stops being followed
 (the reader still reads it); nothing here raises on what a model writes.
 
 :func:`partial_object` reads a cut JSON object as far as it got (Anthropic's clients show a cut tool input so).
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .table import ToolFormat
+from .tagged import GEMMA_QUOTE
 from .values import text_kinds, text_value
 
 _LONGEST_NAME = 512
@@ -30,6 +33,7 @@ _SHAPES = (
     ("name", "xml_parameters"),
     ("name", "tagged_parameters"),
     ("name", "python_arguments"),
+    ("name", "gemma_arguments"),
 )
 """The call texts followed: a name, then its arguments (the table's slots)."""
 
@@ -98,16 +102,22 @@ class CallProgress:
         self._name_at = self._depth = self._keys = self._sent = 0
         self._value_at = -1
         self._quote = self._escape = self._bare = False
+        self._kind_of_string = ""  # Gemma arguments: inside a string ("gemma": between quote tokens, "json")
         self._schema: Any = None
         self._flag: str | None = None
         self._kind = ""
         self._layout = _XML
+        self._stack: list[str] = []  # Gemma arguments: the containers open, and whether a key comes next
+        self._key = False
         literals, slots = [""], []  # the text before each slot ("{{" is a literal brace)
         for literal, slot, _, _ in string.Formatter().parse(fmt.call):
             literals[-1] += literal
             if slot is not None:
                 slots.append(slot)
                 literals.append("")
+        if slots[:2] == ["name", "name"]:  # the name again (Glimmer's invoke): part of what follows the first
+            literals[1:3] = [literals[1] + "\x00" + literals[2]]
+            del slots[1]
         if tuple(slots[:2]) not in _SHAPES:
             return  # a call text of another shape: not followed
         head, between = literals[0], literals[1]
@@ -117,6 +127,10 @@ class CallProgress:
         self._heads = [head] if head.strip() else [fmt.before, fmt.between]
         self._anchored = not head.strip()
         self._between = _pattern(between)
+        if "\x00" in between:  # a name written again inside it
+            self._between = re.compile(r'[^\s<>"]*'.join(_pattern(p).pattern for p in between.split("\x00")))
+        elif not between and slots[1] == "gemma_arguments":
+            self._between = re.compile(r"(?=\{)")  # Gemma's name runs into its arguments
         self._json_name = slots[0] == "name_json"
         self._kind = "text_parameters" if slots[1] in ("xml_parameters", "tagged_parameters") else slots[1]
         self._layout = _XML if slots[1] != "tagged_parameters" else _tagged(fmt.body_args["write_param"], literals[2])
@@ -126,8 +140,8 @@ class CallProgress:
     def follows(self) -> bool:
         """Whether this format's calls are followed at all.
 
-        A call text of another shape (the tagged and Gemma formats' among them) is not: such a call comes whole,
-        when the reader has read it.
+        A call text of another shape (a response template's, where the checkpoint ships one) is not: such a call
+        comes whole, when the reader has read it.
         """
         return bool(self._kind)
 
@@ -174,9 +188,13 @@ class CallProgress:
         m = self._between.search(self._text, self._name_at)
         if m is None:
             if len(self._text) - self._name_at > _LONGEST_NAME:
-                self._state = "lost"
+                self._state, self._pos = ("lost", self._pos) if self._anchored else ("seek", self._name_at)
+                return not self._anchored
             return False
         raw = self._text[self._name_at : m.start()]
+        if not self._json_name and not self._anchored and re.search(r"[\s<>]", raw.strip()):
+            self._state, self._pos = "seek", self._name_at  # not a call's name (Glimmer's "to=user"): look further
+            return True
         try:
             name = json.loads(raw) if self._json_name else raw.strip()
         except ValueError:
@@ -190,6 +208,7 @@ class CallProgress:
         self._depth, self._quote, self._escape, self._keys, self._value_at = 0, False, False, 0, -1
         if self._kind == "python_arguments":
             self._emit(out, "{")
+        self._stack, self._key, self._kind_of_string = [], False, ""
         return True
 
     def _emit(self, out: list[tuple[int, str]], text: str) -> None:
@@ -288,6 +307,77 @@ class CallProgress:
             self._pos = end + 1
             return self._done()
         return True
+
+    def _gemma_arguments(self, out: list[tuple[int, str]]) -> bool:
+        """Gemma 4's ``{key:<|"|>text<|"|>,n:3}`` as JSON: a bare key quoted when whole, a string as it comes."""
+        text = self._text
+        if not self._stack and not self._quote and self._kind_of_string == "":
+            body = text[self._pos :].lstrip()
+            if not body:
+                return False
+            if body[0] != "{":
+                self._state = "lost"
+                return False
+            self._pos = len(text) - len(body)
+        i, pieces = self._pos, []
+        while i < len(text):
+            if self._kind_of_string == "gemma":  # raw text up to the closing quote token
+                j = text.find(GEMMA_QUOTE, i)
+                upto = j if j >= 0 else len(text) - _held(text, GEMMA_QUOTE)
+                pieces.append(_escaped(text[i:upto]))
+                if j < 0:
+                    i = upto
+                    break
+                pieces.append('"')
+                i, self._kind_of_string = j + len(GEMMA_QUOTE), ""
+                continue
+            if self._kind_of_string == "json":  # a JSON string, as it is
+                c = text[i]
+                pieces.append(c)
+                i += 1
+                if self._escape:
+                    self._escape = False
+                elif c == "\\":
+                    self._escape = True
+                elif c == '"':
+                    self._kind_of_string = ""
+                continue
+            if text.startswith(GEMMA_QUOTE, i):
+                pieces.append('"')
+                i, self._kind_of_string, self._key = i + len(GEMMA_QUOTE), "gemma", False
+                continue
+            if GEMMA_QUOTE.startswith(text[i:]):
+                break  # may be the quote token yet
+            c = text[i]
+            if self._key and not c.isspace() and c not in '}"':
+                colon = text.find(":", i)
+                if colon < 0:
+                    if len(text) - i > _LONGEST_NAME:
+                        self._state = "lost"
+                    break
+                pieces.append(json.dumps(text[i:colon].strip(), ensure_ascii=False) + ":")
+                i, self._key = colon + 1, False
+                continue
+            pieces.append(c)
+            i += 1
+            if c == '"':
+                self._kind_of_string, self._key = "json", False
+            elif c in "{[":
+                self._stack.append(c)
+                self._key = c == "{"
+            elif c in "}]":
+                if self._stack:
+                    self._stack.pop()
+                if not self._stack:
+                    self._pos = i
+                    self._emit(out, "".join(pieces))
+                    return self._done()
+            elif c == ",":
+                self._key = self._stack[-1:] == ["{"]
+        self._pos = i
+        if pieces and "".join(pieces):
+            self._emit(out, "".join(pieces))
+        return False
 
     def _text_parameters(self, out: list[tuple[int, str]]) -> bool:
         """Parameters written as text (Qwen3-Coder's XML, the tag formats'), then the call's end.

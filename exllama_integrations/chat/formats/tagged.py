@@ -57,7 +57,8 @@ def read_tagged(
             if params[at : p.start()].strip():
                 raise ValueError(f"unexpected text between parameters: {params[at : p.start()][:40]!r}")
             at = p.end()
-            key, value = p.group("key").strip(), p.group("value").strip()
+            key, value = p.group("key").strip(), p.group("value")
+            value = value.strip() if body_args.get("strip", True) else value
             said = p.groupdict().get("string")
             if said == "true":
                 args[key] = value
