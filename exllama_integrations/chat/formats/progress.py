@@ -7,8 +7,9 @@ writes the call exactly so), and what a call cut short by ``max_tokens`` keeps o
 markup. Python, XML and Gemma arguments come out as JSON: a key and its separator when the key is whole, a JSON value
 as it is written, an XML or Gemma string escaped as it is written, any other XML value when its parameter closes.
 A call text that names the tool twice (Muse Glimmer's recipient, then its ``<atem:invoke name=..>``) is followed by
-the first; a bare name that holds markup or spaces was not a call's (Glimmer's ``to=user``): the search goes on. A reply that leaves the call's shape stops being followed
-(the reader still reads it); nothing here raises on what a model writes.
+the first; a bare name that holds markup or spaces was not a call's (Glimmer's ``to=user``): the search goes on.
+A reply that leaves the call's shape stops being followed (the reader still reads it); nothing here raises on what a
+model writes.
 
 :func:`partial_object` reads a cut JSON object as far as it got (Anthropic's clients show a cut tool input so).
 """
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .table import ToolFormat
-from .tagged import GEMMA_QUOTE
+from .tagged import GemmaJson
 from .values import text_kinds, text_value
 
 _LONGEST_NAME = 512
@@ -102,13 +103,11 @@ class CallProgress:
         self._name_at = self._depth = self._keys = self._sent = 0
         self._value_at = -1
         self._quote = self._escape = self._bare = False
-        self._kind_of_string = ""  # Gemma arguments: inside a string ("gemma": between quote tokens, "json")
         self._schema: Any = None
         self._flag: str | None = None
         self._kind = ""
         self._layout = _XML
-        self._stack: list[str] = []  # Gemma arguments: the containers open, and whether a key comes next
-        self._key = False
+        self._gemma: GemmaJson | None = None  # a Gemma call's arguments being read
         literals, slots = [""], []  # the text before each slot ("{{" is a literal brace)
         for literal, slot, _, _ in string.Formatter().parse(fmt.call):
             literals[-1] += literal
@@ -208,7 +207,7 @@ class CallProgress:
         self._depth, self._quote, self._escape, self._keys, self._value_at = 0, False, False, 0, -1
         if self._kind == "python_arguments":
             self._emit(out, "{")
-        self._stack, self._key, self._kind_of_string = [], False, ""
+        self._gemma = None
         return True
 
     def _emit(self, out: list[tuple[int, str]], text: str) -> None:
@@ -309,75 +308,21 @@ class CallProgress:
         return True
 
     def _gemma_arguments(self, out: list[tuple[int, str]]) -> bool:
-        """Gemma 4's ``{key:<|"|>text<|"|>,n:3}`` as JSON: a bare key quoted when whole, a string as it comes."""
-        text = self._text
-        if not self._stack and not self._quote and self._kind_of_string == "":
-            body = text[self._pos :].lstrip()
+        """Gemma 4's ``{key:<|"|>text<|"|>,n:3}``, as JSON as it comes (:class:`~.tagged.GemmaJson`)."""
+        if self._gemma is None:
+            body = self._text[self._pos :].lstrip()
             if not body:
                 return False
             if body[0] != "{":
                 self._state = "lost"
                 return False
-            self._pos = len(text) - len(body)
-        i, pieces = self._pos, []
-        while i < len(text):
-            if self._kind_of_string == "gemma":  # raw text up to the closing quote token
-                j = text.find(GEMMA_QUOTE, i)
-                upto = j if j >= 0 else len(text) - _held(text, GEMMA_QUOTE)
-                pieces.append(_escaped(text[i:upto]))
-                if j < 0:
-                    i = upto
-                    break
-                pieces.append('"')
-                i, self._kind_of_string = j + len(GEMMA_QUOTE), ""
-                continue
-            if self._kind_of_string == "json":  # a JSON string, as it is
-                c = text[i]
-                pieces.append(c)
-                i += 1
-                if self._escape:
-                    self._escape = False
-                elif c == "\\":
-                    self._escape = True
-                elif c == '"':
-                    self._kind_of_string = ""
-                continue
-            if text.startswith(GEMMA_QUOTE, i):
-                pieces.append('"')
-                i, self._kind_of_string, self._key = i + len(GEMMA_QUOTE), "gemma", False
-                continue
-            if GEMMA_QUOTE.startswith(text[i:]):
-                break  # may be the quote token yet
-            c = text[i]
-            if self._key and not c.isspace() and c not in '}"':
-                colon = text.find(":", i)
-                if colon < 0:
-                    if len(text) - i > _LONGEST_NAME:
-                        self._state = "lost"
-                    break
-                pieces.append(json.dumps(text[i:colon].strip(), ensure_ascii=False) + ":")
-                i, self._key = colon + 1, False
-                continue
-            pieces.append(c)
-            i += 1
-            if c == '"':
-                self._kind_of_string, self._key = "json", False
-            elif c in "{[":
-                self._stack.append(c)
-                self._key = c == "{"
-            elif c in "}]":
-                if self._stack:
-                    self._stack.pop()
-                if not self._stack:
-                    self._pos = i
-                    self._emit(out, "".join(pieces))
-                    return self._done()
-            elif c == ",":
-                self._key = self._stack[-1:] == ["{"]
-        self._pos = i
-        if pieces and "".join(pieces):
-            self._emit(out, "".join(pieces))
-        return False
+            self._pos, self._gemma = len(self._text) - len(body), GemmaJson()
+        self._pos, piece, state = self._gemma.feed(self._text, self._pos)
+        if piece:
+            self._emit(out, piece)
+        if state == "lost":
+            self._state = "lost"
+        return self._done() if state == "done" else False
 
     def _text_parameters(self, out: list[tuple[int, str]]) -> bool:
         """Parameters written as text (Qwen3-Coder's XML, the tag formats'), then the call's end.

@@ -219,8 +219,9 @@ FORMATS: dict[str, ToolFormat] = {
             closes=("<|eom|>",),
             body="tagged",
             body_args={
-                "call": r'(?:^\s*[^\s<]+\s*<\|message\|>\s*<atem:function_calls>)?\s*<atem:invoke name="(?P<name>[^"]*)">'
-                r"(?P<params>.*?)</atem:invoke>(?:\s*</atem:function_calls>\s*$)?",
+                "call": r"(?:^\s*[^\s<]+\s*<\|message\|>\s*<atem:function_calls>)?"  # the recipient's header
+                r'\s*<atem:invoke name="(?P<name>[^"]*)">(?P<params>.*?)</atem:invoke>'
+                r"(?:\s*</atem:function_calls>\s*$)?",
                 "param": r'<atem:parameter name="(?P<key>[^"]+)">(?P<value>.*?)</atem:parameter>',
                 "write_param": '<atem:parameter name="{key}">{value}</atem:parameter>\n',
                 "strip": False,  # "spaces for string values are not stripped" (its system prompt)
