@@ -1012,7 +1012,7 @@ HY3_ARCH = Arch(
     "HYV3Config",
     "HYV3ForCausalLM",
     {**_DENSE_TINY, "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1, "moe_intermediate_size": 32},
-    {},
+    {**_DENSE_GPU, "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1, "moe_intermediate_size": 128},
     (),
     "<｜hy_eos:opensource｜>",
     template_file("hy3"),
