@@ -37,6 +37,7 @@ from typing import Any
 
 from ...errors import InvalidSettingsError
 from .response_template import parser_available, template_markup
+from .spelling import spelled
 
 SPECIAL_SHAPE = re.compile(r"(<\|[^|<>]{1,40}\|>|<｜[^｜]{1,40}｜>|\[[A-Z_/]{2,30}\])")
 """What a control token of these families looks like (``<|message|>``, ``<｜tool▁sep｜>``, ``[ARGS]``)."""
@@ -413,28 +414,6 @@ def find_format(
     return replace(fmt, response_template=response_template)
 
 
-_SET_STRING = re.compile(r"""\{%-?\s*set\s+(\w+)\s*=\s*(['"])([^'"{}]*)\2\s*-?%\}""")
-_FORMATTED = re.compile(r"""(['"])([^'"{}]*)\{\}([^'"{}]*)\1\.format\(\s*(\w+)\s*\)""")
-
-
-def spelled(template: str) -> str:
-    """``template`` with ``'<x{}>'.format(V)`` written out where ``V`` is set to a string in it.
-
-    Hy3's template builds each of its tokens so (``'<tool_calls{}>'.format(HYTK)`` with ``HYTK = ':opensource'``):
-    its markers and thinking delimiters are looked for as the template writes them.
-    """
-    if ".format(" not in template:
-        return template
-    names = {m.group(1): m.group(3) for m in _SET_STRING.finditer(template)}
-
-    def written(m: re.Match[str]) -> str:
-        if m.group(4) not in names:
-            return m.group(0)
-        return m.group(1) + m.group(2) + names[m.group(4)] + m.group(3) + m.group(1)
-
-    return _FORMATTED.sub(written, template)
-
-
 def _find(template: str | None, override: str | None) -> ToolFormat:
     if override is not None:
         if override not in FORMATS:
@@ -449,4 +428,4 @@ def _find(template: str | None, override: str | None) -> ToolFormat:
     return FORMATS[FALLBACK]
 
 
-__all__ = ["FALLBACK", "FORMATS", "ToolFormat", "find_format", "spelled"]
+__all__ = ["FALLBACK", "FORMATS", "ToolFormat", "find_format"]
