@@ -985,6 +985,90 @@ KIMI_FAMILY = Family(
 )
 
 
+# ---------------------------------------------------------------- TabbyAPI's hy3 and muse_glimmer formats
+
+_HY3_TOKENS = ("<think:opensource>", "</think:opensource>", "<tool_calls:opensource>", "</tool_calls:opensource>")
+_HY3_TOKENS += ("<tool_call:opensource>", "</tool_call:opensource>", "<tool_sep:opensource>", "<arg_key:opensource>")
+_HY3_TOKENS += ("</arg_key:opensource>", "<arg_value:opensource>", "</arg_value:opensource>")
+_HY3_TOKENS += ("<tool_responses:opensource>", "</tool_responses:opensource>", "<tool_response:opensource>")
+_HY3_TOKENS += ("</tool_response:opensource>",)
+
+
+def _hy3(calls: list[Call]) -> str:
+    def params(a: dict[str, Any]) -> str:
+        return "".join(
+            f"<arg_key:opensource>{k}</arg_key:opensource>\n<arg_value:opensource>"
+            f"{v if isinstance(v, str) else json.dumps(v)}</arg_value:opensource>\n"
+            for k, v in a.items()
+        )
+
+    body = "".join(
+        f"<tool_call:opensource>{n}<tool_sep:opensource>\n{params(a)}</tool_call:opensource>\n" for n, a in calls
+    )
+    return f"<tool_calls:opensource>\n{body}</tool_calls:opensource>"
+
+
+HY3_ARCH = Arch(
+    "HYV3Config",
+    "HYV3ForCausalLM",
+    {**_DENSE_TINY, "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1, "moe_intermediate_size": 32},
+    {**_DENSE_GPU, "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1, "moe_intermediate_size": 128},
+    (),
+    "<｜hy_eos:opensource｜>",
+    template_file("hy3"),
+)
+HY3_FAMILY = Family(
+    "hy3",
+    "hy_v3",
+    "hy3",
+    template_file("hy3"),
+    ("<｜hy_begin_of_sentence:opensource｜>", "<｜hy_User:opensource｜>", "<｜hy_Assistant:opensource｜>")
+    + ("<｜hy_eos:opensource｜>", "<｜reasoning_mode:opensource｜>", *_HY3_TOKENS),
+    (),
+    "<｜hy_eos:opensource｜>",
+    "<｜hy_begin_of_sentence:opensource｜>",
+    None,  # reasoning_effort no_think (the template's default): the generation prompt closes the thinking block
+    {"one": _hy3(ONE), "two": _hy3(TWO), "content_then_call": PREFACE + _hy3(ONE), "answer": ANSWER},
+)
+
+
+def _glimmer(calls: list[Call]) -> str:
+    def params(a: dict[str, Any]) -> str:
+        return "".join(
+            f'<atem:parameter name="{k}">{v if isinstance(v, str) else json.dumps(v)}</atem:parameter>\n'
+            for k, v in a.items()
+        )
+
+    return "<|eom|><|start|>assistant".join(
+        f' to={n}<|message|><atem:function_calls>\n<atem:invoke name="{n}">\n{params(a)}</atem:invoke>\n'
+        "</atem:function_calls>"
+        for n, a in calls
+    )
+
+
+_TO_SELF = f" to=self<|message|>{THOUGHT}<|eom|><|start|>assistant"
+MUSE_GLIMMER_FAMILY = Family(
+    "muse_glimmer",
+    "qwen3",  # (transformers has Muse Glimmer as an image-text model only: the tokenizer-level tests use its tokens)
+    "muse_glimmer",
+    template_file("muse_glimmer"),
+    ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>", "<|end_of_text|>"),
+    (),
+    "<|eot|>",
+    None,
+    ("to=self<|message|>", "<|eom|>"),
+    {
+        "one": _glimmer(ONE),
+        "two": _glimmer(TWO),
+        "content_then_call": f" to=user<|message|>{PREFACE}<|eom|><|start|>assistant{_glimmer(ONE)}",
+        "think_then_call": _TO_SELF + _glimmer(ONE),
+        "answer": f" to=user<|message|>{ANSWER}",
+        "think_then_answer": f"{_TO_SELF} to=user<|message|>{ANSWER}",
+    },
+    stops=("<|end_of_text|>",),
+)
+
+
 # ---------------------------------------------------------------- no native format: the documented fallback
 
 
@@ -1037,11 +1121,16 @@ FAMILIES_2026: dict[str, Family] = {
         GEMMA4_FAMILY,
         NEMOTRON_FAMILY,
         KIMI_FAMILY,
+        HY3_FAMILY,
     )
 }
 """The 2026 families' tool formats, on their own architectures (``arch_families.ARCHS_2026``)."""
 FAMILIES.update(FAMILIES_2026)
-EXTRA_ARCHS: dict[str, Arch] = {"granite": GRANITE_ARCH}
+FAMILIES_TOKENIZER_ONLY: dict[str, Family] = {MUSE_GLIMMER_FAMILY.name: MUSE_GLIMMER_FAMILY}
+"""Families whose architecture transformers has as an image-text model only: read, streamed and forced through
+their tokenizer and template (tests/unit), not run end to end."""
+FAMILIES.update(FAMILIES_TOKENIZER_ONLY)
+EXTRA_ARCHS: dict[str, Arch] = {"granite": GRANITE_ARCH, "hy_v3": HY3_ARCH}
 """Weights a family uses that are not one of ``arch_models.ARCHS``."""
 
 QUESTION = "What is the weather in Paris?"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from ..contract.api import Reasoning
-from .formats import find_format
+from .formats import find_format, spelled
 
 KNOWN_TAGS: tuple[tuple[str, str], ...] = (
     ("<think>", "</think>"),
@@ -32,6 +32,7 @@ def find_reasoning(template: str | None) -> Reasoning | None:
     """The reasoning delimiters a chat template uses, or None when it shows no sign of reasoning."""
     if not template:
         return None
+    template = spelled(template)  # tokens a template builds with str.format (Hy3's), as it writes them
     family = find_format(template).thinking  # harmony's analysis channel: a pair no other template shows
     if family is not None and family[0] in template:
         return Reasoning(*family)

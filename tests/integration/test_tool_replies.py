@@ -22,7 +22,7 @@ from tool_families import FAMILIES, TOOLS, make_family
 from exllama_integrations import ExLlamaRuntime
 from exllama_integrations.errors import InvalidSettingsError
 
-NAMES = ("llama4_pythonic", "qwen3_coder", "mistral_small32", "hermes", "glm45")
+NAMES = ("llama4_pythonic", "qwen3_coder", "mistral_small32", "hermes", "glm45", "gemma4")
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -297,10 +297,12 @@ CALLS = {
     "llama4_pythonic": f'[get_weather(city="{ARGS["city"]}", unit="celsius")]',
     "glm45": f"<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>{ARGS['city']}</arg_value>\n"
     "<arg_key>unit</arg_key>\n<arg_value>celsius</arg_value>\n</tool_call>",
+    "gemma4": '<|tool_call>call:get_weather{city:<|"|>' + ARGS["city"] + '<|"|>,unit:<|"|>celsius<|"|>}<tool_call|>',
 }
 WRITTEN = json.dumps(ARGS, ensure_ascii=False)
 """The arguments' JSON as every door streams them (Python and XML arguments as JSON)."""
 MARKUP = ("[TOOL_CALLS]", "[ARGS]", "<tool_call>", "<function", "<parameter", "[get_weather(", "get_weather(", "<arg_")
+MARKUP += ("<|tool_call>", '<|"|>', "call:get_weather")
 
 
 @pytest.mark.parametrize("family", list(CALLS))
@@ -319,7 +321,7 @@ def test_a_forced_calls_arguments_stream_as_they_are_written(door, family, runti
 
 # ---------------------------------------------------------------- a call cut short by max_tokens
 
-CUT_AT = {"mistral_small32": 14, "qwen3_coder": 40, "llama4_pythonic": 14, "glm45": 26}
+CUT_AT = {"mistral_small32": 14, "qwen3_coder": 40, "llama4_pythonic": 14, "glm45": 26, "gemma4": 20}
 """Tokens after which the call is inside its arguments however the model spells it (the byte-level vocabulary holds
 at most two letters a token, so the arguments, longer than twice what comes before them, cannot be whole; GLM thinks
 two tokens first, and its block's close)."""

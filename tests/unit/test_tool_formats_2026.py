@@ -2,7 +2,8 @@
 
 GLM-4.7's layout without newlines, DeepSeek-V3.2's ``function_calls`` block and DSML's explicit value types, Gemma 4's
 argument syntax for every JSON type, Kimi's ids in the history its template shows, DeepSeek-V3.1's arguments as text,
-and each family's thinking as its own generation prompt leaves it (opened, closed, or the model's to open).
+Hy3's tokens built with ``str.format``, Muse Glimmer's messages (an answer's ``to=``, its unstripped values, its
+history), and each family's thinking as its own generation prompt leaves it (opened, closed, or the model's to open).
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from tool_families import FAMILIES, TOOLS, history
+from tool_families import FAMILIES, PREFACE, TOOLS, history
 
-from exllama_integrations.chat.formats import FORMATS, ReplyReader, read_reply, write_calls
+from exllama_integrations.chat.formats import FORMATS, ReplyReader, find_format, read_reply, write_calls
 from exllama_integrations.chat.history import family_ids, native_history
 from exllama_integrations.chat.reasoning import find_reasoning, generation_prompt, turn_reasoning
 from exllama_integrations.model.template import ChatTemplate
@@ -96,6 +97,53 @@ def test_deepseek_v31_gets_its_arguments_as_text():
     assert json.loads(out[1]["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
 
 
+def test_hy3_is_found_from_tokens_its_template_builds_with_format():
+    template = FAMILIES["hy3"].template
+    assert "<tool_calls:opensource>" not in template and "'<tool_calls{}>'.format(HYTK)" in template
+    assert find_format(template).name == "hy3"
+    assert find_reasoning(template).start == "<think:opensource>"
+    _, calls = _every_split(
+        FORMATS["hy3"],
+        "<tool_calls:opensource>\n<tool_call:opensource>get_time\n</tool_call:opensource>\n</tool_calls:opensource>",
+        (),
+    )
+    assert [(c.name, c.arguments, c.error) for c in calls] == [
+        ("get_time", {}, None)
+    ]  # without <tool_sep>, as TabbyAPI
+
+
+GLIMMER_CALL = (
+    ' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
+    '<atem:parameter name="city"> Paris </atem:parameter>\n</atem:invoke>\n</atem:function_calls>'
+)
+
+
+def test_glimmer_answer_text_keeps_to_and_a_call_keeps_its_spaces():
+    fmt = FORMATS["muse_glimmer"]
+    content, calls = _every_split(fmt, " to=user<|message|>See https://x.org/?to=bob and to=me.", ())
+    assert content == "See https://x.org/?to=bob and to=me." and calls == []
+    content, calls = _every_split(fmt, f" to=user<|message|>{PREFACE}<|eom|><|start|>assistant{GLIMMER_CALL}")
+    assert content == PREFACE and [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": " Paris "})]
+    # a message to itself left in the reply (its thinking not split off) is text, never a call
+    content, calls = _every_split(fmt, " to=self<|message|>hmm<|eom|><|start|>assistant to=user<|message|>ok", ())
+    assert content == "hmmok" and calls == []
+
+
+def test_glimmer_history_renders_the_call_as_the_model_writes_it():
+    from tool_families import RESULT
+
+    rendered = ChatTemplate(FAMILIES["muse_glimmer"].template).render(
+        messages=history("muse_glimmer"), tools=TOOLS, add_generation_prompt=True
+    )
+    turn = rendered.split("<|start|>user<|message|>")[1].split("<|eot|>", 1)[1]
+    call, result = turn.split("<|eot|>")[0], turn.split("<|eot|>")[1]
+    assert call.startswith("<|start|>assistant to=get_weather<|message|>")
+    _, calls = read_reply(FORMATS["muse_glimmer"], call[len("<|start|>assistant") :], TOOLS)
+    assert [(c.name, c.arguments) for c in calls] == ONE
+    assert result == f'<|start|>tool get_weather<|message|><tool_output name="get_weather">\n{RESULT}\n</tool_output>'
+    assert rendered.endswith("<|start|>assistant")
+
+
 FIRST_TURN = [{"role": "user", "content": "hi"}]
 
 
@@ -127,6 +175,9 @@ def _turn(family: str, **kwargs):
         ("glm45", {"enable_thinking": False}, ("<think>", "</think>"), None),
         ("gemma4", {}, ("<|channel>thought", "<channel|>"), None),  # off unless asked: an empty channel is closed
         ("gemma4", {"enable_thinking": True}, ("<|channel>thought", "<channel|>"), False),
+        ("hy3", {}, ("<think:opensource>", "</think:opensource>"), None),  # reasoning_effort no_think: closed
+        ("hy3", {"reasoning_effort": "high"}, ("<think:opensource>", "</think:opensource>"), True),
+        ("muse_glimmer", {}, ("to=self<|message|>", "<|eom|>"), False),  # the model addresses itself or not
     ],
 )
 def test_each_family_thinks_as_its_generation_prompt_says(family, kwargs, delimiters, started):

@@ -9,9 +9,11 @@ as they come). A checkpoint that declares its own ``response_template`` (tokeniz
 """
 
 from .grammar import check_names, forced_call_grammar, strict_schema, write_call, write_calls
-from .progress import CallProgress, partial_object
+from .partial import partial_object
+from .progress import CallProgress
 from .reader import ParsedToolCall, ReplyReader, new_call_id, read_reply
 from .response_template import response_template_of, template_details, without_template
+from .spelling import spelled
 from .table import FALLBACK, FORMATS, ToolFormat, find_format
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "partial_object",
     "read_reply",
     "response_template_of",
+    "spelled",
     "strict_schema",
     "template_details",
     "without_template",

@@ -1,14 +1,15 @@
 """A reply's calls as the model writes them: each call's name once it is whole, its arguments as JSON as they come.
 
 :class:`CallProgress` follows the table entry's ``call`` text (``P {name} L {arguments} S``, the arguments a JSON
-object, Python keyword arguments or XML parameters) through a reply, fed the same text as the reader. It is what
-lets a forced call's arguments stream as they are generated (the grammar writes the call exactly so), and what a
-call cut short by ``max_tokens`` keeps of its arguments instead of its markup. Python and XML arguments come out as
-JSON: a key and its separator when the key is whole, a JSON value as it is written, an XML string escaped as it is
-written, any other XML value when its parameter closes. A reply that leaves the call's shape stops being followed
-(the reader still reads it); nothing here raises on what a model writes.
-
-:func:`partial_object` reads a cut JSON object as far as it got (Anthropic's clients show a cut tool input so).
+object, Python keyword arguments, XML or tagged parameters, or Gemma 4's ``{key:<|"|>text<|"|>}``) through a reply,
+fed the same text as the reader. It is what lets a forced call's arguments stream as they are generated (the grammar
+writes the call exactly so), and what a call cut short by ``max_tokens`` keeps of its arguments instead of its
+markup. Python, XML and Gemma arguments come out as JSON: a key and its separator when the key is whole, a JSON value
+as it is written, an XML or Gemma string escaped as it is written, any other XML value when its parameter closes.
+A call text that names the tool twice (Muse Glimmer's recipient, then its ``<atem:invoke name=..>``) is followed by
+the first; a bare name that holds markup or spaces was not a call's (Glimmer's ``to=user``): the search goes on.
+A reply that leaves the call's shape stops being followed (the reader still reads it); nothing here raises on what a
+model writes. A cut JSON object read as far as it got: :mod:`.partial`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .table import ToolFormat
+from .tagged import GemmaJson
 from .values import text_kinds, text_value
 
 _LONGEST_NAME = 512
@@ -30,6 +32,7 @@ _SHAPES = (
     ("name", "xml_parameters"),
     ("name", "tagged_parameters"),
     ("name", "python_arguments"),
+    ("name", "gemma_arguments"),
 )
 """The call texts followed: a name, then its arguments (the table's slots)."""
 
@@ -102,12 +105,16 @@ class CallProgress:
         self._flag: str | None = None
         self._kind = ""
         self._layout = _XML
+        self._gemma: GemmaJson | None = None  # a Gemma call's arguments being read
         literals, slots = [""], []  # the text before each slot ("{{" is a literal brace)
         for literal, slot, _, _ in string.Formatter().parse(fmt.call):
             literals[-1] += literal
             if slot is not None:
                 slots.append(slot)
                 literals.append("")
+        if slots[:2] == ["name", "name"]:  # the name again (Glimmer's invoke): part of what follows the first
+            literals[1:3] = [literals[1] + "\x00" + literals[2]]
+            del slots[1]
         if tuple(slots[:2]) not in _SHAPES:
             return  # a call text of another shape: not followed
         head, between = literals[0], literals[1]
@@ -117,6 +124,10 @@ class CallProgress:
         self._heads = [head] if head.strip() else [fmt.before, fmt.between]
         self._anchored = not head.strip()
         self._between = _pattern(between)
+        if "\x00" in between:  # a name written again inside it
+            self._between = re.compile(r'[^\s<>"]*'.join(_pattern(p).pattern for p in between.split("\x00")))
+        elif not between and slots[1] == "gemma_arguments":
+            self._between = re.compile(r"(?=\{)")  # Gemma's name runs into its arguments
         self._json_name = slots[0] == "name_json"
         self._kind = "text_parameters" if slots[1] in ("xml_parameters", "tagged_parameters") else slots[1]
         self._layout = _XML if slots[1] != "tagged_parameters" else _tagged(fmt.body_args["write_param"], literals[2])
@@ -126,8 +137,8 @@ class CallProgress:
     def follows(self) -> bool:
         """Whether this format's calls are followed at all.
 
-        A call text of another shape (the tagged and Gemma formats' among them) is not: such a call comes whole,
-        when the reader has read it.
+        A call text of another shape (a response template's, where the checkpoint ships one) is not: such a call
+        comes whole, when the reader has read it.
         """
         return bool(self._kind)
 
@@ -174,9 +185,13 @@ class CallProgress:
         m = self._between.search(self._text, self._name_at)
         if m is None:
             if len(self._text) - self._name_at > _LONGEST_NAME:
-                self._state = "lost"
+                self._state, self._pos = ("lost", self._pos) if self._anchored else ("seek", self._name_at)
+                return not self._anchored
             return False
         raw = self._text[self._name_at : m.start()]
+        if not self._json_name and not self._anchored and re.search(r"[\s<>]", raw.strip()):
+            self._state, self._pos = "seek", self._name_at  # not a call's name (Glimmer's "to=user"): look further
+            return True
         try:
             name = json.loads(raw) if self._json_name else raw.strip()
         except ValueError:
@@ -190,6 +205,7 @@ class CallProgress:
         self._depth, self._quote, self._escape, self._keys, self._value_at = 0, False, False, 0, -1
         if self._kind == "python_arguments":
             self._emit(out, "{")
+        self._gemma = None
         return True
 
     def _emit(self, out: list[tuple[int, str]], text: str) -> None:
@@ -289,6 +305,23 @@ class CallProgress:
             return self._done()
         return True
 
+    def _gemma_arguments(self, out: list[tuple[int, str]]) -> bool:
+        """Gemma 4's ``{key:<|"|>text<|"|>,n:3}``, as JSON as it comes (:class:`~.tagged.GemmaJson`)."""
+        if self._gemma is None:
+            body = self._text[self._pos :].lstrip()
+            if not body:
+                return False
+            if body[0] != "{":
+                self._state = "lost"
+                return False
+            self._pos, self._gemma = len(self._text) - len(body), GemmaJson()
+        self._pos, piece, state = self._gemma.feed(self._text, self._pos)
+        if piece:
+            self._emit(out, piece)
+        if state == "lost":
+            self._state = "lost"
+        return self._done() if state == "done" else False
+
     def _text_parameters(self, out: list[tuple[int, str]]) -> bool:
         """Parameters written as text (Qwen3-Coder's XML, the tag formats'), then the call's end.
 
@@ -380,48 +413,4 @@ def _joined(pieces: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return out
 
 
-def partial_object(text: str) -> dict[str, Any]:
-    """The JSON object a cut ``text`` begins, as far as it got (``{}`` where nothing reads).
-
-    Open strings and containers are closed; an unfinished key or value is left out.
-    """
-    for candidate in _closings(text):
-        try:
-            value = json.loads(candidate)
-        except ValueError:
-            continue
-        return value if isinstance(value, dict) else {}
-    return {}
-
-
-def _closings(text: str) -> list[str]:
-    """``text`` closed where it stands, then closed at each earlier place a value ended (most first)."""
-    stack: list[str] = []
-    quote = escape = False
-    ends: list[tuple[int, list[str]]] = []  # (where a value or container ended, the containers open there)
-    for i, c in enumerate(text):
-        if quote:
-            if escape:
-                escape = False
-            elif c == "\\":
-                escape = True
-            elif c == '"':
-                quote = False
-                ends.append((i + 1, list(stack)))
-        elif c == '"':
-            quote = True
-        elif c in "[{":
-            stack.append("]" if c == "[" else "}")
-            ends.append((i + 1, list(stack)))
-        elif c in "]}" and stack:
-            stack.pop()
-            ends.append((i + 1, list(stack)))
-        elif c in ",":
-            ends.append((i, list(stack)))
-    out = [text + ('"' if quote else "") + "".join(reversed(stack))]
-    for at, open_ in reversed(ends):
-        out.append(text[:at].rstrip().rstrip(",").rstrip() + "".join(reversed(open_)))
-    return out
-
-
-__all__ = ["CallProgress", "Progress", "partial_object"]
+__all__ = ["CallProgress", "Progress"]

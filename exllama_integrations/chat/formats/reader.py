@@ -72,7 +72,7 @@ class ReplyReader:
     def __init__(self, fmt: ToolFormat, tools: Sequence[Mapping[str, Any]] = ()) -> None:
         self.fmt = fmt
         self._schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
-        self._buf = ""
+        self._buf = fmt.prompt_tail  # the header the reply's first message completes (Muse Glimmer's)
         self._region: str | None = None  # the open literal of the region being read, or None in the text
         self._body = ""
         self._started = not fmt.at_start  # at_start formats: False until the reply's start is decided
@@ -156,6 +156,11 @@ class ReplyReader:
                 return False
             self._after_call = False
         hit = _earliest(self._buf, self._markers)
+        if hit is not None and not final and _longer(self._buf[hit[0] :], hit[1], self._markers):
+            if hit[0]:  # a longer marker may still begin here (Glimmer's "to=user<|message|>" or "to=NAME")
+                self.text.append(self._buf[: hit[0]])
+                self._buf = self._buf[hit[0] :]
+            return False
         if hit is not None:
             at, marker = hit
             if at:
@@ -236,6 +241,11 @@ def _earliest(buf: str, markers: Sequence[str]) -> tuple[int, str] | None:
         if i >= 0 and (best is None or (i, -len(m)) < (best[0], best[1])):
             best = (i, -len(m), m)
     return None if best is None else (best[0], best[2])
+
+
+def _longer(rest: str, marker: str, markers: Sequence[str]) -> bool:
+    """Whether ``rest`` (which begins with ``marker``) may still grow into a longer one of ``markers``."""
+    return any(len(m) > len(rest) and m.startswith(rest) for m in markers if len(m) > len(marker))
 
 
 def _partial_tail(buf: str, markers: Sequence[str]) -> int:

@@ -18,9 +18,9 @@ Body kinds (how the text between ``opens`` and ``closes`` becomes calls):
 - ``xml``: ``<function=NAME><parameter=KEY>VALUE</parameter>...</function>`` (Qwen3-Coder), values read by the
   tool's schema;
 - ``python``: ``[f(a=1), g(b="x")]`` (Llama 4, Llama 3.2 pythonic);
-- ``tagged``: calls and parameters in tags of the family's own (GLM-4.5's ``<arg_key>``/``<arg_value>``, MiniMax-M2's
-  and DeepSeek's ``<invoke name=..>``/``<parameter name=..>``), found by the ``call`` and ``param`` regexes of
-  ``body_args`` and written with its ``write_param`` (:mod:`.tagged`);
+- ``tagged``: calls and parameters in tags of the family's own (GLM-4.5's and Hy3's ``<arg_key>``/``<arg_value>``,
+  MiniMax-M2's, DeepSeek's and Muse Glimmer's ``<invoke name=..>``/``<parameter name=..>``), found by the ``call`` and
+  ``param`` regexes of ``body_args`` and written with its ``write_param`` (:mod:`.tagged`);
 - ``gemma``: Gemma 4's ``call:NAME{key:<|"|>text<|"|>,...}`` (:mod:`.tagged`).
 
 ``call`` is a string with slots: ``{name}`` (the bare name), ``{name_json}`` (the name as a JSON string),
@@ -37,6 +37,7 @@ from typing import Any
 
 from ...errors import InvalidSettingsError
 from .response_template import parser_available, template_markup
+from .spelling import spelled
 
 SPECIAL_SHAPE = re.compile(r"(<\|[^|<>]{1,40}\|>|<｜[^｜]{1,40}｜>|\[[A-Z_/]{2,30}\])")
 """What a control token of these families looks like (``<|message|>``, ``<｜tool▁sep｜>``, ``[ARGS]``)."""
@@ -88,6 +89,9 @@ class ToolFormat:
     response_template: Mapping[str, Any] | None = None
     """The checkpoint's own ``response_template`` (tokenizer_config.json): replies are read with transformers'
     parser over it (:mod:`.response_template`); the rest of the entry still writes calls."""
+    prompt_tail: str = ""
+    """What the generation prompt ends with that the reply's first message continues (Muse Glimmer's
+    ``<|start|>assistant``, whose header the reply completes): the reader reads the reply as following it."""
 
     @property
     def markup(self) -> tuple[str, ...]:
@@ -122,6 +126,34 @@ FORMATS: dict[str, ToolFormat] = {
             "<|call|>",
             parallel=False,
             thinking=("<|channel|>analysis<|message|>", "<|end|>"),
+        ),
+        ToolFormat(
+            "hy3",  # Tencent Hy3 (hy_v3): GLM's key/value pairs in tokens suffixed ":opensource", in one block
+            markers=("<tool_calls:opensource>", "<tool_sep:opensource>"),
+            opens=("<tool_calls:opensource>",),
+            closes=("</tool_calls:opensource>",),
+            body="tagged",
+            body_args={
+                "call": r"<tool_call:opensource>\s*(?P<name>[^\s<]*)\s*(?:<tool_sep:opensource>)?(?P<params>.*?)"
+                r"</tool_call:opensource>",
+                "param": r"<arg_key:opensource>(?P<key>.*?)</arg_key:opensource>\s*<arg_value:opensource>(?P<value>.*?)"
+                r"</arg_value:opensource>",
+                "write_param": "<arg_key:opensource>{key}</arg_key:opensource>\n<arg_value:opensource>{value}"
+                "</arg_value:opensource>\n",
+            },
+            call="<tool_call:opensource>{name}<tool_sep:opensource>\n{tagged_parameters}</tool_call:opensource>\n",
+            before="<tool_calls:opensource>\n",
+            after="</tool_calls:opensource>",
+            tokens=(
+                "<tool_call:opensource>",
+                "</tool_call:opensource>",
+                "<tool_sep:opensource>",
+                "<arg_key:opensource>",
+                "</arg_key:opensource>",
+                "<arg_value:opensource>",
+                "</arg_value:opensource>",
+            ),
+            thinking=("<think:opensource>", "</think:opensource>"),
         ),
         ToolFormat(
             "glm45",
@@ -180,6 +212,33 @@ FORMATS: dict[str, ToolFormat] = {
             call="<|tool_call>call:{name}{gemma_arguments}<tool_call|>",
             tokens=('<|"|>',),
             thinking=("<|channel>thought", "<channel|>"),
+        ),
+        ToolFormat(
+            "muse_glimmer",  # messages addressed to a recipient: to=self thinks, to=user answers, to=NAME calls
+            markers=("<atem:function_calls>", "<|message|>"),
+            opens=("<|start|>assistant to=",),
+            closes=("<|eom|>",),
+            body="tagged",
+            body_args={
+                "call": r"(?:^\s*[^\s<]+\s*<\|message\|>\s*<atem:function_calls>)?"  # the recipient's header
+                r'\s*<atem:invoke name="(?P<name>[^"]*)">(?P<params>.*?)</atem:invoke>'
+                r"(?:\s*</atem:function_calls>\s*$)?",
+                "param": r'<atem:parameter name="(?P<key>[^"]+)">(?P<value>.*?)</atem:parameter>',
+                "write_param": '<atem:parameter name="{key}">{value}</atem:parameter>\n',
+                "strip": False,  # "spaces for string values are not stripped" (its system prompt)
+                "text": r"^\s*(?:self|user)?\s*<\|message\|>(?P<text>.*)$",  # a message to itself or the user
+            },
+            strip=(
+                "<|start|>assistant to=user<|message|>",
+                "<|start|>assistant<|message|>",
+                "<|start|>assistant",
+                "<|eom|>",
+            ),
+            call=' to={name}<|message|><atem:function_calls>\n<atem:invoke name="{name}">\n{tagged_parameters}'
+            "</atem:invoke>\n</atem:function_calls>",
+            between="<|eom|><|start|>assistant",
+            thinking=("to=self<|message|>", "<|eom|>"),
+            prompt_tail="<|start|>assistant",
         ),
         ToolFormat(
             "qwen3_coder",
@@ -362,6 +421,7 @@ def _find(template: str | None, override: str | None) -> ToolFormat:
                 f"tool_format {override!r} is not one of {', '.join(FORMATS)}.", param="tool_format"
             )
         return FORMATS[override]
+    template = spelled(template) if template else template
     for fmt in FORMATS.values():
         if template and fmt.markers and all(m in template for m in fmt.markers):
             return fmt

@@ -8,7 +8,8 @@ Two body kinds of :mod:`.table`, described by each entry's ``body_args``:
   ``string="true|false"``). A value is text; it is read as the tool's schema types it (the reader's ``typed``).
   Written with ``write_param`` (slots ``{key}``, ``{value}``, ``{string}``) for each argument.
 - ``gemma``: ``call:NAME{key:value,...}`` where strings sit between ``<|"|>`` tokens, keys are bare and other values
-  are JSON's; written with keys in sorted order, as Gemma 4's template writes them.
+  are JSON's; written with keys in sorted order, as Gemma 4's template writes them; :class:`GemmaJson` turns them
+  into JSON as they are written (what a forced call streams).
 
 Only what the table cannot say as data lives here; the reader (:mod:`.reader`) and the grammar (:mod:`.grammar`)
 call in for these two kinds.
@@ -57,7 +58,8 @@ def read_tagged(
             if params[at : p.start()].strip():
                 raise ValueError(f"unexpected text between parameters: {params[at : p.start()][:40]!r}")
             at = p.end()
-            key, value = p.group("key").strip(), p.group("value").strip()
+            key, value = p.group("key").strip(), p.group("value")
+            value = value.strip() if body_args.get("strip", True) else value
             said = p.groupdict().get("string")
             if said == "true":
                 args[key] = value
@@ -101,6 +103,84 @@ def gemma_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ",".join(gemma_value(v) for v in value) + "]"
     return json.dumps(value)
+
+
+class GemmaJson:
+    """Gemma 4's arguments read as they come, written out as JSON.
+
+    A bare key is quoted once whole (``"key": ``), a string between ``<|"|>`` tokens escaped as it comes, the rest
+    (numbers, JSON strings, brackets) as written.
+    """
+
+    def __init__(self) -> None:
+        self._stack: list[str] = []  # the containers open
+        self._key = False  # a key comes next
+        self._string = ""  # inside a string: "gemma" (between quote tokens) or "json"
+        self._escape = False
+
+    def feed(self, text: str, at: int) -> tuple[int, str, str]:
+        """``text`` from ``at`` on (it begins with ``{``).
+
+        Returns where reading stopped, the JSON text it makes, and ``"done"`` (the object closed), ``"lost"`` (not
+        these arguments) or ``""`` (more to come).
+        """
+        i, pieces = at, []
+        while i < len(text):
+            if self._string == "gemma":  # raw text up to the closing quote token
+                j = text.find(GEMMA_QUOTE, i)
+                upto = j if j >= 0 else len(text) - _held(text, GEMMA_QUOTE)
+                pieces.append(json.dumps(text[i:upto], ensure_ascii=False)[1:-1])
+                if j < 0:
+                    return upto, "".join(pieces), ""
+                pieces.append('"')
+                i, self._string = j + len(GEMMA_QUOTE), ""
+                continue
+            c = text[i]
+            if self._string == "json":  # a JSON string, as it is
+                pieces.append(c)
+                i += 1
+                if self._escape:
+                    self._escape = False
+                elif c == "\\":
+                    self._escape = True
+                elif c == '"':
+                    self._string = ""
+                continue
+            if text.startswith(GEMMA_QUOTE, i):
+                pieces.append('"')
+                i, self._string, self._key = i + len(GEMMA_QUOTE), "gemma", False
+                continue
+            if GEMMA_QUOTE.startswith(text[i:]):
+                break  # may be the quote token yet
+            if self._key and not c.isspace() and c not in '}"':
+                colon = text.find(":", i)
+                if colon < 0:
+                    return i, "".join(pieces), "lost" if len(text) - i > 512 else ""
+                pieces.append(json.dumps(text[i:colon].strip(), ensure_ascii=False) + ": ")
+                i, self._key = colon + 1, False
+                continue
+            pieces.append(", " if c == "," else c)  # (spaced as json.dumps spaces it)
+            i += 1
+            if c == '"':
+                self._string, self._key = "json", False
+            elif c in "{[":
+                self._stack.append(c)
+                self._key = c == "{"
+            elif c in "}]" and self._stack:
+                self._stack.pop()
+                if not self._stack:
+                    return i, "".join(pieces), "done"
+            elif c == ",":
+                self._key = self._stack[-1:] == ["{"]
+        return i, "".join(pieces), ""
+
+
+def _held(text: str, marker: str) -> int:
+    """How many characters at the end of ``text`` may begin ``marker``."""
+    for k in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-k:]):
+            return k
+    return 0
 
 
 def write_slots(body_args: Mapping[str, Any], arguments: Mapping[str, Any]) -> dict[str, str]:
@@ -187,4 +267,13 @@ def _gemma_sequence(g: Builder, rule: str, items: list[tuple[str, bool]]) -> str
     return rule
 
 
-__all__ = ["GEMMA_QUOTE", "SLOTS", "gemma_object", "gemma_value", "read_tagged", "slot_rule", "write_slots"]
+__all__ = [
+    "GEMMA_QUOTE",
+    "SLOTS",
+    "GemmaJson",
+    "gemma_object",
+    "gemma_value",
+    "read_tagged",
+    "slot_rule",
+    "write_slots",
+]
