@@ -248,16 +248,20 @@ class CallProgress:
             i += 1
         return None
 
+    def _object_begins(self) -> bool:
+        """Past the whitespace to the ``{`` the arguments begin with (False: none yet, or lost on something else)."""
+        body = self._text[self._pos :].lstrip()
+        if not body or body[0] != "{":
+            if body:
+                self._state = "lost"
+            return False
+        self._pos = len(self._text) - len(body)
+        return True
+
     def _arguments(self, out: list[tuple[int, str]]) -> bool:
         """A JSON object, every character of it as it comes."""
-        if self._depth == 0:  # not begun yet: it begins with "{"
-            body = self._text[self._pos :].lstrip()
-            if not body:
-                return False
-            if body[0] != "{":
-                self._state = "lost"
-                return False
-            self._pos = len(self._text) - len(body)
+        if self._depth == 0 and not self._object_begins():
+            return False
         start = self._pos
         end = self._scan("")
         self._pos = len(self._text) if end is None else end
@@ -308,13 +312,9 @@ class CallProgress:
     def _gemma_arguments(self, out: list[tuple[int, str]]) -> bool:
         """Gemma 4's ``{key:<|"|>text<|"|>,n:3}``, as JSON as it comes (:class:`~.tagged.GemmaJson`)."""
         if self._gemma is None:
-            body = self._text[self._pos :].lstrip()
-            if not body:
+            if not self._object_begins():
                 return False
-            if body[0] != "{":
-                self._state = "lost"
-                return False
-            self._pos, self._gemma = len(self._text) - len(body), GemmaJson()
+            self._gemma = GemmaJson()
         self._pos, piece, state = self._gemma.feed(self._text, self._pos)
         if piece:
             self._emit(out, piece)
