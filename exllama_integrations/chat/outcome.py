@@ -162,7 +162,10 @@ class ChatStreamer:
         if not self.prepared.forced:
             return ()
         out: list[ArgumentsDelta] = []
+        most = self.prepared.max_calls
         for index, piece in pieces:
+            if most is not None and index >= most:  # a call nobody gets is never announced (the grammar stops there)
+                continue
             first = index not in self._ids
             if first:
                 self._ids[index] = new_call_id(self.prepared.format)

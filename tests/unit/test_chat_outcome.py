@@ -125,3 +125,23 @@ def test_metadata_logprobs_are_openai_shaped():
             }
         ]
     }
+
+
+def test_a_forced_reply_announces_no_call_past_max_tool_calls():
+    """The forced grammar writes at most ``max_tool_calls`` calls; should a reply hold more (another grammar, a
+    backend that ignores it), no call past the bound is announced by an argument delta: a client is never told of a
+    call it will not get."""
+    from exllama_integrations.chat.formats import FORMATS
+
+    prepared = PreparedChat(
+        GenerationRequest("prompt", GenerationSettings()), TOOLS, FORMATS["hermes"], forced=True, max_calls=1
+    )
+    s = ChatStreamer(prepared, model_name="m", backend="b")
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": %d}}\n</tool_call>'
+    reply = call % 1 + "\n" + call % 2
+    items = [s.feed(StreamChunk(reply[i : i + 5])) for i in range(0, len(reply), 5)]
+    outcome = s.feed(FINAL)
+    deltas = [a for i in items if isinstance(i, ChatDelta) for a in i.arguments]
+    assert deltas and {a.index for a in deltas} == {0}
+    assert "".join(a.delta for a in deltas) == '{"a": 1}'
+    assert isinstance(outcome, ChatOutcome) and [c.arguments for c in outcome.tool_calls] == [{"a": 1}]
