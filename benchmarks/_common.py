@@ -18,6 +18,33 @@ from pathlib import Path
 from typing import Any
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (servers a benchmark starts listen there only)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_up(url: str, proc: Any, seconds: float) -> None:
+    """Until the server ``proc`` (a ``subprocess.Popen``) at ``url`` answers ``/health``; raises if it exits first
+    or ``seconds`` pass."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server at {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the server at {url} did not come up in {seconds:.0f} s")
+
+
 def public_stream(llm: Any, text: str, **kwargs: Any) -> dict[str, float]:
     """Time ``llm.stream(text)``: tokens (from the usage LangChain's callbacks report), TTFT, decode tok/s."""
     from langchain_core.callbacks import BaseCallbackHandler

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -40,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RawExLlamaV3, Results, interleave, parser, public_stream  # noqa: E402
+from _common import RawExLlamaV3, Results, free_port, interleave, parser, public_stream, wait_up  # noqa: E402
 from _loadgen import run_streams  # noqa: E402
 from mtp_models import (  # noqa: E402
     BENCH,
@@ -100,30 +99,12 @@ def prepare(root: Path, shape: QwenShape, new: int, window: int, target: float, 
 
 def start_server(model: Path, window: int, cache: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``exllama-integrations serve MODEL --draft mtp`` on a free port of 127.0.0.1 (its output in ``log``)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "exllama_integrations", "serve", str(model), "--backend", "exllamav3"]
     cmd += ["--port", str(port), "--draft", "mtp", "--option", f"num_draft_tokens={window}"]
     cmd += ["--option", f"cache_size={cache}"]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_up(url: str, proc: subprocess.Popen[bytes], seconds: float = 300) -> None:
-    import httpx
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server at {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server at {url} did not come up in {seconds:.0f} s")
 
 
 def ours(llm: Any) -> Callable[[], dict[str, float]]:
@@ -208,7 +189,7 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
             rt = ExLlamaRuntime(model, "exllamav3", cache_size=cache, draft="mtp", num_draft_tokens=window)
             loop = RawExLlamaV3(model, cache_tokens=cache, mtp=True, num_draft_tokens=window)
             if server is not None:
-                wait_up(server[1], server[0])
+                wait_up(server[1], server[0], 300)
             note(args.out, f"{level}: load_seconds (MTP rows, the server beside)", round(time.perf_counter() - t0, 1))
             note(args.out, f"{level}: model_info().details['drafting']", rt.model_info().details.get("drafting"))
             got = list(rt.generate(PROMPT, **greedy).token_ids)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,18 +34,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Results, exl3_model, parser, profile, public_stream
+from _common import Results, exl3_model, free_port, parser, profile, public_stream, wait_up
 from _common import interleave as _interleave  # noqa: E402
 from _loadgen import GpuBusy, fresh_prompt, run_streams, warm  # noqa: E402
 
 RESULTS = Results("gpu_serve.json")
 record, note, ratios = RESULTS.record, RESULTS.note, RESULTS.ratios
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 CAPTURED = "decode='fast': captured the decode step"
@@ -86,22 +79,6 @@ def start_server(
     log = open(f"/tmp/gpu_serve_{port}.log", "w")  # noqa: SIM115 - the server's whole life
     proc = subprocess.Popen([*cmd, *extra, "--max-pending", "1024"], stdout=log, stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_up(url: str, proc: subprocess.Popen, seconds: float = 600) -> None:
-    import httpx
-
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server at {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server at {url} did not come up")
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -206,7 +183,7 @@ def main() -> None:
             rt_engine = ExLlamaRuntime(args.model, args.backend, engine="process", **values)
             llm_engine = ExLlamaLLM(runtime=rt_engine, temperature=0, max_new_tokens=args.new)
         for proc, url in servers.values():
-            wait_up(url, proc)
+            wait_up(url, proc, 600)
         assert all(f.result() for f in [pool.submit(warm) for _ in range(args.procs)])
         seed = [10_000]
 
