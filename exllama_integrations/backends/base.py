@@ -65,7 +65,8 @@ class TokenStep:
     finish: StepFinish | None = None
     error: BaseException | None = None
     cached: int | None = None
-    """On the last step: prompt tokens the backend reused from its prefix cache (None: it does not say)."""
+    """Prompt tokens the backend reused from its prefix cache (None: it does not say here). exllamav3 says on the
+    first step that carries tokens (its pages are matched before the first token) and again on the last."""
     accepting: bool | None = None
     """On the last step of a constrained request whose matcher lives elsewhere (an engine process): whether
     the grammar accepted the output (None: the runtime asks the request's matcher)."""

@@ -65,6 +65,8 @@ class ChatDelta:
     """How many calls of the reply came before these (a call's index in the reply is ``calls_before + i``)."""
     arguments: tuple[ArgumentsDelta, ...] = ()
     """A forced call's arguments as they are written, before the call is whole (and in ``tool_calls``)."""
+    cached_tokens: int | None = None
+    """Prompt tokens reused from the prefix cache, once the backend has said (see :class:`StreamChunk`)."""
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,7 @@ class ChatStreamer:
             kept = self._keep(calls)
             if not text and not chunk.logprobs and not chunk.reasoning and not kept and not arguments:
                 return None
-            return ChatDelta(text, chunk.logprobs, chunk.reasoning, kept, before, arguments)
+            return ChatDelta(text, chunk.logprobs, chunk.reasoning, kept, before, arguments, chunk.cached_tokens)
         return self._outcome(chunk)
 
     def _outcome(self, chunk: StreamChunk) -> ChatOutcome:

@@ -276,6 +276,9 @@ class StreamChunk:
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
     """On the last chunk, with ``settings.prompt_logprobs``: every prompt token as the model scores it given the
     ones before it (the first, which nothing precedes, with logprob 0.0 and no alternatives)."""
+    cached_tokens: int | None = None
+    """Prompt tokens reused from the backend's prefix cache, on every chunk once the backend has said (exllamav3
+    says with the first token); None where it has not (the last chunk's ``usage`` says in any case)."""
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,38 @@ def test_prompt_tokens_read_from_the_prefix_cache_are_reported(archs):
             max_tokens=2,
         )
         assert r.usage.cached_tokens >= 768
+        chunks = list(rt.stream(rt.chat_prompt([{"role": "system", "content": system}]), max_tokens=4, temperature=0))
+        print(f"cached tokens said by each chunk of a third call: {[c.cached_tokens for c in chunks]}")
+        assert chunks[0].cached_tokens == chunks[-1].usage.cached_tokens >= 768  # said with the first token
+    finally:
+        rt.close()
+
+
+def test_the_messages_opening_reports_the_cache_reads_its_end_reports(archs):
+    """A streamed Messages reply's ``message_start`` splits its input tokens as its ``message_delta`` does."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.serve.app import create_app
+
+    rt = ExLlamaRuntime(archs["llama3"], "exllamav3", cache_size=16384)
+    try:
+        body = {"model": "m", "max_tokens": 4, "temperature": 0, "stream": True}
+        body["system"] = "You answer questions about the sea. " * 150  # ~1,000 tokens shared by both calls
+        usages = []
+        with TestClient(create_app(rt, served_model_name="m")) as client:
+            for question in ("Is it deep?", "Is it cold?"):
+                text = client.post("/v1/messages", json={**body, "messages": [{"role": "user", "content": question}]})
+                data = [json.loads(line[6:]) for line in text.text.splitlines() if line.startswith("data: ")]
+                usages.append((data[0]["message"]["usage"], data[-2]["usage"]))
+        print(f"(message_start usage, message_delta usage) of two calls: {usages}")
+        for start, end in usages:
+            assert [start["input_tokens"], start["cache_read_input_tokens"]] == [
+                end["input_tokens"],
+                end["cache_read_input_tokens"],
+            ]
+        assert usages[1][0]["cache_read_input_tokens"] >= 768
     finally:
         rt.close()
 

@@ -101,6 +101,9 @@ def _check_sequence(events: list[tuple[str, dict]]) -> None:
             assert name == "content_block_stop" and data["index"] == open_index
             open_index = None
     assert open_index is None and seen >= 0
+    start, end = events[0][1]["message"]["usage"], events[-2][1]["usage"]
+    split = ("input_tokens", "cache_read_input_tokens")
+    assert [start[k] for k in split] == [end[k] for k in split], (start, end)  # the opening splits as the end
 
 
 def _blocks(events: list[tuple[str, dict]]) -> list[dict]:

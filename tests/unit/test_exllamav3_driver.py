@@ -286,6 +286,30 @@ def test_the_driver_builds_each_job_and_a_bad_request_fails_alone():
     assert d.live == 0
 
 
+class _CachedJob(_Job):
+    """A Job whose pages came partly from the prefix cache, as exllamav3 1.6.5 counts them when it allocates."""
+
+    def __init__(self, pages: int, tokens: int, requeued=None):
+        super().__init__()
+        self.cached_pages, self.cached_tokens, self.sequences, self.rq_cached = pages, tokens, [object()], requeued
+
+
+def test_the_first_step_says_how_much_of_the_prompt_came_from_the_cache():
+    """exllamav3 reports reused prompt tokens in a job's last result only; the first token's step says it too."""
+    jobs = iter([_CachedJob(2, 40), _CachedJob(0, 0), _CachedJob(1, 0, requeued=(3, 800))])
+    d = _driver(generator=_Generator(n=3), make_job=lambda req: (next(jobs), False))
+    d.start()
+    steps: dict[int, list[TokenStep]] = {1: [], 2: [], 3: []}
+    for k in steps:  # one at a time: the jobs are built in this order
+        assert d.inbox.put([BackendRequest([k], GenerationSettings(), 3, frozenset(), steps[k].append)])
+        deadline = time.monotonic() + 10
+        while not (steps[k] and steps[k][-1].finish) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    d.stop()
+    said = {k: [s.cached for s in v] for k, v in steps.items()}
+    assert said == {1: [552, None, 3], 2: [0, None, 3], 3: [800, None, 3]}, said  # 2 pages of 256 and 40 tokens
+
+
 def _pieces(tid: int) -> str:
     return {7: "</think>", 8: "<", 9: "/think", 10: ">"}.get(tid, "x")
 

@@ -69,3 +69,16 @@ def test_stop_strings_are_watched_every_few_steps_and_end_the_run_where_they_mat
     run.feed_all(puts[0])
     assert run.result.text == "ab" and run.result.finish_reason == "stop"
     assert run.result.usage.completion_tokens == 4  # counted up to the step that completed the stop string
+
+
+def test_once_the_backend_says_what_came_from_the_cache_every_chunk_says_it():
+    """The first chunks of a reply can already split its prompt into computed and cached tokens (a reply's opening,
+    such as the Messages API's ``message_start``, reports it), and the last chunk's usage agrees."""
+    run = Run(_Bytes(), GenerationSettings(), [65] * 600, frozenset({0}), None, "toy")
+    first = run.feed(TokenStep((0x68,), cached=512), 0.0)
+    rest = run.feed_all([(TokenStep((t,)), 0.1) for t in b"ello"] + [(TokenStep((0x21,), finish="length"), 0.2)])
+    assert [c.cached_tokens for c in first + rest[:-1]] == [512, 512]
+    assert rest[-1].usage.cached_tokens == 512 and rest[-1].cached_tokens == 512
+    quiet = Run(_Bytes(), GenerationSettings(), [65], frozenset({0}), None, "toy")  # a backend that never says
+    chunks = quiet.feed(TokenStep((0x68,)), 0.0) + quiet.feed(TokenStep((0x69,), finish="length"), 0.1)
+    assert [c.cached_tokens for c in chunks] == [None] * 3 and chunks[-1].usage.cached_tokens == 0

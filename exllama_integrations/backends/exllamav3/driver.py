@@ -180,11 +180,8 @@ class Driver:
             stop = int(r["eos_triggering_token_id"])
             if entry.tokens[-1:] != [stop]:
                 entry.hold([stop], None, step=False)
-        step = entry.take(finish)
         cached = r.get("cached_tokens")
-        req.emit(
-            step if not isinstance(cached, int) else TokenStep(step.token_ids, step.logprobs, finish, cached=cached)
-        )
+        req.emit(entry.take(finish, cached if isinstance(cached, int) else None))
         return True
 
     def jobs(self) -> Iterator[tuple[Any, BackendRequest]]:

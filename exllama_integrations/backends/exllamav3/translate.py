@@ -219,10 +219,33 @@ class LiveJob:
             self.lps = [*(self.lps or ()), *lps]
         self.steps += step
 
-    def take(self, finish: Any = None) -> TokenStep:
-        out = TokenStep(tuple(self.tokens), tuple(self.lps) if self.lps is not None else None, finish)
+    def take(self, finish: Any = None, cached: int | None = None) -> TokenStep:
+        """The tokens held so far as one step; the first step says how much of the prompt came from the cache."""
+        if cached is None and not self.sent:
+            cached = cached_of(self.job)
+        lps = tuple(self.lps) if self.lps is not None else None
+        out = TokenStep(tuple(self.tokens), lps, finish, cached=cached)
         self.tokens, self.lps, self.steps, self.sent = [], None, 0, True
         return out
+
+
+def cached_of(job: Any) -> int | None:
+    """Prompt tokens ``job`` reused from the prefix cache, as its last result will say (None: not a job that says).
+
+    exllamav3 1.6.5 matches a job's cached pages (and the best partial page) when it allocates them, before the first
+    token, and reports ``(cached_pages * PAGE_SIZE + cached_tokens) // len(sequences)`` in the last result
+    (``rq_cached`` for a job requeued mid-reply); reading it at the first token lets a reply's opening (the
+    Messages API's ``message_start``) split its input tokens as its end does.
+    """
+    from .fast.requirements import PAGE_SIZE
+
+    rq = getattr(job, "rq_cached", None)
+    if isinstance(rq, tuple) and len(rq) == 2 and isinstance(rq[1], int):
+        return rq[1]
+    pages, tokens, seqs = (getattr(job, k, None) for k in ("cached_pages", "cached_tokens", "sequences"))
+    if not isinstance(pages, int) or not isinstance(tokens, int) or not isinstance(seqs, list) or not seqs:
+        return None
+    return (pages * PAGE_SIZE + tokens) // len(seqs)
 
 
 def finish_of(r: dict[str, Any]) -> StepFinish:

@@ -55,7 +55,7 @@ class Run:
         self._detok = IncrementalDetokenizer(tokenizer, shown=shown)
         self._stops = StopStringMatcher(settings.stop)
         self._split = ReasoningSplitter(control.reasoning) if control is not None else None
-        self._cached = 0
+        self._cached: int | None = None
         self._accepting: bool | None = None
         self._t0 = time.perf_counter()
         self._t_first: float | None = None
@@ -143,7 +143,7 @@ class Run:
         out: list[StreamChunk] = []
         if visible or text:  # a token that shows no text yet (half a character) still travels with its id
             answer, reasoning = self._split.push(text) if self._split is not None else (text, "")
-            out.append(StreamChunk(answer, tuple(visible), lps, reasoning=reasoning))
+            out.append(StreamChunk(answer, tuple(visible), lps, reasoning=reasoning, cached_tokens=self._cached))
             self._chunks.append(out[-1])
         if finish is None and step.finish is not None:
             finish = _NATIVE_FINISH[step.finish]
@@ -174,6 +174,7 @@ class Run:
             tuple(t for c in body for t in c.token_ids),
             tuple(lps) if lps else None,
             reasoning="".join(c.reasoning for c in body),
+            cached_tokens=body[-1].cached_tokens,
         )
         return [merged, *(c for c in out if c.finish_reason is not None)]
 
@@ -202,12 +203,13 @@ class Run:
             (),
             None,
             finish,
-            Usage(self.prompt_len, self._n, min(thought, self._n), self._cached),
+            Usage(self.prompt_len, self._n, min(thought, self._n), self._cached or 0),
             Timings(None if t_first is None else t_first - self._t0, now - self._t0, tps),
             stop_string,
             complete,
             reasoning,
             self._prompt_lps,
+            self._cached,
         )
         self.result = result_of([*self._chunks, final], self.backend)
         if self.settings.logprobs is not None and self.result.logprobs is None:

@@ -1,6 +1,7 @@
 """The Messages API's stream: a reply as named server-sent events, its content blocks opened and closed in order.
 
-:func:`events` renders the chat layer's deltas and outcome: ``message_start`` and a ``ping``, then each block as
+:func:`events` renders the chat layer's deltas and outcome: ``message_start`` (sent with the reply's first piece, its
+usage split into computed and cache-read input tokens as the end's is) and a ``ping``, then each block as
 ``content_block_start``, its ``content_block_delta`` events (``thinking_delta``, ``text_delta``,
 ``input_json_delta``: a forced call's input as the model writes it, any other call's whole) and
 ``content_block_stop``, then ``message_delta`` (stop reason and usage) and ``message_stop``. A typed error after
@@ -93,16 +94,16 @@ class Blocks:
 
 
 def framed(
-    source: AsyncIterator[T], render: Callable[[T], Iterable[bytes]], preamble: Callable[[], Iterable[bytes]]
+    source: AsyncIterator[T], render: Callable[[T], Iterable[bytes]], preamble: Callable[[T], Iterable[bytes]]
 ) -> AsyncIterator[bytes]:
-    """``source``'s items rendered as events after ``preamble()``.
+    """``source``'s items rendered as events after ``preamble(first)`` (the first item, which it may read).
 
     The first item is awaited before anything is yielded, outside the error handling: an error there reaches the
     endpoint, which answers with its status (:func:`~..streaming.framed_events`).
     """
 
     def opening(first: T) -> Iterator[bytes]:
-        yield from preamble()
+        yield from preamble(first)
         yield from render(first)
 
     return framed_events(source, render, _error_event, opening)
@@ -126,10 +127,13 @@ def events(
                 yield from blocks.start({"type": "tool_use", "id": tool_use_id(d.id), "name": d.name, "input": {}})
             yield from blocks.input_json(d.delta)
 
-    def preamble() -> Iterator[bytes]:
-        start = MessageOut(
-            id=mid, model=state.name, content=[], usage=UsageOut(input_tokens=input_tokens, output_tokens=0)
-        )
+    def preamble(first: ChatDelta | ChatOutcome) -> Iterator[bytes]:
+        # sent once the first piece of the reply is in: by then the backend has said how much of the prompt it
+        # read from its prefix cache (exllamav3 with the first token), and the opening's usage splits as the end's
+        cached = first.usage.cached_tokens if isinstance(first, ChatOutcome) else first.cached_tokens
+        cached = min(cached or 0, input_tokens)
+        usage = UsageOut(input_tokens=input_tokens - cached, output_tokens=0, cache_read_input_tokens=cached)
+        start = MessageOut(id=mid, model=state.name, content=[], usage=usage)
         yield event("message_start", {"message": start.model_dump(mode="json")})
         yield event("ping", {})
 
