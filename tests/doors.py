@@ -156,8 +156,16 @@ def _chat(runtime, url, messages, tools, choice, max_tokens, stream) -> Reply:
     if not stream:
         c = client.chat.completions.create(**args).choices[0]
         return _chat_reply(c.finish_reason, c.message.content or "", c.message.tool_calls or [], [], {})
+    text, calls, deltas, finish = chat_stream_parts(client.chat.completions.create(**args, stream=True))
+    listed = [_Fn(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())]
+    return _chat_reply(finish, "".join(text), listed, text, deltas)
+
+
+def chat_stream_parts(stream) -> tuple[list[str], dict[int, dict], dict[int, list[str]], str | None]:
+    """A streamed chat completion as a client accumulates it: its text pieces, its calls by index (name, arguments,
+    id), each call's arguments deltas, and the finish reason."""
     text, calls, deltas, finish = [], {}, {}, None
-    for ch in client.chat.completions.create(**args, stream=True):
+    for ch in stream:
         if not ch.choices:
             continue
         d = ch.choices[0].delta
@@ -168,8 +176,7 @@ def _chat(runtime, url, messages, tools, choice, max_tokens, stream) -> Reply:
             c["arguments"] += tc.function.arguments or ""
             deltas.setdefault(tc.index, []).append(tc.function.arguments or "")
         finish = ch.choices[0].finish_reason or finish
-    listed = [_Fn(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())]
-    return _chat_reply(finish, "".join(text), listed, text, deltas)
+    return text, calls, deltas, finish
 
 
 @dataclass

@@ -369,23 +369,26 @@ def _mistral_list(calls: list[Call]) -> str:
     return "[" + ", ".join(f'{{"name": "{n}", "arguments": {_args(a)}}}' for n, a in calls) + "]"
 
 
+MISTRAL_TOKENS = (
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[TOOL_CALLS]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+)
+"""The control tokens of Mistral's tokenizers with tools (v3 on); later versions add their own after these."""
+
 MISTRAL_FAMILY = Family(
     "mistral",
     "mistral",
     "mistral",
     MISTRAL_V3,
-    (
-        "<unk>",
-        "<s>",
-        "</s>",
-        "[INST]",
-        "[/INST]",
-        "[TOOL_CALLS]",
-        "[AVAILABLE_TOOLS]",
-        "[/AVAILABLE_TOOLS]",
-        "[TOOL_RESULTS]",
-        "[/TOOL_RESULTS]",
-    ),
+    MISTRAL_TOKENS,
     (),
     "</s>",
     "<s>",
@@ -493,16 +496,7 @@ MISTRAL_SMALL_32_FAMILY = Family(
     "mistral_v11",
     MISTRAL_SMALL_32,
     (
-        "<unk>",
-        "<s>",
-        "</s>",
-        "[INST]",
-        "[/INST]",
-        "[TOOL_CALLS]",
-        "[AVAILABLE_TOOLS]",
-        "[/AVAILABLE_TOOLS]",
-        "[TOOL_RESULTS]",
-        "[/TOOL_RESULTS]",
+        *MISTRAL_TOKENS,
         "[TOOL_CONTENT]",
         "[ARGS]",
         "[CALL_ID]",

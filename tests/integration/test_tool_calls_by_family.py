@@ -15,6 +15,7 @@ import json
 
 import jsonschema
 import pytest
+from doors import chat_stream_parts
 from scripted import Scripted
 from tool_families import (
     EXPECTED,
@@ -163,18 +164,7 @@ def test_the_server_reads_the_family_reply(family, key, scripted, servers):
     rt.reply = answer_of(family, key)
     client = openai.OpenAI(base_url=servers(family) + "/v1", api_key="x", max_retries=0)
     args = {"model": family, "messages": QUESTION, "tools": TOOLS, "temperature": 0, "max_tokens": 400}
-    stream = client.chat.completions.create(**args, stream=True)
-    text, calls, finish = [], {}, None
-    for ch in stream:
-        if not ch.choices:
-            continue
-        d = ch.choices[0].delta
-        text.append(d.content or "")
-        for tc in d.tool_calls or []:
-            c = calls.setdefault(tc.index, {"name": "", "arguments": "", "id": tc.id})
-            c["name"] += tc.function.name or ""
-            c["arguments"] += tc.function.arguments or ""
-        finish = ch.choices[0].finish_reason or finish
+    text, calls, _, finish = chat_stream_parts(client.chat.completions.create(**args, stream=True))
     got = [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())]
     assert got == EXPECTED[key]
     assert finish == ("tool_calls" if EXPECTED[key] else "stop")
