@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import socket
 import statistics
 import sys
@@ -197,7 +196,9 @@ def main() -> None:
 
         make_llama(args.model, LLAMA2_7B, seed=7)
         (args.model / ".complete").write_text("1")
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray starts: the node is 127.0.0.1
+    from exllama_integrations.serve.ray.network import before_ray_starts
+
+    before_ray_starts("127.0.0.1")  # as `serve --ray` does: the node on 127.0.0.1, NVLink multicast off
     import httpx
     import ray
     from ray import serve

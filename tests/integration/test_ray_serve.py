@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = r"""
 import json, os, socket, subprocess, threading, time
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray starts: the node is 127.0.0.1
+from exllama_integrations.serve.ray.network import before_ray_starts
+before_ray_starts("127.0.0.1")  # as `serve --ray` does: the node on 127.0.0.1, a busy machine's proxy waited for
 import httpx, ray
 from ray import serve
 from exllama_integrations.serve.ray import build_app

@@ -10,6 +10,7 @@ deployment's own wiring of ``limits`` is tested end to end in tests/integration/
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
@@ -91,3 +92,19 @@ def test_a_connection_flag_ray_would_not_read_is_refused(recorded, capsys, model
     assert recorded == []  # Ray was never started
     err = capsys.readouterr().err
     assert "InvalidSettingsError" in err and flag[0] in err and "Ray" in err
+
+
+def test_the_environment_ray_starts_with(monkeypatch):
+    """What ``serve --ray`` sets before Ray starts: the node on 127.0.0.1 when serving there, NVLink multicast off, and
+    60 s for Ray Serve's proxy to start (its own 5 s kill a proxy on a busy machine), a user's own value kept."""
+    from exllama_integrations.serve.ray.network import LOOPBACK, NO_MULTICAST, PROXY_READY_S, before_ray_starts
+
+    for k in (*LOOPBACK, *NO_MULTICAST, *PROXY_READY_S):  # each restored after the test
+        monkeypatch.delenv(k, raising=False)
+    before_ray_starts("0.0.0.0")
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ  # a cluster on every address stays one
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0" and os.environ["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "60"
+    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "15")
+    before_ray_starts("127.0.0.1")
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    assert os.environ["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "15"

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ...errors import MissingDependencyError
-from .network import LOOPBACK, NO_MULTICAST, bind_replica_grpc_to_node_address
+from .network import NO_MULTICAST, before_ray_starts, bind_replica_grpc_to_node_address
 
 logger = logging.getLogger(__name__)
 
@@ -273,9 +273,7 @@ def run_ray_models(config: Any, args: Any, api_key: str | None) -> int:
 
 
 def _run(app_args: dict[str, Any], host: str, port: int, what: str) -> int:
-    if host in ("127.0.0.1", "localhost"):
-        os.environ.update(LOOPBACK)
-    os.environ.update(NO_MULTICAST)
+    before_ray_starts(host)
     import ray
 
     serve = _serve()

@@ -9,6 +9,20 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 """Set in every replica (and the driver): a program that uses NVLink multicast can take shared GPUs down."""
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 """With this set before Ray starts, a local Ray keeps all of its traffic on 127.0.0.1."""
+PROXY_READY_S = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+"""How long Ray Serve's controller waits for a new HTTP proxy to say it is ready (Ray Serve 2.60: 5 s, then the proxy
+is killed and ``serve.start()`` fails with ``ActorDiedError`` instead of waiting for the next one; a proxy on a busy
+machine takes longer than 5 s to import). 60 s is how long ``serve.start()`` itself waits (``HTTP_PROXY_TIMEOUT``).
+A value the user set wins."""
+
+
+def before_ray_starts(host: str) -> None:
+    """The environment a local Ray inherits when it starts (its controller, proxies and replicas read it)."""
+    if host in ("127.0.0.1", "localhost"):
+        os.environ.update(LOOPBACK)
+    os.environ.update(NO_MULTICAST)
+    for k, v in PROXY_READY_S.items():
+        os.environ.setdefault(k, v)
 
 
 def bind_replica_grpc_to_node_address() -> bool:
