@@ -2,8 +2,8 @@
 
 SMG registers both servers from their ``/v1/models`` and ``/health``, reads their load from ``/v1/loads`` (what it
 asks every worker for first), and sends each conversation's turns to the server that holds its prefix: the turns of
-one conversation all land on one server, and a new conversation goes to the server that is not busy. Two tiny
-random-weight models in this process, one gateway process; bounded in time.
+one conversation all land on the server that holds its prefix. Two tiny random-weight models in this process, one
+gateway process; bounded in time.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import importlib.util
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
@@ -98,51 +97,26 @@ def _turn(url: str, servers: list[ThreadServer], messages: list[dict]) -> tuple[
 
 
 def test_a_conversation_stays_on_the_server_that_holds_its_prefix(gateway):
-    """Each conversation's turns land on one server; a new one goes to the server that is not busy.
+    """Each conversation's turns land on the server that holds its prefix, whichever server its first turn took.
 
-    SMG 1.13 sends a request that matches no cached prefix to the server with the least expected wait; two idle
-    servers tie, and a tie goes either way (CI saw both). So the first conversation's server is kept busy (a long
-    request of that conversation, in flight through the gateway) while the second conversation starts.
+    Where a new conversation goes is not asserted: SMG 1.13 sends a request that matches no cached prefix to the
+    server with the least expected wait (its debug log: ``expected_wait_fallback``), two idle servers tie, and a tie
+    goes either way (CI saw both, also with one server streaming a long answer: a load report in between can leave
+    the two scored alike).
     """
     url, servers, _ = gateway
-    messages = [{"role": "user", "content": "A long conversation about llamas, their wool and the Andes. " * 12}]
-    went = []
-    for _ in range(3):
-        rose, messages = _turn(url, servers, messages)
-        went.append(rose)
-    assert all(sorted(r) == [0, 1] for r in went), f"each turn answered by exactly one server: {went}"
-    assert len({r.index(1) for r in went}) == 1, f"a conversation's turns went to different servers: {went}"
-    home = went[0].index(1)
-    other = 1 - home
-
-    started = threading.Event()
-    done = []
-
-    def busy() -> None:  # the first conversation goes on: a long answer, streamed
-        body = {"model": "tiny", "messages": messages, "max_tokens": 1400, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
-            assert r.status_code == 200, r.read()
-            for line in r.iter_lines():
-                if line.startswith("data: {") and '"content"' in line:
-                    started.set()
-        done.append(time.monotonic())
-
-    before = [answered(s) for s in servers]
-    worker = threading.Thread(target=busy, daemon=True)
-    worker.start()
-    assert started.wait(60), "the long request did not start"
-    second = [{"role": "user", "content": "Another conversation entirely: the history of Rome and its roads. " * 12}]
-    went = []
-    for _ in range(3):
-        rose, second = _turn(url, servers, second)
-        went.append(rose[other])
-    busy_while = not done
-    worker.join(300)
-    assert done, "the long request did not end"
-    rose = [int(answered(s) - b) for s, b in zip(servers, before)]
-    assert busy_while, "the long request ended before the second conversation did: nothing here was busy"
-    assert went == [1, 1, 1], f"the second conversation's turns on the idle server: {went}"
-    assert rose == [1 if i == home else 3 for i in range(2)], f"requests each server answered: {rose}"
+    topics = [
+        "A long conversation about llamas, their wool and the Andes where they live. " * 12,
+        "Another conversation entirely: the history of Rome, its emperors and its roads. " * 12,
+    ]
+    for topic in topics:
+        messages = [{"role": "user", "content": topic}]
+        went = []
+        for _ in range(4):
+            rose, messages = _turn(url, servers, messages)
+            went.append(rose)
+        assert all(sorted(r) == [0, 1] for r in went), f"each turn answered by exactly one server: {went}"
+        assert len({r.index(1) for r in went}) == 1, f"a conversation's turns went to different servers: {went}"
 
 
 def test_smg_reads_our_load_report(gateway):
