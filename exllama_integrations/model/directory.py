@@ -86,11 +86,12 @@ class ModelDirectory:
 
     @property
     def context_length(self) -> int:
-        """The longest context the model was configured for."""
-        for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
-            v = self.config.get(key)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                return v
+        """The longest context the model was configured for (a multimodal model's is in its ``text_config``)."""
+        for config in (self.config, self.text_config):
+            for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+                v = config.get(key)
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    return v
         return 2048
 
     @classmethod

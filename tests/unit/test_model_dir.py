@@ -188,3 +188,14 @@ def test_a_server_warms_exllamav3_up_and_leaves_other_backends_and_choices_alone
     half = registry.serving_options(demo_dir, "auto", {}, gpu_share=0.5)  # a Ray replica at num_gpus=0.5
     assert half == {"warmup": True, "burst_window": 0.02, "memory_share": 0.5}
     assert registry.serving_options(demo_dir, "auto", {"memory_share": 0.3}, gpu_share=0.5)["memory_share"] == 0.3
+
+
+def test_a_multimodal_models_context_is_read_from_its_text_config(model: Path):
+    """Gemma 4, Qwen3.5-VL and the like keep max_position_embeddings in text_config only: their context was read as
+    2048 (the fallback), so a 2,279-token prompt to the Gemma 4 fixture (context 4096) was refused on the GPU."""
+    config = json.loads((model / "config.json").read_text())
+    text = dict(config)
+    config.pop("max_position_embeddings")
+    text["max_position_embeddings"] = 131072
+    (model / "config.json").write_text(json.dumps({**config, "text_config": text}))
+    assert ModelDirectory.inspect(model).context_length == 131072
