@@ -31,6 +31,9 @@ from typing import Any
 from fixture_models import write_tokenizer
 
 TRUNK, HEAD = "model-trunk.safetensors", "model-mtp.safetensors"
+# Every tensor is written in bf16, as Qwen3.5 checkpoints ship: exllamav3 1.6.5's Gated DeltaNet kernels take dt_bias
+# and A_log only in bf16 (gdn.cu: TORCH_CHECK_DTYPE(dt_bias, kBFloat16); the fp16 fixtures of 2026-12-07 were refused
+# at load with "dt_bias is incorrect datatype, must be kBFloat16"), and it reads bf16 linear weights as fp16.
 PREFIX = "model.language_model."
 
 
@@ -99,7 +102,7 @@ TINY = QwenShape(64, 4, 128, 4, 2, 16, 2, 4, 16, 512)
 GPU_TEST = QwenShape(1024, 8, 3072, 8, 2, 128, 4, 8, 128, 32000)
 BENCH = QwenShape(2560, 32, 9216, 16, 4, 256, 16, 32, 128, 248320)
 """The benchmark's: Qwen3.5's 248,320-token vocabulary, 24 Gated DeltaNet and 8 attention layers, 4.8B parameters
-(9.0 GiB in fp16)."""
+(9.0 GiB in bf16)."""
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -138,7 +141,7 @@ def config(shape: QwenShape, mtp_layers: int = 1) -> dict[str, Any]:
         "bos_token_id": 1,
         "eos_token_id": 2,
         "pad_token_id": 0,
-        "dtype": "float16",
+        "dtype": "bfloat16",
     }
 
 
@@ -159,7 +162,7 @@ def _tensors(shapes: dict[str, tuple[int, ...]], g: Any, device: str) -> dict[st
             t = torch.zeros(shape, device=device)
         else:
             t = torch.randn(shape, generator=g, device=device) * 0.02
-        out[name] = t.to(torch.float16)
+        out[name] = t.bfloat16()
     return out
 
 
@@ -173,8 +176,8 @@ def make_trunk(out: Path, shape: QwenShape, seed: int = 0, device: str = "cpu") 
     big = {PREFIX + "embed_tokens.weight", "lm_head.weight"}
     tensors = _tensors({k: v for k, v in shapes.items() if k not in big}, g, device)
     embed = torch.randn(shape.vocab, shape.hidden, generator=g, device=device)
-    tensors[PREFIX + "embed_tokens.weight"] = embed.to(torch.float16)
-    tensors["lm_head.weight"] = (embed.roll(1, 0) / shape.hidden**0.5).to(torch.float16)  # row s: embedding of s - 1
+    tensors[PREFIX + "embed_tokens.weight"] = embed.bfloat16()
+    tensors["lm_head.weight"] = (embed.roll(1, 0) / shape.hidden**0.5).bfloat16()  # row s: embedding of s - 1
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(out / TRUNK), metadata={"format": "pt"})
     write_tokenizer(out, shape.vocab)
@@ -201,7 +204,7 @@ def make_variant(
     if sigma is not None:
         g = torch.Generator(device=device).manual_seed(seed + 1)
         head = _tensors({k: v for k, v in shape.head_shapes().items() if k != "mtp.fc.weight"}, g, device)
-        head["mtp.fc.weight"] = fc_weight(shape, sigma, seed, device).to(torch.float16)
+        head["mtp.fc.weight"] = fc_weight(shape, sigma, seed, device).bfloat16()
         save_file({k: v.contiguous().cpu() for k, v in head.items()}, str(out / HEAD), metadata={"format": "pt"})
         weight_map |= dict.fromkeys(head, HEAD)
     elif (out / HEAD).exists():

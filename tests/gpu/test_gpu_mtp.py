@@ -45,7 +45,6 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.parametrize("level", ["perfect", "mix"])
 def test_mtp_drafting_is_greedy_identical_and_reports_its_acceptance(checkpoints: dict[str, Any], level: str) -> None:
     from exllama_integrations import ExLlamaRuntime
-    from exllama_integrations.langchain import ExLlamaLLM
 
     model: Path = checkpoints[level]
     prompts = [PROMPT, "a b c a b c a b c", "one two three four", "the lazy dog sleeps"]
@@ -57,15 +56,8 @@ def test_mtp_drafting_is_greedy_identical_and_reports_its_acceptance(checkpoints
         t_plain = time.perf_counter() - t0
     finally:
         plain.close()
-    llm = ExLlamaLLM(
-        model_dir=str(model),
-        backend="exllamav3",
-        shared_runtime=False,
-        temperature=0,
-        max_new_tokens=NEW,
-        backend_options={"draft": "mtp", "num_draft_tokens": WINDOW, "cache_size": 4096},
-    )
-    rt: Any = llm.exllama_runtime
+    # The runtime alone: what every door (LangChain, LlamaIndex, the server) drafts through, with no framework needed
+    rt = ExLlamaRuntime(model, "exllamav3", cache_size=4096, draft="mtp", num_draft_tokens=WINDOW)
     try:
         details = rt.model_info().details
         first = list(rt.generate(PROMPT, **GREEDY).token_ids)
@@ -75,7 +67,7 @@ def test_mtp_drafting_is_greedy_identical_and_reports_its_acceptance(checkpoints
         t_mtp = time.perf_counter() - t0
         with ThreadPoolExecutor(4) as ex:  # dynamic batching: four jobs drafting together
             together = [list(r.token_ids) for r in ex.map(lambda p: rt.generate(p, **GREEDY), prompts)]
-        streamed = "".join(llm.stream(PROMPT, ignore_eos=True))
+        streamed = "".join(c.text for c in rt.stream(PROMPT, **GREEDY))
         report = rt.diagnostics()["drafting"].report()
         fast = rt.diagnostics()["fast_decode"].report()
         print(

@@ -60,13 +60,17 @@ def _exllamav3_rows(path: Path, patched: bool, ids: list[int], want: list[int]):
 
     model = Model.from_config(Config.from_directory(str(path)))
     fixes = patches.apply(model) if patched else {}
-    Cache(model, max_num_tokens=4096)  # as the runtime builds it (the forward below reads no cache)
+    # As the runtime builds it, and held: load() reaches the cache through a weak reference to size its measuring
+    # forwards (a Cache dropped at once failed the load of 2026-12-07 with "'NoneType' object has no attribute
+    # 'max_num_tokens'"); the forward below reads no cache
+    cache = Cache(model, max_num_tokens=4096)
     model.load(progressbar=False)
     try:
         with torch.inference_mode():
             logits = model.forward(torch.tensor([ids + want], dtype=torch.long), {}).float()[0].cpu()
     finally:
         model.unload()
+        del cache
     return logits[len(ids) - 1 : -1], fixes
 
 
