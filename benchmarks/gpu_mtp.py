@@ -14,14 +14,18 @@ warm-up each), greedy, ``--new`` tokens, ``ignore_eos``; medians [min..max] and 
 * raw exllamav3 Job loop, no drafting / with its MTP drafter (``Model.from_config(config, component="mtp")`` and a
   draft cache, as its ``model_init --mtp`` and TabbyAPI's ``draft_mode: mtp`` build it);
 * ``ExLlamaLLM.stream()`` without drafting / with ``draft="mtp"`` (the public API);
-* served: ``exllama-integrations serve --draft mtp``, one streaming ``/v1/completions`` client.
+* served: ``exllama-integrations serve --draft mtp``, one streaming ``/v1/completions`` client;
+* with ``--jobs 16,64``: N jobs at once, ``ExLlamaRuntime.batch()`` with and without ``draft="mtp"`` and the raw loop
+  with its MTP drafter, aggregate tok/s, fresh prompts each run (the prompt plus a running number: each job counts
+  up from its own last token; acceptance is calibrated on ``PROMPT``'s chain only, so the mixed level's rate varies
+  by job), greedy tokens of the drafted batch checked against the undrafted one on the same prompts.
 
 Notes: greedy tokens of every row (in process, raw, served) against the counting chain and each other (asserted:
 the run exits 1 if any differ), acceptance predicted from the checkpoint, reported by raw exllamav3 and by
 ``diagnostics()["drafting"]``, the ratio ``draft="mtp"`` / no drafting against its target (>= 1.8x perfect,
 >= 1.4x mix), and each phase's seconds.
 
-    python benchmarks/gpu_mtp.py --out DIR [--reps 5] [--new 128] [--shape bench] [--levels perfect,mix]
+    python benchmarks/gpu_mtp.py --out DIR [--reps 5] [--new 128] [--shape bench] [--levels perfect,mix] [--jobs 16,64]
     python benchmarks/gpu_mtp.py --prepare-only --shape tiny --out DIR    # the checkpoints and predictions, on CPU
 """
 
@@ -123,6 +127,45 @@ def raw(loop: RawExLlamaV3, ids: list[int], new: int) -> Callable[[], dict[str, 
     return run
 
 
+class Batches:
+    """Rows of N jobs at once. A row's k-th run takes the k-th set of N fresh prompts (``PROMPT`` and a running
+    number); :func:`interleave` runs every row equally often, so the k-th runs of two rows share their prompts and
+    their greedy tokens are compared (drafted against undrafted)."""
+
+    def __init__(self, n: int, new: int) -> None:
+        self.n, self.new = n, new
+        self.calls: dict[str, int] = {}
+        self.tokens: dict[tuple[str, int], list[list[int]]] = {}
+        self.differ = 0
+        """Runs where the drafted batch's greedy tokens differed from the undrafted one's on the same prompts."""
+
+    def _prompts(self, key: str) -> tuple[int, list[str]]:
+        k = self.calls[key] = self.calls.get(key, 0) + 1
+        return k, [f"{PROMPT} {k * 1000 + i}" for i in range(self.n)]
+
+    def ours(self, rt: Any, key: str, twin: str) -> Callable[[], dict[str, float]]:
+        def run() -> dict[str, float]:
+            k, prompts = self._prompts(key)
+            t0 = time.perf_counter()
+            results = rt.batch(prompts, temperature=0, max_new_tokens=self.new, ignore_eos=True)
+            wall = time.perf_counter() - t0
+            tokens = self.tokens[(key, k)] = [list(r.token_ids) for r in results]
+            other = self.tokens.get((twin, k))
+            if other is not None and other != tokens:
+                self.differ += 1
+            return {"tok_s": sum(map(len, tokens)) / wall, "wall_s": wall}
+
+        return run
+
+    def raw(self, loop: RawExLlamaV3, encode: Callable[[str], list[int]]) -> Callable[[], dict[str, float]]:
+        def run() -> dict[str, float]:
+            _, prompts = self._prompts("raw")
+            r = loop.jobs([encode(p) for p in prompts], self.new)
+            return {"tok_s": r["tps"], "wall_s": r["wall"]}
+
+        return run
+
+
 def served(url: str, new: int) -> Callable[[], dict[str, float]]:
     def run() -> dict[str, float]:
         p = run_streams(url, [PROMPT], new, time.time())
@@ -140,6 +183,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=4, help="num_draft_tokens")
     ap.add_argument("--cache", type=int, default=4096, help="cache tokens of every row")
     ap.add_argument("--no-served", action="store_true")
+    ap.add_argument("--jobs", default="", help="also N jobs at once, e.g. 16,64 (batch rows)")
     ap.add_argument("--prepare-only", action="store_true", help="build and calibrate the checkpoints, then stop")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -218,6 +262,23 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
             raw_counts = {k: v for k, v in loop.last.items() if k != "token_ids"}
             note(args.out, f"{level}: acceptance, raw exllamav3 (its last job)", raw_counts)
             note(args.out, f"{level}: decode report, ours", rt.diagnostics()["fast_decode"].report())
+            for n in [int(j) for j in args.jobs.split(",") if j.strip()]:
+                batches = Batches(n, new)
+                bsec = f"{level}: {n} jobs at once"
+                rows = {
+                    f"ExLlamaRuntime.batch({n}), no drafting": batches.ours(rt_plain, "plain", "mtp"),
+                    f"ExLlamaRuntime.batch({n}), draft='mtp'": batches.ours(rt, "mtp", "plain"),
+                    f"raw exllamav3, {n} jobs, its MTP drafter": batches.raw(
+                        loop, lambda p: rt_plain.encode(p, add_special_tokens=True)
+                    ),
+                }
+                interleave(RESULTS, args.out, bsec, rows, args.reps)
+                names = list(rows)
+                RESULTS.ratios(args.out, bsec, [(names[1], names[0]), (names[1], names[2])])
+                ratio = RESULTS.data["ratios"][bsec][f"{names[1]} / {names[0]}"]["tok_s"]["median"]
+                note(args.out, f"{bsec}: draft='mtp' / no drafting, median of paired ratios", round(ratio, 3))
+                note(args.out, f"{bsec}: target >= 1.0x met", ratio >= 1.0)
+                differ[f"{bsec}: draft='mtp' vs none, rounds whose tokens differ"] = batches.differ > 0
         except Exception as e:  # noqa: BLE001 - recorded; the next level still runs
             errors[level] = f"{type(e).__name__}: {e}"
             note(args.out, f"{level}: error", errors[level])
