@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .depends import installed_version
+from ..upstream.depends import installed_version
 from .graphs import DecodeGraphs
 from .prefill import BatchedPrefill
 from .sampler import BatchedSampler, RowSettings, row_settings, uncovered
