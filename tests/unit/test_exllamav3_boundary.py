@@ -158,13 +158,11 @@ def _touched(tree: ast.Module) -> tuple[set[str], set[str]]:
 
 OURS = {
     "driver.py": {"deferred"},  # LiveJob
-    "extras.py": {"name"},  # setattr(module, name, None) over multi_kv, multi_qg, multi_qkv (declared)
     "fast/decode.py": {"ahead", "kept"},  # DecodeGraphs, JobView
     "fast/graphs.py": {"graph", "replays"},
     "fast/prefill.py": {"length", "table", "shape"},  # the held chunk
-    "fast/seam/__init__.py": {"name"},  # setattr(obj, name, ...) in Seam._wrap and NoPartialPages (declared wraps)
     "fast/seam/views.py": {"fast_decode_view"},  # our view, kept on the job
-    "patches.py": {"attr", "_fused_bf16_patched", "_image_spans_patched"},  # our markers; vars(module) keys
+    "patches.py": {"_fused_bf16_patched", "_image_spans_patched"},  # our markers on exllamav3's objects
 }
 """Attributes the backend sets on objects of its own, or names its markers on exllamav3's (never exllamav3's)."""
 
