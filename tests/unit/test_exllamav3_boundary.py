@@ -226,3 +226,19 @@ def test_every_declared_name_is_exllamav3s_own_object() -> None:
         for name in set(sys.modules) - before:
             del sys.modules[name]
         sys.path[:] = path
+
+
+def test_the_release_check_reports_the_fast_paths_requirements_and_the_backends(tmp_path: Path) -> None:
+    """``python -m ...exllamav3.fast --root DIR``: both lists checked, each unmet one named (a tree without them)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "exllamav3").mkdir()
+    (tmp_path / "exllamav3" / "__init__.py").write_text("")
+    cmd = [sys.executable, "-m", "exllama_integrations.backends.exllamav3.fast", "--root", str(tmp_path / "exllamav3")]
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([*cmd, "--version", "9.9.9"], capture_output=True, text=True, timeout=120, cwd=root).stderr
+    assert f"the fast path: {len(fast.REQUIREMENTS)} unmet" in out
+    assert f"the backend: {len(backend.REQUIREMENTS)} unmet" in out
+    assert "exllamav3.modules.linear:Linear.trim_padded_out: missing" in out  # an upstream fix's, by name
+    assert "against the verified 1.6.5:" in out
