@@ -19,6 +19,7 @@ from exllama_integrations.backends.exllamav3.fast.deterministic import (  # noqa
     rows_apart,
 )
 from exllama_integrations.backends.exllamav3.fast.requirements import PAGE_SIZE  # noqa: E402
+from exllama_integrations.backends.exllamav3.fast.step import Forward  # noqa: E402
 
 
 def test_a_row_alone_gets_its_own_pages_padded_to_16_as_exllamav3_pads_a_step() -> None:
@@ -26,6 +27,11 @@ def test_a_row_alone_gets_its_own_pages_padded_to_16_as_exllamav3_pads_a_step() 
     assert row_width(16 * PAGE_SIZE - 1, PAGE_SIZE) == 16  # the 16th page's last position
     assert row_width(16 * PAGE_SIZE, PAGE_SIZE) == 32  # the 17th page: the next multiple of 16
     assert row_width(40 * PAGE_SIZE, PAGE_SIZE) == 48
+
+
+def _call(ids: Any, params: dict[str, Any]) -> Forward:
+    """The decode step as the seam hands it over (exllamav3 calls ``forward(input_ids=..., params=...)``)."""
+    return Forward.of(lambda **k: None, (), {"input_ids": ids, "params": params})
 
 
 def _step(lengths: list[int], width: int = 48) -> tuple[Any, dict[str, Any]]:
@@ -49,7 +55,7 @@ def test_each_row_runs_alone_with_the_table_exllamav3_gives_it_and_the_logits_co
         seen.append((i, p))
         return torch.full((1, 1, 4), float(i.item()) + 0.5)
 
-    out, apart = rows_apart(one, ids, params)
+    out, apart = rows_apart(one, _call(ids, params))
     assert apart == 3 and [int(i.item()) for i, _ in seen] == [0, 1, 2]
     assert [p["block_table"].shape[1] for _, p in seen] == [16, 32, 16]  # each row's own width, not the step's 48
     for row, (_, p) in enumerate(seen):
@@ -75,7 +81,7 @@ def test_a_step_it_cannot_split_runs_whole() -> None:
         (lambda s: (s[0], {**s[1], "block_table": s[1]["block_table"].to("meta")}))(_step([7, 9])),  # not on host
     ):
         calls.clear()
-        _, apart = rows_apart(one, ids, params)
+        _, apart = rows_apart(one, _call(ids, params))
         assert apart == 0 and calls == [int(ids.shape[0])]
 
 

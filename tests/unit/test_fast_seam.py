@@ -282,7 +282,7 @@ class NoHooks:
 
         return nullcontext()
 
-    def forward(self, eager: object, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+    def forward(self, call: object) -> object:
         return None
 
     def tokens_read(self, ids: list[int]) -> None:

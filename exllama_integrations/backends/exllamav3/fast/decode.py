@@ -47,6 +47,7 @@ from .graphs import DecodeGraphs
 from .prefill import BatchedPrefill
 from .sampler import BatchedSampler, RowSettings, row_settings, uncovered
 from .seam import GeneratorView, JobView, Seam, stands_aside, view
+from .step import Forward, PageCopy
 
 logger = logging.getLogger(__name__)
 
@@ -134,15 +135,14 @@ class FastDecode:
         finally:
             self._decode, self._logits, self._drawn, self._step = False, None, None, None
 
-    def forward(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def forward(self, call: Forward) -> Any:
         if self.prefill is not None:  # the forward reads the cache the held prompt chunks write
             self.prefill.flush("a model forward")
-        if self._decode and not args and set(kwargs) == {"input_ids", "params"}:
-            ids, params = kwargs["input_ids"], kwargs["params"]
-            out = self._rows_apart(eager, ids, params) if self.deterministic else self._one(eager, ids, params)
+        if self._decode and call.step:
+            out = self._rows_apart(call) if self.deterministic else self._one(call.eager, call.ids, call.params)
             self._own_graphs = self.graphs is not None and self.graphs.own_graphs_step
         else:
-            out = eager(*args, **kwargs)
+            out = call.run()
         if self._decode:  # the one target forward of a decode step
             self._decode, self._logits = False, out
         return out
@@ -153,19 +153,19 @@ class FastDecode:
 
         return self.graphs.forward(run, ids, params) if self.graphs is not None else run(ids, params)
 
-    def _rows_apart(self, eager: Callable[..., Any], ids: Any, params: dict[str, Any]) -> Any:
+    def _rows_apart(self, call: Forward) -> Any:
         """``deterministic``: each row as a step of its own (:func:`.deterministic.rows_apart`)."""
-        out, rows = rows_apart(lambda i, p: self._one(eager, i, p), ids, params)
+        out, rows = rows_apart(lambda i, p: self._one(call.eager, i, p), call)
         self.row_forwards += rows
         return out
 
-    def prefill_chunk(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def prefill_chunk(self, call: Forward) -> Any:
         assert self.prefill is not None
-        return self.prefill.prefill(eager, args, kwargs)
+        return self.prefill.prefill(call)
 
-    def copy_page(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def copy_page(self, call: PageCopy) -> Any:
         assert self.prefill is not None
-        return self.prefill.copy_page(eager, args, kwargs)
+        return self.prefill.copy_page(call)
 
     def tokens_read(self, ids: list[int]) -> None:
         # exllamav3 calls this after the step's synchronize, with every row's token on the host (only after a step

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .requirements import PAGE_SIZE
+from .step import Forward, padded_width
 
 
 def refuse_chunks(max_chunk_size: int, shared_chunk_size: int) -> None:
@@ -117,13 +118,12 @@ class Pins:
 def row_width(position: int, page: int) -> int:
     """The block-table width (pages) exllamav3 gives a job alone whose next position is ``position``.
 
-    Its pages, padded to a multiple of 16 (as ``Generator.iterate_gen`` pads a step's table).
+    Its pages, padded as ``Generator.iterate_gen`` pads a step's table (:func:`.step.padded_width`).
     """
-    pages = -(-(position + 1) // page)
-    return max(16, -(-pages // 16) * 16)
+    return padded_width(-(-(position + 1) // page))
 
 
-def rows_apart(one: Callable[[Any, dict[str, Any]], Any], ids: Any, params: dict[str, Any]) -> tuple[Any, int]:
+def rows_apart(one: Callable[[Any, dict[str, Any]], Any], step: Forward) -> tuple[Any, int]:
     """A decode step's logits with each row run by ``one(ids, params)`` as a step of its own, and the rows run apart.
 
     Each row gets the block table exllamav3 gives its job alone (:func:`row_width`), its cache length and recurrent
@@ -132,9 +132,9 @@ def rows_apart(one: Callable[[Any, dict[str, Any]], Any], ids: Any, params: dict
     """
     import torch
 
-    rows = int(ids.shape[0])
-    bt, sl, states = params.get("block_table"), params.get("cache_seqlens"), params.get("recurrent_states")
-    if rows == 1 or bt is None or sl is None or bt.device.type != "cpu" or params.get("positions") is not None:
+    ids, params, rows = step.ids, step.params, step.rows
+    bt, sl, states = step.block_table, step.cache_seqlens, step.recurrent_states
+    if rows == 1 or bt is None or sl is None or bt.device.type != "cpu" or step.positions is not None:
         return one(ids, params), 0
     out: Any = None
     for i in range(rows):

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from ..deterministic import Pins, refuse_chunks
 from ..requirements import PAGE_SIZE, PREFILL_PARAMS, STEP_PARAMS, VERIFIED, stands_aside
+from ..step import TABLE_PAD, Forward, PageCopy
 from .views import GeneratorView, JobView, ModelView, PageView, qkv_pointers, view
 
 logger = logging.getLogger(__name__)
@@ -24,10 +25,13 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "PREFILL_PARAMS",
     "STEP_PARAMS",
+    "TABLE_PAD",
     "VERIFIED",
+    "Forward",
     "GeneratorView",
     "JobView",
     "ModelView",
+    "PageCopy",
     "PageView",
     "qkv_pointers",
     "stands_aside",
@@ -44,16 +48,19 @@ def page_size() -> int:
 
 
 class Hooks(Protocol):
-    """What the fast path does at each point the seam wraps (``eager``: exllamav3's own call)."""
+    """What the fast path does at each point the seam wraps (each call as a typed value: :mod:`..step`)."""
 
     def step(self, drafted: bool) -> Any:
         """A context for one ``iterate_gen`` (a decode step; ``drafted``: a window of draft tokens)."""
 
-    def forward(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+    def forward(self, call: Forward) -> Any:
+        """A ``Model.forward`` (a decode step, or any other forward: ``call.step`` says)."""
 
-    def prefill_chunk(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+    def prefill_chunk(self, call: Forward) -> Any:
+        """A ``Model.prefill`` (a Job's prompt chunk)."""
 
-    def copy_page(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+    def copy_page(self, call: PageCopy) -> Any:
+        """A ``Cache.copy_page`` (Job.prefill's reuse of a partly matching page)."""
 
     def tokens_read(self, ids: list[int]) -> None:
         """The step's tokens are on the host (exllamav3 read them back and synchronized)."""
@@ -113,7 +120,7 @@ class Seam:
 
             self._wrap(gen, "iterate", fast_iterate)
             self._wrap(gen, "iterate_gen", fast_iterate_gen)
-            self._wrap(model, "forward", lambda *a, **k: hooks.forward(forward, a, k))
+            self._wrap(model, "forward", lambda *a, **k: hooks.forward(Forward.of(forward, a, k)))
             prefetch = model.prefetch_tokens
 
             def prefetch_tokens(ids: list[int]) -> None:
@@ -123,8 +130,8 @@ class Seam:
             self._wrap(model, "prefetch_tokens", prefetch_tokens)
             if prefill:
                 own_prefill, copy_page = model.prefill, cache.copy_page
-                self._wrap(model, "prefill", lambda *a, **k: hooks.prefill_chunk(own_prefill, a, k))
-                self._wrap(cache, "copy_page", lambda *a, **k: hooks.copy_page(copy_page, a, k))
+                self._wrap(model, "prefill", lambda *a, **k: hooks.prefill_chunk(Forward.of(own_prefill, a, k)))
+                self._wrap(cache, "copy_page", lambda *a, **k: hooks.copy_page(PageCopy.of(copy_page, a, k, cache)))
             if pointer_table is not None:
                 for mq in ModelView(model).sliced_qkv() if ModelView(model).why_not is None else []:
                     if "c_ptrs" not in vars(mq):
