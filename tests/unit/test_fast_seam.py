@@ -1,4 +1,4 @@
-"""The fast path's one seam onto exllamav3: what it relies on, the rule for a release, and the one place it is touched.
+"""The fast path's one seam onto exllamav3: what it relies on, the rule for a release, and deterministic prefill.
 
 The requirements are checked against the installed exllamav3's source where it is installed (the GPU machine), and
 against the recorded facts of the verified release (read from exllamav3 1.6.5's own source) where it is not.
@@ -6,14 +6,12 @@ against the recorded facts of the verified release (read from exllamav3 1.6.5's 
 
 from __future__ import annotations
 
-import ast
 import copy
 import json
 from pathlib import Path
 
 import pytest
 
-from exllama_integrations.backends.exllamav3.fast import depends
 from exllama_integrations.backends.exllamav3.fast.requirements import (
     PAGE_SIZE,
     REQUIREMENTS,
@@ -21,8 +19,8 @@ from exllama_integrations.backends.exllamav3.fast.requirements import (
     VERIFIED,
     release_stands_aside,
 )
+from exllama_integrations.backends.exllamav3.upstream import depends
 
-PACKAGE = Path(__file__).resolve().parents[2] / "exllama_integrations"
 VERIFIED_165 = depends.recorded("1.6.5")
 
 
@@ -47,7 +45,7 @@ def test_another_release_stands_aside_with_its_reason_unless_tried_on_purpose() 
 def test_the_verified_release_meets_every_requirement() -> None:
     assert VERIFIED_165 is not None and VERIFIED_165["exllamav3"] == "1.6.5"
     assert depends.problems(REQUIREMENTS, VERIFIED_165["facts"]) == []
-    assert {r.key for r in REQUIREMENTS} == set(VERIFIED_165["facts"])  # every requirement was recorded
+    assert {r.key for r in REQUIREMENTS} <= set(VERIFIED_165["facts"])  # every requirement was recorded
     assert VERIFIED_165["facts"]["exllamav3.constants:PAGE_SIZE"]["value"] == PAGE_SIZE  # one page size, checked
 
 
@@ -55,9 +53,11 @@ def test_the_installed_exllamav3_is_read_from_its_source() -> None:
     root = depends.source_root("exllamav3")
     if root is None:
         pytest.skip("exllamav3 is not installed here (the recorded 1.6.5 facts are checked above)")
+    from exllama_integrations.backends.exllamav3.upstream.requirements import REQUIREMENTS as BACKEND
+
     version = depends.installed_version("exllamav3")
-    found = depends.facts(root, REQUIREMENTS)
-    assert set(found) == {r.key for r in REQUIREMENTS}
+    found = depends.facts(root, [*REQUIREMENTS, *BACKEND])  # the fast path's and the rest of the backend's
+    assert set(found) == {r.key for r in [*REQUIREMENTS, *BACKEND]}
     if depends.release(version or "") == (1, 6, 5):
         assert VERIFIED_165 is not None and found == VERIFIED_165["facts"]  # the recording is of this very source
 
@@ -135,44 +135,6 @@ def test_the_recorded_facts_are_what_the_reader_makes_of_1_6_5() -> None:
     path = depends.RECORDED / "exllamav3-1.6.5.json"
     text = path.read_text()
     assert text == json.dumps(json.loads(text), indent=1, sort_keys=True) + "\n"
-
-
-# ---------------------------------------------------------------------- the one place
-
-
-ALLOWED = {"backend.py", "driver.py", "options.py", "translate.py", "vision.py", "extras.py", "patches.py"}
-ALLOWED |= {"pooling.py"}  # the exllamav3 embedding backend (its own Model forward)
-ALLOWED |= {"mtp.py"}  # draft="mtp": the checkpoint's MTP heads built as exllamav3's draft model
-"""The exllamav3 backend's own modules, which build its objects (Config, Model, Cache, Generator, Job, samplers,
-filters, LoRA, the embedding forward) and apply upstream fixes; the fast path reaches exllamav3 through
-the fast/seam/ package only."""
-
-
-def _imports(path: Path) -> set[str]:
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            out.add(node.module)
-    return {m for m in out if m == "exllamav3" or m.startswith("exllamav3.")}
-
-
-SEAM = "backends/exllamav3/fast/seam/"
-
-
-def test_only_the_seam_touches_exllamav3_from_the_fast_path() -> None:
-    offenders = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
-        found = _imports(path)
-        if not found or rel.startswith(SEAM):
-            continue
-        in_backend = rel.startswith("backends/exllamav3/") and "/" not in rel.removeprefix("backends/exllamav3/")
-        if not (in_backend and Path(rel).name in ALLOWED):
-            offenders.append(f"{rel}: {sorted(found)}")
-    assert offenders == [], "exllamav3 imported outside the seam and the backend's own modules"
-    assert _imports(PACKAGE / SEAM / "views.py")  # (the check sees imports inside functions)
 
 
 # ---------------------------------------------------------------------- options the installed exllamav3 would ignore
@@ -320,7 +282,7 @@ class NoHooks:
 
         return nullcontext()
 
-    def forward(self, eager: object, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+    def forward(self, call: object) -> object:
         return None
 
     def tokens_read(self, ids: list[int]) -> None:

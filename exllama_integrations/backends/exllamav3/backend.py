@@ -95,7 +95,7 @@ class ExLlamaV3Backend(Backend):
                 "1.6.5 (its gated MLP leaves padded outputs); load the model's fp16/bf16 weights with "
                 "backend='exllamav3', or use backend='transformers'.",
             )
-        from exllamav3.architecture.architectures import get_architectures
+        from .upstream import get_architectures
 
         archs = model.architectures
         if not archs or archs[0] not in get_architectures():
@@ -106,7 +106,8 @@ class ExLlamaV3Backend(Backend):
 
     def __init__(self, model: ModelDirectory, tokenizer: NativeTokenizer, options: BackendOptions) -> None:
         import torch
-        from exllamav3 import Cache, Config, Generator, Model, Tokenizer
+
+        from .upstream import Cache, Config, Generator, Model, Tokenizer
 
         assert isinstance(options, ExLlamaV3Options)
         adapters = [peft_adapter(d) for d in options.lora_dirs]  # a bad adapter is refused before the weights load

@@ -34,7 +34,7 @@ def load_loras(model: Any, adapters: list[tuple[dict[str, Any], Path]], scalings
     """
     if not adapters:
         return [], 0
-    from exllamav3.model.lora import LoRA
+    from .upstream import LoRA
 
     loras = []
     for (config, weights), scaling in zip(adapters, scalings):
@@ -64,8 +64,7 @@ def _unload(obj: Any) -> None:
 
 def unfuse(model: Any) -> int:
     """Turn off the fused paths that bypass ``Linear.forward`` on modules with a LoRA; returns how many were on."""
-    from exllamav3.modules.attn import Attention
-    from exllamav3.modules.mlp import MLP, GatedMLP
+    from .upstream import MLP, Attention, GatedMLP
 
     n = 0
     for module in model:
@@ -120,9 +119,8 @@ def load_draft(
     draft: ModelDirectory, cache_tokens: int, cache_kw: dict[str, Any], load_kw: dict[str, Any]
 ) -> tuple[Any, Any]:
     """The draft model and its cache (exllamav3 needs it as large as the main cache)."""
-    from exllamav3 import Cache, Config, Model
-
     from . import patches
+    from .upstream import Cache, Config, Model
 
     config = Config.from_directory(str(draft.path))
     model = Model.from_config(config)

@@ -75,7 +75,7 @@ def build_mtp(config: Any, architecture: str) -> tuple[Any, dict[str, int]]:
     """
     from importlib.metadata import version
 
-    from exllamav3 import Model
+    from .upstream import Model
 
     fixes = {"qwen3_5_text_mtp": patches.qwen3_5_text_mtp(config)}
     if "mtp" not in config.model_classes:
@@ -90,7 +90,7 @@ def build_mtp(config: Any, architecture: str) -> tuple[Any, dict[str, int]]:
 
 def load_mtp(model: Any, cache_tokens: int, cache_kw: dict[str, Any], load_kw: dict[str, Any]) -> Any:
     """Load the built MTP ``model`` and return its cache (as large as the main cache, as exllamav3 requires)."""
-    from exllamav3 import Cache
+    from .upstream import Cache
 
     cache = Cache(model, max_num_tokens=cache_tokens, **cache_kw)
     model.load(**load_kw)

@@ -23,7 +23,7 @@ def trim_gated_mlp_padding(model: Any) -> int:
     the other residual projections do, is exact (checked against the transformers oracle on the GPU).
     Returns how many projections were changed.
     """
-    from exllamav3.modules.mlp import GatedMLP
+    from .upstream import GatedMLP
 
     n = 0
     for module in model:
@@ -136,8 +136,7 @@ def gemma3_image_attention(model: Any) -> int:
     text-only prompts have none, so nothing changes for them). Returns 1 when applied.
     """
     try:
-        from exllamav3.architecture.gemma3 import Gemma3Model
-        from exllamav3.architecture.gemma4 import _prepare_noncausal_mm_spans
+        from .upstream import Gemma3Model, _prepare_noncausal_mm_spans
     except ImportError:
         return 0
     if not isinstance(model, Gemma3Model) or getattr(model, "_image_spans_patched", False):
@@ -164,8 +163,7 @@ def qwen3_5_text_mtp(config: Any) -> int:
     tensor of the fixture and no module lacks one; not yet run on the GPU. Returns 1 when registered.
     """
     try:
-        from exllamav3.architecture.qwen3_5 import Qwen3_5Config, Qwen3_5MoeConfig
-        from exllamav3.architecture.qwen3_5_mtp import Qwen3_5MoeMTPModel, Qwen3_5MTPModel
+        from .upstream import Qwen3_5Config, Qwen3_5MoeConfig, Qwen3_5MoeMTPModel, Qwen3_5MTPModel
     except ImportError:
         return 0
     heads = {Qwen3_5Config: Qwen3_5MTPModel, Qwen3_5MoeConfig: Qwen3_5MoeMTPModel}.get(type(config))
@@ -207,8 +205,7 @@ def gpt_oss_bf16_experts(model: Any) -> int:
     Returns how many expert linears got it.
     """
     try:
-        from exllamav3.architecture.gpt_oss import GptOssModel
-        from exllamav3.modules.block_sparse_mlp import BlockSparseMLP
+        from .upstream import BlockSparseMLP, GptOssModel
     except ImportError:
         return 0
     if not isinstance(model, GptOssModel):
@@ -233,7 +230,7 @@ def _fused_expert_loader(linear: Any, plain: Any) -> Any:
         stc = linear.config.stc
         if not stc.has_tensor(linear.fkey) or stc.has_tensor_group(key, ["weight"]) or linear.is_sliced:
             return bool(plain(key))
-        from exllamav3.modules.quant import LinearFP16
+        from .upstream import LinearFP16
 
         fused = stc.get_tensor(linear.fkey, linear.device, transpose=True, no_defer=True, fidx=linear.fidx)
         bias = stc.get_tensor(linear.fkey + "_bias", linear.device, optional=True, no_defer=True, fidx=linear.fidx)

@@ -74,7 +74,7 @@ class ExLlamaV3Pooling(PoolingBackend):
             raise UnsupportedModelError(f"{model.name!r} reranks with a classification head, which exllamav3 lacks.")
         if model.quantization not in (None, "exl3"):
             raise UnsupportedModelError(f"exllamav3 does not load {model.quantization}-quantized weights.")
-        from exllamav3.architecture.architectures import get_architectures
+        from .upstream import get_architectures
 
         archs = model.architectures
         if not archs or archs[0] not in get_architectures():
@@ -84,7 +84,8 @@ class ExLlamaV3Pooling(PoolingBackend):
         self, model: ModelDirectory, pooling: PoolingConfig, options: PoolingOptions, tokens: ScoringTokens | None
     ) -> None:
         import torch
-        from exllamav3 import Config, Model
+
+        from .upstream import Config, Model
 
         self.pooling, self.tokens = pooling, tokens
         self._model: Any = None

@@ -26,7 +26,7 @@ def sampler_for(settings: Any, prompt_len: int = 0) -> Any:
     the order our logits processors apply them); with presence or frequency penalties, the same steps around
     :func:`output_penalties` (exllamav3's own penalty step counts the prompt too; OpenAI's counts only the output).
     """
-    from exllamav3 import ComboSampler
+    from .upstream import ComboSampler
 
     if not (settings.presence_penalty or settings.frequency_penalty):
         return ComboSampler(
@@ -37,7 +37,7 @@ def sampler_for(settings: Any, prompt_len: int = 0) -> Any:
             top_p=settings.top_p,
             logit_bias=dict(settings.logit_bias) or None,
         )
-    from exllamav3.generator.sampler import custom as c
+    from . import upstream as c
 
     steps = [
         c.SS_LogitBias(dict(settings.logit_bias)),
@@ -60,7 +60,8 @@ def sampler_for(settings: Any, prompt_len: int = 0) -> Any:
 def output_penalties(presence: float, frequency: float, prompt_len: int) -> Any:
     """OpenAI's presence and frequency penalties as an exllamav3 sampler step, over the generated tokens only."""
     import torch
-    from exllamav3.generator.sampler.custom import SS, SS_Base
+
+    from .upstream import SS, SS_Base
 
     class OutputPenalties(SS_Base):  # type: ignore[misc]
         def run(self, state: Any) -> None:
@@ -86,7 +87,7 @@ def matcher_filter(tokenizer: Any, matcher: ConstraintMatcher, trigger_token: in
     One matcher per generation, fed only here (not again by the runtime), so the grammar state has one owner.
     ``trigger_token``: the filter waits for that token (the end of a thinking block) before it constrains.
     """
-    from exllamav3.generator.filter import Filter
+    from .upstream import Filter
 
     class MatcherFilter(Filter):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -114,7 +115,8 @@ def thinking_filter(tokenizer: Any, request: BackendRequest, watch: Any) -> Any:
     one by exllamav3 as it samples); the filter completes, and steps aside, when the thinking block ends.
     """
     import torch
-    from exllamav3.generator.filter import Filter
+
+    from .upstream import Filter
 
     class ThinkingFilter(Filter):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -156,7 +158,8 @@ def job_for(request: BackendRequest, tokenizer: Any, embeddings: list[Any] | Non
     token, else it is attached by the driver once the request's reasoning control says the answer began.
     """
     import torch
-    from exllamav3 import Job
+
+    from .upstream import Job
 
     s = request.settings
     filters: list[Any] = []

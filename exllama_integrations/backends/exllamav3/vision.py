@@ -77,7 +77,7 @@ class Vision:
     """A loaded vision component and its embedding cache."""
 
     def __init__(self, config: Any, model_type: str, load_kw: dict[str, Any]) -> None:
-        from exllamav3 import Model
+        from .upstream import Model
 
         self.model = Model.from_config(config, component="vision")
         self.model.load(**load_kw)

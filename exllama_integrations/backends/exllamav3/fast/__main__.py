@@ -1,8 +1,9 @@
-"""``python -m exllama_integrations.backends.exllamav3.fast [--record]``: the seam's requirements checked.
+"""``python -m exllama_integrations.backends.exllamav3.fast [--record]``: what the package relies on, checked.
 
-Prints what of :data:`.requirements.REQUIREMENTS` the installed exllamav3 (or ``--root``) does not meet, and what
-changed since each verified release's recorded facts; ``--record`` writes the installed release's facts to
-``recorded/`` (the step of docs/exllamav3-releases.md that adds a release to the verified set).
+Prints what the installed exllamav3 (or ``--root``) does not meet of the fast path's requirements
+(:data:`.requirements.REQUIREMENTS`) and of the rest of the backend's (:data:`..upstream.requirements.REQUIREMENTS`),
+and what changed since each verified release's recorded facts; ``--record`` writes the installed release's facts
+to ``upstream/recorded/`` (the step of docs/exllamav3-releases.md that adds a release to the verified set).
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import depends, requirements
+from ..upstream import depends
+from ..upstream import requirements as backend
+from . import requirements
 
 
 def main() -> None:
-    """Print the seam's check against the installed exllamav3; ``--record``: write its facts to ``recorded/``."""
+    """Print the check against the installed exllamav3; ``--record``: write its facts to ``upstream/recorded/``."""
     import argparse
     import logging
 
@@ -29,9 +32,13 @@ def main() -> None:
     version = args.version or depends.installed_version("exllamav3")
     if root is None or version is None:
         raise SystemExit("exllamav3 is not installed (give --root and --version)")
-    found = depends.facts(root, requirements.REQUIREMENTS)
-    for line in depends.problems(requirements.REQUIREMENTS, found) or ["every requirement met"]:
-        log.info("%s", line)
+    checked = {"the fast path": requirements.REQUIREMENTS, "the backend": backend.REQUIREMENTS}
+    found = depends.facts(root, [r for reqs in checked.values() for r in reqs])
+    for user, reqs in checked.items():
+        unmet = depends.problems(reqs, found)
+        log.info("%s: %s", user, f"{len(unmet)} unmet" if unmet else f"every requirement met ({len(reqs)})")
+        for line in unmet:
+            log.info("  %s", line)
     for verified in sorted(requirements.VERIFIED):
         base = depends.recorded(".".join(map(str, verified)))
         if base is not None:

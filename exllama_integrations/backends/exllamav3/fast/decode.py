@@ -16,7 +16,7 @@ that: each row of a decode step runs as a step of its own (its own table width, 
 row), so a request's tokens are those exllamav3's own loop gives it alone, whatever decodes beside it; the cost is
 one forward per row (benchmarks/results, run 15). Batched prefill is refused with it (its GEMMs round differently),
 and prompts are prefilled one page a forward, with no K/V copied from a partly matching page and no page completed
-while decoding offered to later prompts (:meth:`.seam.Seam.pin`), so that what was cached before a request does not
+while decoding offered to later prompts (:mod:`.deterministic`), so that what was cached before a request does not
 change its K/V (docs/determinism.md).
 
 Where it stands aside (:meth:`FastDecode.report` says which and how often):
@@ -41,11 +41,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .depends import installed_version
+from ..upstream.depends import installed_version
+from .deterministic import rows_apart
 from .graphs import DecodeGraphs
 from .prefill import BatchedPrefill
 from .sampler import BatchedSampler, RowSettings, row_settings, uncovered
-from .seam import GeneratorView, JobView, Seam, page_size, stands_aside, view
+from .seam import GeneratorView, JobView, Seam, stands_aside, view
+from .step import Forward, PageCopy
 
 logger = logging.getLogger(__name__)
 
@@ -59,15 +61,6 @@ class _Adopted:
 
     def __init__(self, settings: RowSettings, prompt_len: int) -> None:
         self.settings, self.prompt_len = settings, prompt_len
-
-
-def row_width(position: int, page: int) -> int:
-    """The block-table width (pages) exllamav3 gives a job alone whose next position is ``position``.
-
-    Its pages, padded to a multiple of 16 (as ``Generator.iterate_gen`` pads a step's table).
-    """
-    pages = -(-(position + 1) // page)
-    return max(16, -(-pages // 16) * 16)
 
 
 class FastDecode:
@@ -142,15 +135,14 @@ class FastDecode:
         finally:
             self._decode, self._logits, self._drawn, self._step = False, None, None, None
 
-    def forward(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def forward(self, call: Forward) -> Any:
         if self.prefill is not None:  # the forward reads the cache the held prompt chunks write
             self.prefill.flush("a model forward")
-        if self._decode and not args and set(kwargs) == {"input_ids", "params"}:
-            ids, params = kwargs["input_ids"], kwargs["params"]
-            out = self._rows_apart(eager, ids, params) if self.deterministic else self._one(eager, ids, params)
+        if self._decode and call.step:
+            out = self._rows_apart(call) if self.deterministic else self._one(call.eager, call.ids, call.params)
             self._own_graphs = self.graphs is not None and self.graphs.own_graphs_step
         else:
-            out = eager(*args, **kwargs)
+            out = call.run()
         if self._decode:  # the one target forward of a decode step
             self._decode, self._logits = False, out
         return out
@@ -161,37 +153,19 @@ class FastDecode:
 
         return self.graphs.forward(run, ids, params) if self.graphs is not None else run(ids, params)
 
-    def _rows_apart(self, eager: Callable[..., Any], ids: Any, params: dict[str, Any]) -> Any:
-        """``deterministic``: each row as a step of its own, with the block table exllamav3 gives it alone."""
-        import torch
-
-        rows = int(ids.shape[0])
-        bt, sl, states = params.get("block_table"), params.get("cache_seqlens"), params.get("recurrent_states")
-        if rows == 1 or bt is None or sl is None or bt.device.type != "cpu" or params.get("positions") is not None:
-            return self._one(eager, ids, params)
-        page = page_size()
-        out: Any = None
-        for i in range(rows):
-            width = min(row_width(int(sl[i]), page), int(bt.shape[1]))
-            p = {k: v for k, v in params.items() if k != "dev_cache"}  # (device copies of the whole step's tables)
-            p["block_table"] = bt[i : i + 1, :width].contiguous()
-            p["cache_seqlens"] = sl[i : i + 1].clone()
-            if states is not None:
-                p["recurrent_states"] = states[i : i + 1]
-            logits = self._one(eager, ids[i : i + 1], p)
-            if out is None:
-                out = torch.empty((rows, *logits.shape[1:]), dtype=logits.dtype, device=logits.device)
-            out[i : i + 1].copy_(logits)  # a replayed graph's logits live in its static buffer: copied before the next
-            self.row_forwards += 1
+    def _rows_apart(self, call: Forward) -> Any:
+        """``deterministic``: each row as a step of its own (:func:`.deterministic.rows_apart`)."""
+        out, rows = rows_apart(lambda i, p: self._one(call.eager, i, p), call)
+        self.row_forwards += rows
         return out
 
-    def prefill_chunk(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def prefill_chunk(self, call: Forward) -> Any:
         assert self.prefill is not None
-        return self.prefill.prefill(eager, args, kwargs)
+        return self.prefill.prefill(call)
 
-    def copy_page(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def copy_page(self, call: PageCopy) -> Any:
         assert self.prefill is not None
-        return self.prefill.copy_page(eager, args, kwargs)
+        return self.prefill.copy_page(call)
 
     def tokens_read(self, ids: list[int]) -> None:
         # exllamav3 calls this after the step's synchronize, with every row's token on the host (only after a step
@@ -411,4 +385,4 @@ class FastDecode:
         }
 
 
-__all__ = ["FastDecode", "GeneratorView", "LONE_GREEDY", "row_width"]
+__all__ = ["FastDecode", "GeneratorView", "LONE_GREEDY"]

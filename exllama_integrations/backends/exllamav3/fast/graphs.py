@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .run_ahead import Ahead, PinnedStaging, ahead_differs, ahead_stands_aside
-from .seam import STEP_PARAMS, ModelView, page_size, qkv_pointers
+from .seam import STEP_PARAMS, TABLE_PAD, ModelView, page_size, qkv_pointers
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +46,9 @@ LEFT_TO_EXLLAMAV3 = "(left to exllamav3's own per-layer graphs)"
 MAX_GRAPHS = 256
 """Shapes kept at most (rows x block-table widths); past it a new shape runs eagerly."""
 
-LOAD_WIDTH = 16
-"""The block-table width (pages) captured at load: exllamav3 pads a step's table to a multiple of 16 pages, so every
-step of jobs under 4,096 tokens has it."""
+LOAD_WIDTH = TABLE_PAD
+"""The block-table width (pages) captured at load: exllamav3 pads a step's table to a multiple of 16 pages
+(:data:`.step.TABLE_PAD`), so every step of jobs under 4,096 tokens has it."""
 
 
 def step_stands_aside(input_ids: Any, params: dict[str, Any], min_rows: int = 1) -> str | None:

@@ -31,6 +31,7 @@ from collections import Counter
 from typing import Any
 
 from .seam import PREFILL_PARAMS, GeneratorView, PageView, page_size
+from .step import Forward, PageCopy
 
 logger = logging.getLogger(__name__)
 
@@ -38,19 +39,18 @@ MOST_PADDING = 0.25
 """A chunk joins a forward only while the forward's padding stays within this share of its rows."""
 
 
-def call_stands_aside(args: tuple[Any, ...], kwargs: dict[str, Any], cache: Any) -> str | None:
+def call_stands_aside(call: Forward, cache: Any) -> str | None:
     """Why one ``Model.prefill`` call cannot be held, or None when it is a plain text chunk of one sequence."""
-    params = kwargs.get("params")
-    ids = kwargs.get("input_ids")
-    if args or set(kwargs) != {"input_ids", "params"} or not isinstance(params, dict) or ids is None:
+    params, ids = call.params, call.ids
+    if not call.step or not isinstance(params, dict) or ids is None:
         return "not a Job's chunk"
     if not set(params) <= PREFILL_PARAMS or params.get("attn_mode") != "flash_attn" or params.get("cache") is not cache:
         return "other parameters"
-    if params.get("recurrent_states") or params.get("indexed_embeddings") or params.get("inv_freq") is not None:
+    if call.recurrent_states or params.get("indexed_embeddings") or params.get("inv_freq") is not None:
         return "images, MRoPE or recurrent states"
     if params.get("mm_span_prefix"):
         return "images, MRoPE or recurrent states"
-    bt, sl = params.get("block_table"), params.get("cache_seqlens")
+    bt, sl = call.block_table, call.cache_seqlens
     if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 1 or bt is None or sl is None:
         return "not one sequence"
     if any(t.device.type != "cpu" for t in (ids, bt, sl)) or bt.dim() != 2 or bt.shape[0] != 1 or sl.numel() != 1:
@@ -160,16 +160,16 @@ class BatchedPrefill:
         self.on = self.why_not is None
         self.page: int = page if page is not None else page_size()
 
-    def prefill(self, eager: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def prefill(self, call: Forward) -> Any:
         """A job's ``Model.prefill`` call: held where it is a plain chunk, else run (after what is held)."""
-        self._prefill = eager
+        self._prefill = call.eager
         cache = self.generator.cache
-        why = "batched prefill off" if not self.on else call_stands_aside(args, kwargs, cache)
+        why = "batched prefill off" if not self.on else call_stands_aside(call, cache)
         if why is not None:
             self.flush("a prefill that cannot be held")
             self.alone[why] += 1
-            return eager(*args, **kwargs)
-        chunk = Chunk(kwargs["input_ids"], kwargs["params"])
+            return call.run()
+        chunk = Chunk(call.ids, call.params)
         self._take_copy(chunk)
         if chunk.pages(self.page, reads=True) & self._busy():
             self.flush("a chunk over pages a held one writes")
@@ -178,22 +178,21 @@ class BatchedPrefill:
         self.chunks += 1
         return None  # Job.prefill does not use it
 
-    def copy_page(self, eager: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def copy_page(self, call: PageCopy) -> Any:
         """``Cache.copy_page(cache, from, to, tokens)``: Job.prefill's reuse of a partly matching page.
 
         From a page a held chunk writes (prompts that share a prefix, arriving together), it is held too: the chunk
         of the job it copies for then computes those positions itself, in the same forward (see :meth:`_take_copy`).
         """
-        self._copy_page = eager
-        cache = self.generator.cache
-        plain = len(args) == 4 and not kwargs and args[0] is cache
-        if plain and self.on and int(args[1]) in self._writes:
-            self._copies[int(args[2])] = (int(args[1]), int(args[3]))
+        self._copy_page = call.eager
+        if call.pages is not None and self.on and call.pages[0] in self._writes:
+            src, dst, n = call.pages
+            self._copies[dst] = (src, n)
             return None
-        if plain and not {int(args[1]), int(args[2])} & self._busy():
-            return eager(*args)  # nothing held touches either page
+        if call.pages is not None and not set(call.pages[:2]) & self._busy():
+            return call.run()  # nothing held touches either page
         self.flush("a page copy")
-        return eager(*args, **kwargs)
+        return call.run()
 
     def _busy(self) -> set[int]:
         """The pages held work writes: by held chunks, or as the destination of a held copy."""

@@ -2,11 +2,12 @@
 
 :data:`REQUIREMENTS` declares every member :mod:`.seam` reads or wraps, the parameters of the methods it wraps, and
 the keys of the ``params`` dicts exllamav3 builds for the forwards it replaces; :func:`stands_aside` checks them
-against the installed library's source (:mod:`.depends`, no import) before anything is wrapped. The fast path runs
-on a release in :data:`VERIFIED` (compared by PEP 440 release number: exllamav3's own CUDA wheels carry local labels
-such as ``1.6.5+cu128.torch2.9.0``) whose installed source meets every requirement; on any other it stands aside
-with its reason, and exllamav3's own loop runs. ``EXLLAMA_FAST_UNVERIFIED=1`` lets a release that meets every
-requirement run unverified, for trying a new release (docs/exllamav3-releases.md).
+against the installed library's source (:mod:`..upstream.depends`, no import) before anything is wrapped (the rest of
+the backend's requirements: :mod:`..upstream.requirements`). The fast path runs on a release in :data:`VERIFIED`
+(compared by PEP 440 release number: exllamav3's own CUDA wheels carry local labels such as
+``1.6.5+cu128.torch2.9.0``) whose installed source meets every requirement; on any other it stands aside with its
+reason, and exllamav3's own loop runs. ``EXLLAMA_FAST_UNVERIFIED=1`` lets a release that meets every requirement run
+unverified, for trying a new release (docs/exllamav3-releases.md).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import logging
 import os
 from functools import lru_cache
 
-from .depends import (
+from ..upstream.depends import (
     Constant,
     DictKeys,
     Member,
+    Mentions,
     Reads,
     Requirement,
     facts,
@@ -76,7 +78,8 @@ REQUIREMENTS: list[Requirement] = [
     DictKeys(_J, "Job", "prefill", "params", PREFILL_PARAMS),
     # read
     *(Member(_G, "Generator", n) for n in "pending_jobs active_jobs max_chunk_size shared_chunk_size pagetable "
-      "draft_model recurrent_cache cpu_page_cache disk_page_cache".split()),
+      "draft_model recurrent_cache cpu_page_cache disk_page_cache model cache tokenizer".split()),
+    Member("exllamav3.tokenizer.tokenizer", "Tokenizer", "actual_vocab_size"),
     *(Member(_J, "Job", n) for n in "new_tokens stop_tokens max_new_tokens max_rq_tokens rq_margin sequences "
       "return_logits forced_ids device_logit_mask return_probs return_top_tokens current_device_ids "
       "is_prefill_done pagetable".split()),
@@ -84,9 +87,10 @@ REQUIREMENTS: list[Requirement] = [
     *(Member(_P, "CachePage", n) for n in "page_index ref_count kv_position sequence phash prev_hash "
       "can_revert".split()),
     Member(_P, "PageTable", "all_pages"),
-    *(Member(_M, "Model", n) for n in "fwd_modules modules caps _get_prefetch_layers prepare_inputs".split()),
+    *(Member(_M, "Model", n) for n in "fwd_modules modules caps _get_prefetch_layers prepare_inputs config".split()),
+    Mentions("exllamav3.model.model_ls", "Model_LSMixin", "forward_ls", "moe_cpu_hosts"),  # set on the config later
     Member("exllamav3.model.model_tp", "Model_TPMixin", "loaded_tp"),
-    *(Member(f"{_MOD}.module", "Module", n) for n in "prepare_for_device forward device".split()),
+    *(Member(f"{_MOD}.module", "Module", n) for n in "prepare_for_device forward device modules".split()),
     *(Member(f"{_MOD}.transformer", "TransformerBlock", n) for n in "attn mlp attn_hc mlp_hc".split()),
     *(Member(f"{_MOD}.attn", "Attention", n) for n in "qsa_indexer multi_qkv".split()),
     Member(f"{_MOD}.linear", "Linear", "quant_type"),

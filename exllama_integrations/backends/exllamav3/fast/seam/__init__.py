@@ -1,9 +1,11 @@
-"""The fast path's one seam onto exllamav3: the only package that reads or wraps exllamav3's internals.
+"""The fast path's one seam onto exllamav3: where its wraps are installed and removed, and what the features read.
 
 What it relies on is declared in :mod:`..requirements` and checked against the installed library before anything is
-wrapped; the features (the batched sampler, the captured step, running ahead, batched prefill) see exllamav3 only
-through the typed views of :mod:`.views` and the hooks :class:`Seam` calls. :class:`Seam` installs every wrap of one
-generator as one unit and removes them as one unit, whatever fails (as SGLang's ``patch_model`` does in one context).
+wrapped (exllamav3's names come from the backend's one boundary, :mod:`...upstream`); the features (the batched
+sampler, the captured step, running ahead, batched prefill) see exllamav3 only through the typed views of
+:mod:`.views` and the hooks :class:`Seam` calls. :class:`Seam` installs every wrap of one generator as one unit and
+removes them as one unit, whatever fails (as SGLang's ``patch_model`` does in one context), ``deterministic``'s
+per-job pins (:mod:`..deterministic`, its policy) included.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..deterministic import Pins, refuse_chunks
 from ..requirements import PAGE_SIZE, PREFILL_PARAMS, STEP_PARAMS, VERIFIED, stands_aside
+from ..step import TABLE_PAD, Forward, PageCopy
 from .views import GeneratorView, JobView, ModelView, PageView, qkv_pointers, view
 
 logger = logging.getLogger(__name__)
@@ -21,10 +25,13 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "PREFILL_PARAMS",
     "STEP_PARAMS",
+    "TABLE_PAD",
     "VERIFIED",
+    "Forward",
     "GeneratorView",
     "JobView",
     "ModelView",
+    "PageCopy",
     "PageView",
     "qkv_pointers",
     "stands_aside",
@@ -37,40 +44,23 @@ def page_size() -> int:
     return PAGE_SIZE
 
 
-class NoPartialPages:
-    """The page table as a ``deterministic`` job's ``Job.prefill`` sees it: no page to copy a partial page from.
-
-    Its one read of ``all_pages`` (a search for a cached page whose first tokens match the rest of the prompt, to
-    copy their K/V) finds none; every other read and write reaches the real table.
-    """
-
-    __slots__ = ("_table",)
-    all_pages: tuple[Any, ...] = ()
-
-    def __init__(self, table: Any) -> None:
-        object.__setattr__(self, "_table", table)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._table, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._table, name, value)
-
-
 # ---------------------------------------------------------------------- the hooks, installed as one unit
 
 
 class Hooks(Protocol):
-    """What the fast path does at each point the seam wraps (``eager``: exllamav3's own call)."""
+    """What the fast path does at each point the seam wraps (each call as a typed value: :mod:`..step`)."""
 
     def step(self, drafted: bool) -> Any:
         """A context for one ``iterate_gen`` (a decode step; ``drafted``: a window of draft tokens)."""
 
-    def forward(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+    def forward(self, call: Forward) -> Any:
+        """A ``Model.forward`` (a decode step, or any other forward: ``call.step`` says)."""
 
-    def prefill_chunk(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+    def prefill_chunk(self, call: Forward) -> Any:
+        """A ``Model.prefill`` (a Job's prompt chunk)."""
 
-    def copy_page(self, eager: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+    def copy_page(self, call: PageCopy) -> Any:
+        """A ``Cache.copy_page`` (Job.prefill's reuse of a partly matching page)."""
 
     def tokens_read(self, ids: list[int]) -> None:
         """The step's tokens are on the host (exllamav3 read them back and synchronized)."""
@@ -87,8 +77,7 @@ class Seam:
         self.jobs = GeneratorView(generator)
         self._undo: list[tuple[Any, str, bool, Any]] = []  # (object, name, had an instance value, that value)
         self._job_wraps: weakref.WeakSet[Any] = weakref.WeakSet()  # adopted jobs still alive
-        self._pinned: weakref.WeakSet[Any] = weakref.WeakSet()  # deterministic: jobs whose prefill ignores history
-        self.private_pages = 0  # deterministic: pages completed while decoding, kept from later prompts
+        self.pins: Pins | None = None  # deterministic: jobs whose prefill ignores the cache's history
         self.own_forward: Callable[..., Any] = generator.model.forward  # exllamav3's own Model.forward
 
     def _wrap(self, obj: Any, name: str, new: Any) -> None:
@@ -102,28 +91,24 @@ class Seam:
         """Wrap the generator, its model and cache for ``hooks``: all or nothing.
 
         ``prefill``: also ``Model.prefill`` and ``Cache.copy_page``; ``pointer_table(mq)``: a ``c_ptrs`` for each sliced
-        Q/K/V GEMM; ``deterministic``: every job's prefill ignores what was cached before it (:meth:`pin`; the
-        generator must prefill one page a forward).
+        Q/K/V GEMM; ``deterministic``: every job's prefill ignores what was cached before it
+        (:class:`~..deterministic.Pins`; the generator must prefill one page a forward).
 
         Raises:
             ValueError: ``deterministic`` with a generator whose prefill chunks are not one page.
         """
         gen = self.generator
         model, cache = gen.model, gen.cache
-        if deterministic and (gen.max_chunk_size, gen.shared_chunk_size) != (PAGE_SIZE, PAGE_SIZE):
-            raise ValueError(
-                f"deterministic=True prefills one page a forward: the Generator's max_chunk_size and shared_chunk_size "
-                f"must be {PAGE_SIZE} (they are {gen.max_chunk_size} and {gen.shared_chunk_size})"
-            )
+        if deterministic:
+            refuse_chunks(gen.max_chunk_size, gen.shared_chunk_size)
+        pins = self.pins = Pins() if deterministic else None
         try:
             iterate, iterate_gen, forward = gen.iterate, gen.iterate_gen, model.forward
             self.own_forward = forward
 
             def fast_iterate(*args: Any, **kwargs: Any) -> Any:
-                if deterministic:  # jobs enqueued since: before iterate() starts and prefills them
-                    for job in (*gen.pending_jobs, *gen.active_jobs):
-                        if job not in self._pinned:
-                            self.pin(job)
+                if pins is not None:  # jobs enqueued since: before iterate() starts and prefills them
+                    pins.pin_new((*gen.pending_jobs, *gen.active_jobs))
                 try:
                     return iterate(*args, **kwargs)
                 finally:
@@ -135,7 +120,7 @@ class Seam:
 
             self._wrap(gen, "iterate", fast_iterate)
             self._wrap(gen, "iterate_gen", fast_iterate_gen)
-            self._wrap(model, "forward", lambda *a, **k: hooks.forward(forward, a, k))
+            self._wrap(model, "forward", lambda *a, **k: hooks.forward(Forward.of(forward, a, k)))
             prefetch = model.prefetch_tokens
 
             def prefetch_tokens(ids: list[int]) -> None:
@@ -145,8 +130,8 @@ class Seam:
             self._wrap(model, "prefetch_tokens", prefetch_tokens)
             if prefill:
                 own_prefill, copy_page = model.prefill, cache.copy_page
-                self._wrap(model, "prefill", lambda *a, **k: hooks.prefill_chunk(own_prefill, a, k))
-                self._wrap(cache, "copy_page", lambda *a, **k: hooks.copy_page(copy_page, a, k))
+                self._wrap(model, "prefill", lambda *a, **k: hooks.prefill_chunk(Forward.of(own_prefill, a, k)))
+                self._wrap(cache, "copy_page", lambda *a, **k: hooks.copy_page(PageCopy.of(copy_page, a, k, cache)))
             if pointer_table is not None:
                 for mq in ModelView(model).sliced_qkv() if ModelView(model).why_not is None else []:
                     if "c_ptrs" not in vars(mq):
@@ -168,38 +153,6 @@ class Seam:
         self._job_wraps.add(job)
         job.receive_logits = receive_logits
 
-    def pin(self, job: Any) -> None:
-        """``job``'s prompt is prefilled as on a fresh cache, whatever was cached before (``deterministic=True``).
-
-        With one page a forward, a page's K/V is computed in a forward of its own tokens after the same pages: cached
-        full pages are those a cold run computes; no partial page is copied (:class:`NoPartialPages`); and a page the
-        job completes while decoding keeps its private hash (decode steps of one row computed it, a cold run of a
-        later prompt computes it in one forward): exllamav3's ``hash_completed_page`` less the publishing, the next
-        page linked as ``receive_sample`` links a page whose hash it defers.
-        """
-        own_prefill, own_hash = job.prefill, job.hash_completed_page
-        prefilling = [False]
-
-        def prefill(results: list[Any], chunk_size: int | None = None) -> Any:
-            table = job.pagetable
-            job.pagetable, prefilling[0] = NoPartialPages(table), True
-            try:
-                return own_prefill(results, chunk_size)
-            finally:
-                job.pagetable, prefilling[0] = table, False
-
-        def hash_completed_page(seq: Any, page_idx: int) -> Any:
-            if prefilling[0]:  # a prompt page prefill computed in one forward
-                return own_hash(seq, page_idx)
-            self.private_pages += 1
-            pages = seq.allocated_pages
-            if page_idx + 1 < len(pages):
-                pages[page_idx + 1].prev_hash, pages[page_idx + 1].can_revert = pages[page_idx].phash, False
-            return None
-
-        self._pinned.add(job)
-        job.prefill, job.hash_completed_page = prefill, hash_completed_page
-
     def remove(self) -> None:
         """Undo every wrap, newest first (idempotent; never raises)."""
         while self._undo:
@@ -214,10 +167,13 @@ class Seam:
         for job in list(self._job_wraps):
             vars(job).pop("receive_logits", None)
         self._job_wraps.clear()
-        for job in list(self._pinned):
-            vars(job).pop("prefill", None)
-            vars(job).pop("hash_completed_page", None)
-        self._pinned.clear()
+        if self.pins is not None:
+            self.pins.remove()
+
+    @property
+    def private_pages(self) -> int:
+        """``deterministic``: pages completed while decoding, kept from later prompts."""
+        return self.pins.private_pages if self.pins is not None else 0
 
     @property
     def installed(self) -> bool:

@@ -171,13 +171,7 @@ class ModelView:
 
     def _stands_aside(self) -> str | None:
         try:
-            from exllamav3.modules.attn import Attention
-            from exllamav3.modules.embedding import Embedding
-            from exllamav3.modules.layernorm import LayerNorm
-            from exllamav3.modules.linear import Linear
-            from exllamav3.modules.mlp import MLP, GatedMLP
-            from exllamav3.modules.rmsnorm import RMSNorm
-            from exllamav3.modules.transformer import TransformerBlock
+            from ...upstream import MLP, Attention, Embedding, GatedMLP, LayerNorm, Linear, RMSNorm, TransformerBlock
         except ImportError as e:
             return f"exllamav3's modules do not import ({e})"
         model = self.model
@@ -212,7 +206,7 @@ class ModelView:
 
     def has_own_graphs(self) -> bool:
         """Whether exllamav3 graphs this model's layers itself at small batches (EXL3 weights)."""
-        from exllamav3.modules.linear import Linear
+        from ...upstream import Linear
 
         return any(
             isinstance(m, Linear) and getattr(m, "quant_type", None) == "exl3" for m in _walk(self.model.modules)
@@ -223,7 +217,7 @@ class ModelView:
 
     def tables(self, params: dict[str, Any]) -> tuple[Any, Any]:
         """The step's block table and cache lengths on the model's device (exllamav3's per-dict upload cache)."""
-        from exllamav3.util.tensor import get_for_device
+        from ...upstream import get_for_device
 
         return get_for_device(params, "block_table", self.device), get_for_device(params, "cache_seqlens", self.device)
 
@@ -235,7 +229,7 @@ class ModelView:
 
     def run_layers(self, x: Any, params: dict[str, Any]) -> Any:
         """``Model.forward_ls`` from the first block on (the same residual deferral between blocks)."""
-        from exllamav3.modules.transformer import TransformerBlock
+        from ...upstream import TransformerBlock
 
         mods = self.layers
         for i, (module, instance, _) in enumerate(mods):
@@ -263,8 +257,9 @@ class ModelView:
         captured this way gave its graphed path's greedy tokens in every comparison run; a server runs each model in
         its own engine process).
         """
-        import exllamav3.modules.attn as attn_module
-        from exllamav3.modules.mlp import MLP, GatedMLP
+        from ...upstream import MLP, GatedMLP, module
+
+        attn_module: Any = module("exllamav3.modules.attn")
 
         mlps = [m for m in _walk(self.model.modules) if type(m) in (MLP, GatedMLP) and getattr(m, "bc", None)]
         saved, attn_module._bc_attn_enable = attn_module._bc_attn_enable, False
@@ -280,7 +275,7 @@ class ModelView:
 
     def sliced_qkv(self) -> list[Any]:
         """The model's sliced Q/K/V GEMMs (whose output-pointer table exllamav3 builds with a pageable copy)."""
-        from exllamav3.modules.multilinear import SlicedMultiLinear
+        from ...upstream import SlicedMultiLinear
 
         return [
             mq

@@ -1,13 +1,14 @@
 """What a library's installed source says about the members we rely on, read without importing it.
 
-The fast path's seam (:mod:`.seam`) declares what of exllamav3 it reads and wraps: class members, the parameter
-names of the methods it wraps, the keys of the ``params`` dicts exllamav3 builds for the forwards it replaces, and
-module constants. Here those declarations are checked against a library's source files with :mod:`ast` (no import:
-it works on a machine without CUDA, and a module that fails to import still has its facts read), against a
-recorded copy of a release's facts (``recorded/``), and a release is compared by PEP 440 release number, local
-labels such as ``+cu128.torch2.9.0`` (exllamav3's own CUDA wheels) ignored.
+The backend declares what of exllamav3 it imports, reads, writes and wraps (:mod:`.requirements` for the backend's
+modules, :mod:`..fast.requirements` for the fast path's seam): module names, class members, the parameter names of
+the methods it calls or wraps, the keys of the ``params`` dicts exllamav3 builds for the forwards it replaces, and
+the ``params`` keys it hands exllamav3's forwards. Here those declarations are checked against a library's source
+files with :mod:`ast` (no import: it works on a machine without CUDA, and a module that fails to import still has
+its facts read), against a recorded copy of a release's facts (``recorded/``), and a release is compared by PEP 440
+release number, local labels such as ``+cu128.torch2.9.0`` (exllamav3's own CUDA wheels) ignored.
 
-The command line (``python -m exllama_integrations.backends.exllamav3.fast``) is in ``__main__.py``.
+The command line (``python -m exllama_integrations.backends.exllamav3.fast``) is in ``fast/__main__.py``.
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ RECORDED = Path(__file__).with_name("recorded")
 class Member:
     """A member of a class.
 
-    A method (with the parameter names it must begin with, ``self`` left out), a property, an attribute assigned in the
-    class body or on ``self`` in one of its methods.
+    A method (with the parameter names it must begin with, ``self`` left out, and the ``keywords`` it must take by
+    name wherever they stand), a property, an attribute assigned in the class body or on ``self`` in one of its
+    methods.
     """
 
     module: str
     cls: str
     name: str
     params: tuple[str, ...] | None = None
+    keywords: tuple[str, ...] | None = None
 
     @property
     def key(self) -> str:
@@ -88,7 +91,21 @@ class Reads:
         return f"{self.module}:{self.cls}.{self.func}:reads {self.chain}"
 
 
-Requirement = Member | DictKeys | Constant | Reads
+@dataclass(frozen=True)
+class Mentions:
+    """``cls.func`` spells the string ``text`` (a ``params`` key it reads: ``params.get("export_states")``)."""
+
+    module: str
+    cls: str
+    func: str
+    text: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.cls}.{self.func}:mentions {self.text!r}"
+
+
+Requirement = Member | DictKeys | Constant | Reads | Mentions
 
 
 def release(version: str) -> tuple[int, ...] | None:
@@ -218,12 +235,17 @@ def _reads(fn: ast.FunctionDef, chain: str) -> int:
     return sum(isinstance(n, ast.Attribute) and spelled(n) == chain for n in ast.walk(fn))
 
 
+def _mentions(fn: ast.FunctionDef, text: str) -> bool:
+    return any(isinstance(n, ast.Constant) and n.value == text for n in ast.walk(fn))
+
+
 def facts(root: Path, requirements: list[Requirement]) -> dict[str, Any]:
     """What the source under ``root`` (the package's folder) says about each requirement, by its key.
 
     A member: ``{"present": bool, "params": [...]}`` (params for methods); dict keys: ``{"keys": [...]}`` or
     ``{"keys": None}`` when the dict is not found; a constant: ``{"present": bool, "value": ...}`` (its value when a
-    literal is assigned); reads: ``{"reads": n}`` (None: the method is not found).
+    literal is assigned); reads: ``{"reads": n}`` (None: the method is not found); mentions: ``{"mentions": bool}``
+    (None: the method is not found).
     """
     cache: dict[str, _Module | None] = {}
 
@@ -246,6 +268,9 @@ def facts(root: Path, requirements: list[Requirement]) -> dict[str, Any]:
         if isinstance(r, Reads):
             fn = _method(cls, r.func) if cls is not None else None
             out[r.key] = {"reads": _reads(fn, r.chain) if fn is not None else None}
+        elif isinstance(r, Mentions):
+            fn = _method(cls, r.func) if cls is not None else None
+            out[r.key] = {"mentions": _mentions(fn, r.text) if fn is not None else None}
         elif isinstance(r, Member):
             fn = _method(cls, r.name) if cls is not None else None
             present = cls is not None and r.name in _members(cls)
@@ -268,10 +293,15 @@ def problems(requirements: list[Requirement], found: dict[str, Any]) -> list[str
             out.append(f"{r.key}: missing")
         elif isinstance(r, Constant) and r.value is not None and f.get("value") != r.value:
             out.append(f"{r.key}: is {f.get('value')!r}, the fast path assumes {r.value!r}")
-        elif isinstance(r, Member) and r.params is not None:
+        elif isinstance(r, Member) and (r.params is not None or r.keywords is not None):
             got = f.get("params")
-            if got is None or tuple(got[: len(r.params)]) != r.params:
+            if r.params is not None and (got is None or tuple(got[: len(r.params)]) != r.params):
                 out.append(f"{r.key}: parameters {got} do not begin with {list(r.params)}")
+            elif r.keywords is not None and (got is None or set(r.keywords) - set(got)):
+                out.append(f"{r.key}: parameters {got} lack {sorted(set(r.keywords) - set(got or ()))}")
+        elif isinstance(r, Mentions):
+            if not f.get("mentions"):
+                out.append(f"{r.key}: not found (the backend hands or reads it)")
         elif isinstance(r, Reads):
             if f.get("reads") != r.times:
                 out.append(f"{r.key}: read {f.get('reads')} times, the seam assumes {r.times}")

@@ -1,0 +1,154 @@
+"""``deterministic=True``: a request's tokens as exllamav3's own loop gives it alone, on a cold cache.
+
+What else its tokens would depend on, and the rule here that removes each (docs/determinism.md):
+
+* the rows decoding beside it (exllamav3's kernels choose their split and tiles by a step's rows and table width):
+  each row of a decode step runs as a step of its own, with the block table exllamav3 gives that job alone
+  (:func:`rows_apart`, :func:`row_width`);
+* how its prompt was chunked: prefill runs one page a forward (:func:`refuse_chunks` refuses a generator built
+  otherwise), so a page's K/V is computed in a forward of its own tokens after the same pages, warm or cold;
+* what was cached before it: no partial page is copied into its prompt (:class:`NoPartialPages`), and a page it
+  completes while decoding keeps a private hash (decode steps of one row computed it; a later prompt's cold run
+  computes it in one forward), so no later prompt reuses it (:class:`Pins`).
+
+The seam (:class:`~.seam.Seam`) applies :class:`Pins` to every job before ``iterate()`` starts it and removes its
+wraps with its own; what the pins wrap is declared in :mod:`.requirements` (``Job.prefill``, its one read of
+``all_pages``, ``Job.hash_completed_page``, the pages' ``prev_hash``/``can_revert``/``phash``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .requirements import PAGE_SIZE
+from .step import Forward, padded_width
+
+
+def refuse_chunks(max_chunk_size: int, shared_chunk_size: int) -> None:
+    """Refuse a generator that does not prefill one page a forward.
+
+    Raises:
+        ValueError: either chunk size is not one page.
+    """
+    if (max_chunk_size, shared_chunk_size) != (PAGE_SIZE, PAGE_SIZE):
+        raise ValueError(
+            f"deterministic=True prefills one page a forward: the Generator's max_chunk_size and shared_chunk_size "
+            f"must be {PAGE_SIZE} (they are {max_chunk_size} and {shared_chunk_size})"
+        )
+
+
+# ---------------------------------------------------------------------- prefill and the prefix cache
+
+
+class NoPartialPages:
+    """The page table as a pinned job's ``Job.prefill`` sees it: no page to copy a partial page from.
+
+    Its one read of ``all_pages`` (a search for a cached page whose first tokens match the rest of the prompt, to
+    copy their K/V) finds none; every other read and write reaches the real table.
+    """
+
+    __slots__ = ("_table",)
+    all_pages: tuple[Any, ...] = ()
+
+    def __init__(self, table: Any) -> None:
+        object.__setattr__(self, "_table", table)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._table, name, value)
+
+
+class Pins:
+    """The jobs whose prompt is prefilled as on a fresh cache, whatever was cached before; removed as one unit."""
+
+    def __init__(self) -> None:
+        self._pinned: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.private_pages = 0  # pages completed while decoding, kept from later prompts
+
+    def pin_new(self, jobs: Iterable[Any]) -> None:
+        """Pin each of ``jobs`` not pinned yet (those enqueued since the last ``iterate()``)."""
+        for job in jobs:
+            if job not in self._pinned:
+                self.pin(job)
+
+    def pin(self, job: Any) -> None:
+        """``job``'s prefill copies no partial page, and a page it completes while decoding keeps its private hash.
+
+        ``hash_completed_page`` while decoding is exllamav3's less the publishing: the next page is linked as
+        ``receive_sample`` links a page whose hash it defers.
+        """
+        own_prefill, own_hash = job.prefill, job.hash_completed_page
+        prefilling = [False]
+
+        def prefill(results: list[Any], chunk_size: int | None = None) -> Any:
+            table = job.pagetable
+            job.pagetable, prefilling[0] = NoPartialPages(table), True
+            try:
+                return own_prefill(results, chunk_size)
+            finally:
+                job.pagetable, prefilling[0] = table, False
+
+        def hash_completed_page(seq: Any, page_idx: int) -> Any:
+            if prefilling[0]:  # a prompt page prefill computed in one forward
+                return own_hash(seq, page_idx)
+            self.private_pages += 1
+            pages = seq.allocated_pages
+            if page_idx + 1 < len(pages):
+                pages[page_idx + 1].prev_hash, pages[page_idx + 1].can_revert = pages[page_idx].phash, False
+            return None
+
+        self._pinned.add(job)
+        job.prefill, job.hash_completed_page = prefill, hash_completed_page
+
+    def remove(self) -> None:
+        """Unpin every job still alive (its own ``prefill`` and ``hash_completed_page`` again)."""
+        for job in list(self._pinned):
+            vars(job).pop("prefill", None)
+            vars(job).pop("hash_completed_page", None)
+        self._pinned.clear()
+
+
+# ---------------------------------------------------------------------- decode: each row a step of its own
+
+
+def row_width(position: int, page: int) -> int:
+    """The block-table width (pages) exllamav3 gives a job alone whose next position is ``position``.
+
+    Its pages, padded as ``Generator.iterate_gen`` pads a step's table (:func:`.step.padded_width`).
+    """
+    return padded_width(-(-(position + 1) // page))
+
+
+def rows_apart(one: Callable[[Any, dict[str, Any]], Any], step: Forward) -> tuple[Any, int]:
+    """A decode step's logits with each row run by ``one(ids, params)`` as a step of its own, and the rows run apart.
+
+    Each row gets the block table exllamav3 gives its job alone (:func:`row_width`), its cache length and recurrent
+    state; a step of one row, or one whose tables are not on the host or that carries explicit positions, runs whole
+    (0 rows apart).
+    """
+    import torch
+
+    ids, params, rows = step.ids, step.params, step.rows
+    bt, sl, states = step.block_table, step.cache_seqlens, step.recurrent_states
+    if rows == 1 or bt is None or sl is None or bt.device.type != "cpu" or step.positions is not None:
+        return one(ids, params), 0
+    out: Any = None
+    for i in range(rows):
+        width = min(row_width(int(sl[i]), PAGE_SIZE), int(bt.shape[1]))
+        p = {k: v for k, v in params.items() if k != "dev_cache"}  # (device copies of the whole step's tables)
+        p["block_table"] = bt[i : i + 1, :width].contiguous()
+        p["cache_seqlens"] = sl[i : i + 1].clone()
+        if states is not None:
+            p["recurrent_states"] = states[i : i + 1]
+        logits = one(ids[i : i + 1], p)
+        if out is None:
+            out = torch.empty((rows, *logits.shape[1:]), dtype=logits.dtype, device=logits.device)
+        out[i : i + 1].copy_(logits)  # a replayed graph's logits live in its static buffer: copied before the next
+    return out, rows
+
+
+__all__ = ["NoPartialPages", "Pins", "refuse_chunks", "row_width", "rows_apart"]
