@@ -25,9 +25,6 @@ BACKEND = PACKAGE / "backends" / "exllamav3"
 BOUNDARY = "backends/exllamav3/upstream/"
 ALL = [*fast.REQUIREMENTS, *backend.REQUIREMENTS]
 
-PENDING = {"backends/exllamav3/options.py": {"exllamav3.cache"}}
-"""Imports still to route through the boundary: options.py's ``CacheLayer_quant`` (``from .upstream import
-CacheLayer_quant``, declared in NAMES already); options.py was being edited beside this change. Empty it then."""
 
 
 def _trees() -> dict[str, ast.Module]:
@@ -52,7 +49,7 @@ def _exllamav3_imports(tree: ast.Module) -> set[str]:
 def test_only_the_boundary_imports_exllamav3() -> None:
     offenders = {}
     for rel, tree in _trees().items():
-        found = _exllamav3_imports(tree) - PENDING.get(rel, set())
+        found = _exllamav3_imports(tree)
         if found and not rel.startswith(BOUNDARY):
             offenders[rel] = sorted(found)
     assert offenders == {}, "exllamav3 imported outside backends/exllamav3/upstream/: import it from there"
@@ -83,8 +80,7 @@ def test_every_name_taken_from_the_boundary_is_declared_and_every_declared_name_
     own = {"module"} | {p.stem for p in (BACKEND / "upstream").glob("*.py")}  # the boundary's function, its modules
     taken = set().union(*used.values()) - own
     assert taken <= set(backend.NAMES), "declare it in upstream/requirements.py NAMES"
-    pending = {"CacheLayer_quant"}  # options.py (PENDING above)
-    assert set(backend.NAMES) - pending <= taken, "a declared name nothing uses: remove it"
+    assert set(backend.NAMES) <= taken, "a declared name nothing uses: remove it"
     assert {"patches.py", "extras.py", "pooling.py", "translate.py", "mtp.py", "vision.py", "backend.py"} <= {
         Path(rel).name for rel in used
     }

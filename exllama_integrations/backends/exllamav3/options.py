@@ -255,7 +255,7 @@ def cache_kwargs(options: ExLlamaV3Options, default_draft: int = 4) -> dict[str,
     kw: dict[str, Any] = {"max_history": options.num_draft_tokens or default_draft} if options.drafting else {}
     if options.cache_bits is None:
         return kw
-    from exllamav3.cache import CacheLayer_quant
+    from .upstream import CacheLayer_quant
 
     k, v = options.cache_bits if isinstance(options.cache_bits, tuple) else (options.cache_bits,) * 2
     return {**kw, "layer_type": CacheLayer_quant, "k_bits": k, "v_bits": v}
