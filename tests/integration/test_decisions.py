@@ -314,3 +314,48 @@ def test_the_route_needs_the_key_and_is_admitted(demo_runtime):
         assert httpx.post(s.url + "/v1/decisions", json=body, headers=auth, timeout=120).status_code == 200
     finally:
         s.stop()
+
+
+def test_auto_mode_middleware_blocks_or_runs_by_the_local_probability(lc_local):
+    from langchain.agents.middleware import AutoModeMiddleware
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+
+    auto = AutoModeMiddleware(tools=["delete_everything"], classifier=lc_local)
+    call = {"name": "delete_everything", "args": {"path": "/"}, "id": "call-1", "type": "tool_call"}
+    request = ToolCallRequest(tool_call=call, tool=None, state={"messages": [HumanMessage("hi")]}, runtime=None)
+    ran: list = []
+
+    def handler(r):
+        ran.append(r)
+        return ToolMessage("done", tool_call_id="call-1")
+
+    out = auto.wrap_tool_call(request, handler)
+    state = auto._classification_state(request)
+    risk = lc_local.invoke({"state": state, "questions": {"is_risky": _auto_question(auto)}}).nouls["is_risky"].noul
+    assert (out.status == "error") == (risk >= 0.5) and bool(ran) == (risk < 0.5)
+
+
+def _auto_question(auto):
+    from langchain_core.decisions import Noul
+
+    return Noul(instructions=auto.config.instructions, criteria=auto.config.criteria)
+
+
+def test_the_llama_index_selector_picks_by_the_same_scores(demo_runtime, decide):
+    from llama_index.core.tools.types import ToolMetadata
+
+    from exllama_integrations.llama_index import ExLlamaSelector
+    from exllama_integrations.llama_index.selectors import INSTRUCTIONS, option_labels
+
+    choices = [
+        ToolMetadata(name="billing", description="Payments and invoices."),
+        ToolMetadata(name="technical", description="Bugs and outages."),
+        ToolMetadata(name="sales", description="Pricing questions."),
+    ]
+    selector = ExLlamaSelector(runtime=demo_runtime, max_outputs=2)
+    out = selector.select(choices, STATE)
+    want = decide.decide(DecisionRequest(STATE, (Choice("selection", INSTRUCTIONS, option_labels(choices)),)))
+    ranked = sorted(range(3), key=lambda i: -want.answers[0].probabilities[i][1])
+    assert out.inds == ranked[:2] and f"{want.answers[0].probabilities[ranked[0]][1]:.4f}" in out.reasons[0]
+    assert asyncio.run(selector.aselect(choices, STATE)).inds == out.inds
