@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -87,6 +88,7 @@ def main() -> None:
     results = Results("cpu_decisions.json")
     results.note(args.out, "model", rt.model_info().name)
     results.note(args.out, "threads", rt.model_info().details.get("threads"))
+    results.note(args.out, "load_average_at_start", os.getloadavg())  # on a shared machine, say how busy it was
     for section, qs in (("one_choice", (team,)), ("three_questions", three)):
         interleave(
             results,
@@ -96,6 +98,7 @@ def main() -> None:
             args.reps,
         )
         results.ratios(args.out, section, [("json_generation", "decision")], key="seconds")
+        results.note(args.out, f"load_average_after_{section}", os.getloadavg())
     rt.close()
 
 

@@ -68,6 +68,7 @@ def test_answers_from_label_logprobs():
         ("hi", (Score("a", "b", labels("only")),), "questions[0].levels"),
         ("hi", (Score("a", "b", labels(*"abcdefghijk")),), "questions[0].levels"),
         ("hi", ("not a question",), "questions[0].type"),
+        ("hi", tuple(Noul(f"q{i}", "b") for i in range(65)), "questions"),
     ],
 )
 def test_a_bad_request_is_refused_typed_naming_the_field(state, questions, param):
@@ -129,3 +130,15 @@ def test_worker_task_hands_back_result_error_or_closed():
         bad.future.result()
     with pytest.raises(RuntimeClosedError):
         late.future.result()
+
+
+def test_a_runtime_whose_backend_cannot_score_labels_is_refused_typed():
+    from types import SimpleNamespace
+
+    from exllama_integrations.errors import UnsupportedTaskError
+    from exllama_integrations.runtime.local.decisions import LocalDecider
+
+    engine = SimpleNamespace(name="engine", generate=None)  # an engine process's backend has no score_labels
+    runtime = SimpleNamespace(engine="process", _require_backend=lambda: engine)
+    with pytest.raises(UnsupportedTaskError, match="engine='thread'"):
+        LocalDecider(runtime)._scorer()  # type: ignore[arg-type]
