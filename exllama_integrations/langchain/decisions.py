@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from difflib import get_close_matches
 from typing import Any
 
 from langchain_core.decisions import BaseDecisionModel, ClassifierResponse
@@ -145,9 +146,17 @@ class ExLlamaDecisions(BaseDecisionModel):
         """Load (or borrow) the runtime; ``model=`` names a directory, or with ``base_url=`` a served model.
 
         Raises:
-            InvalidSettingsError: not exactly one of model_dir, base_url and runtime.
+            InvalidSettingsError: an unknown argument (the closest named), or not exactly one of model_dir, base_url
+                and runtime.
             UnsupportedTaskError: the runtime cannot answer decision questions.
         """
+        known = set(type(self).model_fields) | {"model"}
+        unknown = sorted(k for k in data if k not in known)
+        if unknown:
+            hints = ", ".join(
+                f"{k!r}" + "".join(f" (did you mean {c!r}?)" for c in get_close_matches(k, known, 1)) for k in unknown
+            )
+            raise InvalidSettingsError(f"unknown argument(s) for ExLlamaDecisions: {hints}.")
         if "model" in data and data.get("base_url"):
             data.setdefault("server_model", data.pop("model"))
         elif "model" in data and not data.get("runtime"):

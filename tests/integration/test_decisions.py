@@ -196,7 +196,9 @@ def test_openai_classifier_and_exllama_decisions_over_base_url_agree_with_in_pro
     state = {"messages": ["delete my files"], "tool_call": {"name": "rm", "args": {"path": "/"}}}
     request = {"state": state, "questions": lc_questions()}
     local = lc_local.invoke(request)
-    remote = ExLlamaDecisions(base_url=server, model=MODEL).invoke(request)
+    over_http = ExLlamaDecisions(base_url=server, model=MODEL)
+    remote = over_http.invoke(request)
+    assert flat(asyncio.run(over_http.ainvoke(request)).answers) == flat(remote.answers)
     classifier = OpenAIClassifier(base_url=server + "/v1", model=MODEL, api_key="unused").invoke(request)
     for other in (remote, classifier):
         assert max(abs(a - b) for a, b in zip(flat(other.answers), flat(local.answers))) < 1e-5

@@ -142,3 +142,10 @@ def test_a_runtime_whose_backend_cannot_score_labels_is_refused_typed():
     runtime = SimpleNamespace(engine="process", _require_backend=lambda: engine)
     with pytest.raises(UnsupportedTaskError, match="engine='thread'"):
         LocalDecider(runtime)._scorer()  # type: ignore[arg-type]
+
+
+def test_exllama_decisions_refuses_an_unknown_argument_before_loading():
+    from exllama_integrations.langchain import ExLlamaDecisions
+
+    with pytest.raises(InvalidSettingsError, match="did you mean 'model_dir'"):
+        ExLlamaDecisions(model_dri="somewhere")
