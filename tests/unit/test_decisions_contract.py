@@ -149,3 +149,20 @@ def test_exllama_decisions_refuses_an_unknown_argument_before_loading():
 
     with pytest.raises(InvalidSettingsError, match="did you mean 'model_dir'"):
         ExLlamaDecisions(model_dri="somewhere")
+
+
+def test_the_exllamav3_driver_runs_work_on_its_own_thread_between_steps():
+    import threading
+
+    from exllama_integrations.backends.exllamav3.driver import Driver
+    from exllama_integrations.backends.inbox import Inbox
+
+    box = Inbox(0.0)
+    driver = Driver(object(), box, lambda r: (None, False), lambda r: None)  # no jobs: the generator is never asked
+    driver.start()
+    try:
+        task = WorkerTask(lambda: threading.current_thread().name)
+        box.put([task])
+        assert task.future.result(10) == "exllama-exllamav3-driver"
+    finally:
+        driver.stop()
