@@ -17,6 +17,7 @@ from .contract.api import (
     Runtime,
     StreamChunk,
 )
+from .contract.decisions import DecisionRequest, DecisionResult
 from .contract.retrieval import EmbeddingRequest, EmbeddingResult, RerankRequest, RerankResult
 from .contract.settings import GenerationSettings
 from .errors import (
@@ -74,6 +75,8 @@ __all__ = [
     "ConstraintError",
     "ConstraintViolationError",
     "ContextLengthError",
+    "DecisionRequest",
+    "DecisionResult",
     "EmbeddingRequest",
     "EmbeddingResult",
     "EmbeddingRuntime",

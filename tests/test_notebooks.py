@@ -139,6 +139,24 @@ def _retrieval(nb) -> None:
     assert "Paris" in answer.split("\n")[0] and answer.count("', '") == 2  # answered from the 3 reranked passages
 
 
+def _decisions(nb) -> None:
+    assert shown(nb, "ExLlamaDecisions(").strip() == "SmolLM2-135M-Instruct transformers"
+    rows = re.findall(r"urgent ([\d.]+)  team (\w+) ([\d.]+)  anger ([\d.]+)  \| ", shown(nb, "decisions.batch("))
+    assert len(rows) == 3
+    teams = ("billing", "technical", "sales")
+    assert all(0 <= float(u) <= 1 and t in teams and 0 <= float(a) <= 2 for u, t, _, a in rows)
+    prompt = shown(nb, 'metadata["prompts"]')
+    assert "Answer with exactly one of: billing, technical, sales.<|im_end|>" in prompt
+    assert prompt.rstrip().endswith("<|im_start|>assistant")
+    same = shown(nb, "alone = decisions.invoke(")
+    assert "sum 1.000000000000" in same and same.strip().endswith("True")
+    routes = re.findall(r"route (\w+) \(chat ([\d.]+), code ([\d.]+)\)", shown(nb, "ModelRouterMiddleware("))
+    assert len(routes) == 2 and all(abs(float(a) + float(b) - 1) < 2e-3 for _, a, b in routes)
+    assert float(routes[1][2]) > float(routes[0][2])  # the code request leans further to the code model
+    ratios = [float(r) for r in re.findall(r"ratio ([\d.]+) per round", shown(nb, "cpu_decisions.json"))]
+    assert len(ratios) == 2 and all(r > 1 for r in ratios)  # the decision is the faster path
+
+
 CLAIMS: dict[str, Callable] = {
     "01_quickstart": _quickstart,
     "02_chat_and_structured_output": _chat,
@@ -148,6 +166,7 @@ CLAIMS: dict[str, Callable] = {
     "06_reasoning_and_agents": _reasoning,
     "07_images": _images,
     "08_retrieval": _retrieval,
+    "09_decisions": _decisions,
 }
 
 

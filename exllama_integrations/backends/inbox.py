@@ -15,12 +15,47 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 EXPECT_AT_MOST = 0.1
 """Seconds the idle driver waits at most for the rest of an announced batch (a member may fail before it arrives)."""
+
+
+class WorkerTask:
+    """Work a backend's own thread runs between steps (a decision's label scoring), handed in beside requests.
+
+    Its :attr:`future` gets the function's result or exception. A backend that closes before running it ends it as
+    it ends a request (:func:`~.base.fail_all` calls :meth:`emit`): the future fails with the error, or with
+    :class:`~exllama_integrations.errors.RuntimeClosedError`.
+    """
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.future: Future[Any] = Future()
+
+    def run(self) -> None:
+        """Run the function on the calling (the backend's) thread; its outcome goes to :attr:`future`."""
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.fn()
+        except BaseException as e:  # noqa: BLE001 - the caller gets it; the backend's thread goes on
+            self.future.set_exception(e)
+        else:
+            self.future.set_result(result)
+
+    def emit(self, step: Any) -> None:
+        """Ended without running (the backend closed or failed)."""
+        from ..errors import RuntimeClosedError
+
+        error = getattr(step, "error", None) or RuntimeClosedError("the backend closed before this work ran.")
+        try:
+            self.future.set_exception(error)
+        except InvalidStateError:  # already done or cancelled
+            pass
 
 
 class Inbox:

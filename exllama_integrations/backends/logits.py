@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from .base import Backend, BackendRequest, RawLogprob, StepFinish, TokenStep, fail_all
-from .inbox import Inbox
+from .inbox import Inbox, WorkerTask
 
 if TYPE_CHECKING:
     import torch
@@ -357,7 +357,11 @@ class LogitsBackend(Backend):
                     incoming = self.inbox.take(idle=not active and not waiting)
                     if incoming is None:
                         break
-                    waiting.extend(incoming)
+                    for item in incoming:
+                        if isinstance(item, WorkerTask):  # work handed in beside requests runs now, between steps
+                            item.run()
+                        else:
+                            waiting.append(item)
                     while waiting and len(active) < self.max_sessions:
                         active.append(_Decode(self, waiting.popleft()))
                     active = [d for d in active if d.advance()]

@@ -1,6 +1,7 @@
-"""LlamaIndex integration: an LLM, an embedding model, a reranker.
+"""LlamaIndex integration: an LLM, an embedding model, a reranker, a selector.
 
-``ExLlamaLLM`` (a ``FunctionCallingLLM``), ``ExLlamaEmbedding`` and ``ExLlamaRerank`` (a node postprocessor).
+``ExLlamaLLM`` (a ``FunctionCallingLLM``), ``ExLlamaEmbedding``, ``ExLlamaRerank`` (a node postprocessor) and
+``ExLlamaSelector`` (a ``BaseSelector`` answered from label probabilities).
 """
 
 try:
@@ -13,5 +14,6 @@ except ImportError:  # pragma: no cover - exercised by the missing-extra test
 from .embeddings import ExLlamaEmbedding
 from .llms import ExLlamaLLM
 from .postprocessor import ExLlamaRerank
+from .selectors import ExLlamaSelector
 
-__all__ = ["ExLlamaEmbedding", "ExLlamaLLM", "ExLlamaRerank"]
+__all__ = ["ExLlamaEmbedding", "ExLlamaLLM", "ExLlamaRerank", "ExLlamaSelector"]

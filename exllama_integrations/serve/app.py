@@ -32,6 +32,7 @@ from ..contract.api import Runtime
 from . import metrics, native
 from .anthropic import endpoint as anthropic_messages
 from .anthropic import errors as anthropic_errors
+from .decisions.endpoint import router as decisions_router
 from .guard import Guard, error_body, error_response, validation_response
 from .metrics import Metrics
 from .openai import completions, embeddings, models, tokenize
@@ -69,6 +70,7 @@ def model_routers() -> list[APIRouter]:
         chat.router,
         embeddings.router,
         rerank.router,
+        decisions_router,
         tokenize.router,
         native.router,
         metrics.router,

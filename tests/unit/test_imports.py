@@ -14,6 +14,8 @@ def test_public_api_is_pinned():
             "ConstraintError",
             "ConstraintViolationError",
             "ContextLengthError",
+            "DecisionRequest",
+            "DecisionResult",
             "EmbeddingRequest",
             "EmbeddingResult",
             "EmbeddingRuntime",
@@ -50,6 +52,12 @@ def test_public_api_is_pinned():
             "__version__",
         ]
     )
+
+
+def test_the_langchain_classes_are_pinned():
+    import exllama_integrations.langchain as lc
+
+    assert sorted(lc.__all__) == ["ChatExLlama", "ExLlamaDecisions", "ExLlamaEmbeddings", "ExLlamaLLM", "ExLlamaRerank"]
 
 
 def test_import_is_light():

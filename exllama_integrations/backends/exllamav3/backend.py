@@ -18,9 +18,10 @@ from ...errors import BackendUnavailableError, InvalidSettingsError, ModelLoadEr
 from ...model.directory import ModelDirectory
 from ...model.files import peft_adapter
 from ..base import Backend, BackendOptions, BackendRequest, cuda_available, fail_all, require, unsupported
-from ..inbox import Inbox
+from ..inbox import Inbox, WorkerTask
 from ..logits import release
 from . import patches
+from .decisions import score_labels_nc
 from .driver import Driver
 from .extras import inspect_draft, load_draft, load_loras
 from .fast import FastDecode
@@ -39,6 +40,9 @@ from .translate import DraftCounts, job_for, matcher_filter
 from .vision import NO_VISION_COMPONENT, Vision, vision_support
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from ...contract.decisions import LabelLogprobs, LabelScoring
     from ...model.tokenizer import NativeTokenizer
 
 logger = logging.getLogger(__name__)
@@ -288,6 +292,14 @@ class ExLlamaV3Backend(Backend):
         }
 
     # ------------------------------------------------------------------ requests
+
+    def score_labels(self, job: LabelScoring) -> Future[LabelLogprobs]:
+        """Decision labels' log-probabilities, on the driver's thread between steps (:mod:`.decisions`)."""
+        model = self._model
+        task = WorkerTask(lambda: score_labels_nc(model, job))
+        if not self.inbox.put([task]):
+            task.emit(None)
+        return task.future
 
     def submit(self, requests: Sequence[BackendRequest]) -> None:
         if not self.inbox.put(requests):

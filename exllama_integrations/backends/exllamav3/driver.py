@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..base import BackendRequest, TokenStep, fail_all
-from ..inbox import Inbox
+from ..inbox import Inbox, WorkerTask
 from .translate import DraftCounts, LiveJob, finish_of, tokens_of
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,11 @@ class Driver:
                 if incoming is None:
                     break
                 for req in incoming:
-                    self._enqueue(req)
+                    if isinstance(req, WorkerTask):  # work handed in beside requests (label scoring), between steps
+                        with self._step_context():
+                            req.run()
+                    else:
+                        self._enqueue(req)
                 for key, entry in list(live.items()):
                     if entry.req.cancel.is_set():
                         gen.cancel(entry.job)
