@@ -5,7 +5,7 @@
 #   spec:   benchmarks/gpu_speculative.py, JSON in $OUT
 #   mtp:    benchmarks/gpu_mtp.py (MTP drafting at known acceptance), JSON in $OUT
 #   pending: what the CPU side built that no GPU has proven yet (issue 53), each step bounded in time, its results in
-#           $OUT as they come (a machine taken back keeps what ran): MTP tests on bf16 fixtures, the upstream fixes
+#           $OUT as they come (a machine taken back keeps what ran): the captured step on Qwen3.5 (Gated DeltaNet), MTP tests on bf16 fixtures, the upstream fixes
 #           (GPT-OSS, Gemma 4: carry .families.tgz from tests/gpu/build_family_fixtures.py), the fast path's
 #           ragged-stop test, Gemma 4's prefix row, the MTP benchmark (MTP_ARGS)
 # Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending [pytest -k / benchmark args]
@@ -30,12 +30,17 @@ case "${1:-tests}" in
     # test holding its cache, the fast path's ragged-stop test, Gemma 4's prefix row, then the MTP benchmark
     mkdir -p /tmp/fam && [ -f .families.tgz ] && tar xzf .families.tgz -C /tmp/fam
     export EXLLAMA_FAMILY_FIXTURES=/tmp/fam/.families
+    for f in ${FAST_FAMILIES:-qwen3_5}; do  # the captured step over Gated DeltaNet / Mamba-2 layers at 1, 16, 64 jobs
+      timeout "${FAMILY_S:-120}" python3 tests/gpu/family_matrix.py --fixtures /tmp/fam/.families --families "$f" \
+        --phases load,fast >> "$OUT/family_matrix.txt" 2>&1
+      tail -1 "$OUT/family_matrix.jsonl" 2>/dev/null | cut -c1-900
+    done
     timeout "${TEST_S:-240}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_mtp.py \
       tests/gpu/test_gpu_upstream_fixes.py 2>&1 | tee "$OUT/gpu_tests_pending.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|MTP drafting" | cut -c1-600
     timeout 120 python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_fast_decode.py \
       -k "jobs_end_at_different_steps" 2>&1 | tee "$OUT/gpu_tests_fast_jobs_end.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed"
     for f in ${FAMILIES:-gemma4}; do
-      timeout "${FAMILY_S:-90}" python3 tests/gpu/family_matrix.py --fixtures /tmp/fam/.families --families "$f" >> "$OUT/family_matrix.txt" 2>&1
+      timeout "${FAMILY_S:-120}" python3 tests/gpu/family_matrix.py --fixtures /tmp/fam/.families --families "$f" >> "$OUT/family_matrix.txt" 2>&1
       tail -1 "$OUT/family_matrix.jsonl" 2>/dev/null | cut -c1-400
     done
     timeout "${BENCH_S:-200}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect --jobs 16,64 --reps 5 --cache 32768 --no-served} \
