@@ -21,6 +21,7 @@ from ..base import Backend, BackendOptions, BackendRequest, cuda_available, fail
 from ..inbox import Inbox
 from ..logits import release
 from . import patches
+from .draft_rule import DraftRule
 from .driver import Driver
 from .extras import inspect_draft, load_draft, load_loras
 from .fast import FastDecode
@@ -203,6 +204,8 @@ class ExLlamaV3Backend(Backend):
         self._speculative = "draft model" if draft is not None else "MTP heads" if heads else ngram
         drafted = int(getattr(self._generator, "num_draft_tokens", 0) or 0)
         self._drafts = DraftCounts(self._speculative, drafted) if self._speculative else None
+        measured = options.draft_window == "measured" and drafted > 0 and self._speculative != "n-gram"
+        self._draft_rule = DraftRule(drafted) if measured else None
         self._full_context_jobs = cache_tokens // whole_pages(self._context)
         logger.info(
             "exllamav3: cache of %d tokens (%d jobs of the full %d-token context at once) %s",
@@ -221,6 +224,7 @@ class ExLlamaV3Backend(Backend):
             interval=options.stream_interval,
             step_context=torch.inference_mode,
             drafts=self._drafts,
+            draft_rule=self._draft_rule,
         )
         self.driver.start()
 
@@ -285,6 +289,7 @@ class ExLlamaV3Backend(Backend):
             "vision": self._vision,
             "fast_decode": self._fast,
             "drafting": self._drafts,
+            "draft_window": self._draft_rule,
         }
 
     # ------------------------------------------------------------------ requests

@@ -105,6 +105,8 @@ REQUIREMENTS: list[Requirement] = [
     Member(f"{_MOD}.gated_delta_net", "GatedDeltaNet", "kda"),
     Constant(f"{_MOD}.attention_fn.bc_attn", "MAX_BSZ", 8),
     Constant("exllamav3.cache.recurrent_util", "advance_recurrent_states"),
+    # the measured draft window (draft_rule): set before each iterate(), which reads it when it drafts
+    Member(_G, "Generator", "num_draft_tokens"),
 ]  # fmt: skip
 """What the fast path reads and wraps, checked against the installed exllamav3 before it hooks anything."""
 
