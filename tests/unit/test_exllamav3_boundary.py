@@ -155,6 +155,7 @@ def _touched(tree: ast.Module) -> tuple[set[str], set[str]]:
 
 OURS = {
     "driver.py": {"deferred"},  # LiveJob
+    "draft_rule.py": {"last", "rate", "steps"},  # its buckets and arms
     "fast/decode.py": {"ahead", "kept"},  # DecodeGraphs, JobView
     "fast/graphs.py": {"graph", "replays"},
     "fast/prefill.py": {"length", "table", "shape"},  # the held chunk
