@@ -119,7 +119,7 @@ class Raw:
             from exllama_integrations.backends.exllamav3.fast import FastDecode
 
             self.fast = FastDecode(
-                self.generator, graphs=graphs, ahead=ahead, prefill=prefill, deterministic=deterministic
+                self.generator, graphs=graphs, ahead=ahead, prefill=prefill, deterministic=deterministic, recurrent=True
             )
             assert self.fast.active, self.fast.report()
 

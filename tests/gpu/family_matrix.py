@@ -201,7 +201,7 @@ def _fast(path: Path, ids: list[int], steps: int) -> dict[str, Any]:
     cache = 2 * CACHE  # a page each for 64 jobs, and room for recurrent checkpoints
     with ExLlamaRuntime(path, "exllamav3", cache_size=cache, decode="exllamav3") as plain:
         want = {jobs: [list(r.token_ids) for r in plain.batch(prompts[:jobs], **kw)] for jobs in JOBS}
-    with ExLlamaRuntime(path, "exllamav3", cache_size=cache, decode="fast") as fast:
+    with ExLlamaRuntime(path, "exllamav3", cache_size=cache, decode="fast", fast_recurrent=True) as fast:
         for jobs in JOBS:
             got = [list(r.token_ids) for r in fast.batch(prompts[:jobs], **kw)]
             out[f"jobs_{jobs}_identical"] = sum(a == b for a, b in zip(got, want[jobs]))

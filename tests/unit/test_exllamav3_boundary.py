@@ -26,7 +26,6 @@ BOUNDARY = "backends/exllamav3/upstream/"
 ALL = [*fast.REQUIREMENTS, *backend.REQUIREMENTS]
 
 
-
 def _trees() -> dict[str, ast.Module]:
     return {p.relative_to(PACKAGE).as_posix(): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
 

@@ -181,6 +181,7 @@ class ExLlamaV3Backend(Backend):
                     prefill=options.prefill == "batched",
                     deterministic=options.deterministic,
                     max_rows=options.max_batch_size,
+                    recurrent=options.fast_recurrent,
                 )
                 if options.deterministic and not self._fast.active:
                     raise InvalidSettingsError(

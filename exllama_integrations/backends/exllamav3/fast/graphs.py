@@ -113,13 +113,16 @@ class _Shape:
 class DecodeGraphs:
     """Captured decode forwards of one exllamav3 ``Model`` (see the module docstring)."""
 
-    def __init__(self, model: Any, max_rows: int = 64, min_rows: int = 1, ahead: bool = True) -> None:
+    def __init__(
+        self, model: Any, max_rows: int = 64, min_rows: int = 1, ahead: bool = True, recurrent: bool = False
+    ) -> None:
         """Checks ``model`` once.
 
         ``max_rows``: the largest batch (the static buffers' rows); ``min_rows``: the fewest rows captured (fewer run
-        as exllamav3 runs them); ``ahead``: :meth:`launch_ahead` runs (False: it declines, for comparison).
+        as exllamav3 runs them); ``ahead``: :meth:`launch_ahead` runs (False: it declines, for comparison);
+        ``recurrent``: Gated DeltaNet and Mamba-2 layers are captured (False: such a model stands aside).
         """
-        self.view = ModelView(model)
+        self.view = ModelView(model, recurrent)
         self.why_not = self.view.why_not
         self.ahead = ahead
         self.ahead_launched = 0

@@ -153,8 +153,9 @@ class GeneratorView:
 class ModelView:
     """The model's decode forward split at the embedding, for capture (``Model.forward_ls`` from the first block)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, recurrent: bool = False) -> None:
         self.model = model
+        self.capture_recurrent = recurrent
         self.embedding: Any = None
         self.layers: list[Any] = []
         self.device: Any = None
@@ -207,7 +208,7 @@ class ModelView:
                 if getattr(module, "attn_hc", None) or getattr(module, "mlp_hc", None):
                     return "hyper-connections"
                 attn, mlp = module.attn, module.mlp
-                if type(attn) in (GatedDeltaNet, Mamba2) and not getattr(attn, "kda", False):
+                if self.capture_recurrent and type(attn) in (GatedDeltaNet, Mamba2) and not getattr(attn, "kda", False):
                     self.recurrent.append(type(attn).__name__)
                 elif attn is not None and (
                     type(attn) is not Attention or getattr(attn, "qsa_indexer", None) is not None
