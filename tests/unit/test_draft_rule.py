@@ -9,6 +9,7 @@ each ``iterate()`` and hands the step's tokens back). The rule's speed on real s
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from exllama_integrations.backends.base import BackendRequest, TokenStep
 from exllama_integrations.backends.exllamav3.draft_rule import DraftRule, bucket, decoded_tokens
@@ -117,3 +118,14 @@ def test_the_driver_sets_each_steps_window_and_measures_it():
     assert gen.windows[:11] == [0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     measured = rule.report()["1 rows"]["steps"]
     assert sum(measured.values()) == len(gen.windows) - 1
+
+
+def test_the_defaults_are_what_docs_speculative_says():
+    from exllama_integrations.backends import options_for
+    from exllama_integrations.backends.exllamav3 import ExLlamaV3Backend
+
+    rule = DraftRule(max_window=4)
+    assert (rule.warmup, rule.explore_every) == (3, 32)
+    assert options_for(ExLlamaV3Backend, {"draft": "mtp"}).draft_window == "measured"
+    page = (Path(__file__).resolve().parents[2] / "docs" / "speculative.md").read_text()
+    assert "every arm runs 3 times" in page and "every 32 steps" in page
