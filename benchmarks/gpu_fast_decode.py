@@ -20,7 +20,8 @@ reused.
   GEMM (its EXL3 kernel up to 144 rows) and with ``reconstruct`` forced (dequantize, then an fp16 GEMM); per call
   with a synchronize each; torch.profiler's kernel table (the 12 longest kernels) and GPU-busy share
 * bench: 16 and 64 jobs enqueued together, raw vs ``decode="fast"`` (same generator type, two instances),
-  interleaved, ``--reps`` rounds; tokens/s, ms per step, paired ratios
+  interleaved, ``--reps`` rounds; tokens/s, ms per step, paired ratios (``--models hybrid,hybrid-exl3``: a ~1.5B
+  Qwen3.5-shaped Gated DeltaNet hybrid, bf16 and converted to 4-bit EXL3)
 
     python benchmarks/gpu_fast_decode.py --out DIR [--sections profile,greedy,families,sampled,bench]
         [--models exl3,fp16] [--no-sampler-alone]   (sections also: prefill)
@@ -118,7 +119,7 @@ class Raw:
             from exllama_integrations.backends.exllamav3.fast import FastDecode
 
             self.fast = FastDecode(
-                self.generator, graphs=graphs, ahead=ahead, prefill=prefill, deterministic=deterministic
+                self.generator, graphs=graphs, ahead=ahead, prefill=prefill, deterministic=deterministic, recurrent=True
             )
             assert self.fast.active, self.fast.report()
 
@@ -185,6 +186,20 @@ def load_models(args: Any) -> dict[str, Path]:
                 make_llama(path, LLAMA2_7B, seed=7)
                 (path / ".complete").write_text("1")
                 note(args.out, "fixture_seconds", round(time.perf_counter() - t0, 1))
+            models[name] = path
+        elif name in ("hybrid", "hybrid-exl3"):  # a ~1.5B Qwen3.5 shape: 18 Gated DeltaNet + 6 attention layers
+            from mtp_models import HYBRID_1B, make_random
+
+            from fixture_models import convert_exl3
+
+            src = Path("/tmp/models/qwen35-hybrid-bf16")
+            if not (src / ".complete").exists():
+                make_random(src, HYBRID_1B, seed=9, device="cuda")
+                (src / ".complete").write_text("1")
+            path = src if name == "hybrid" else Path("/tmp/models/qwen35-hybrid-exl3")
+            if not (path / ".complete").exists():
+                note(args.out, "hybrid_exl3_convert_seconds", round(convert_exl3(src, path, bits=4), 1))
+                (path / ".complete").write_text("1")
             models[name] = path
     return models
 
@@ -630,7 +645,7 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
         sampler_only = Raw(path, fast=True, graphs=False) if args.sampler_alone else None
         not_ahead = Raw(path, fast=True, ahead=False) if args.ahead_row else None
         apart = Raw(path, fast=True, deterministic=True) if args.deterministic_row else None
-        prompts = Prompts(32000)
+        prompts = Prompts(vocab_size(path))
         for batch in args.batches:
 
             def row(r: Raw, b: int = batch, p: Prompts = prompts) -> Callable[[], dict[str, float]]:

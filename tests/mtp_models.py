@@ -100,6 +100,8 @@ class QwenShape:
 TINY = QwenShape(64, 4, 128, 4, 2, 16, 2, 4, 16, 512)
 """``arch_families.ARCHS_2026["qwen3_5"]``'s tiny size (a CPU test compares the two layouts key for key)."""
 GPU_TEST = QwenShape(1024, 8, 3072, 8, 2, 128, 4, 8, 128, 32000)
+HYBRID_1B = QwenShape(2048, 24, 6144, 8, 2, 256, 16, 16, 128, 32000)
+"""A ~1.5B Qwen3.5-shaped hybrid (18 Gated DeltaNet and 6 attention layers) for the captured step's speed rows."""
 BENCH = QwenShape(2560, 32, 9216, 16, 4, 256, 16, 32, 128, 248320)
 """The benchmark's: Qwen3.5's 248,320-token vocabulary, 24 Gated DeltaNet and 8 attention layers, 4.8B parameters
 (9.0 GiB in bf16)."""
@@ -145,14 +147,14 @@ def config(shape: QwenShape, mtp_layers: int = 1) -> dict[str, Any]:
     }
 
 
-def _tensors(shapes: dict[str, tuple[int, ...]], g: Any, device: str) -> dict[str, Any]:
-    """Random weights as the family initialises them; every output projection zero."""
+def _tensors(shapes: dict[str, tuple[int, ...]], g: Any, device: str, counting: bool = True) -> dict[str, Any]:
+    """Random weights as the family initialises them; every output projection zero when ``counting``."""
     import torch
 
     out = {}
     for name, shape in shapes.items():
         leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else name.rsplit(".", 1)[-1]
-        if leaf in ("o_proj", "down_proj", "out_proj"):
+        if counting and leaf in ("o_proj", "down_proj", "out_proj"):
             t = torch.zeros(shape, device=device)
         elif name.endswith("linear_attn.norm.weight") or leaf == "dt_bias":
             t = torch.ones(shape, device=device)
@@ -180,6 +182,21 @@ def make_trunk(out: Path, shape: QwenShape, seed: int = 0, device: str = "cpu") 
     tensors["lm_head.weight"] = (embed.roll(1, 0) / shape.hidden**0.5).bfloat16()  # row s: embedding of s - 1
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(out / TRUNK), metadata={"format": "pt"})
+    write_tokenizer(out, shape.vocab)
+    return out
+
+
+def make_random(out: Path, shape: QwenShape, seed: int = 0, device: str = "cpu") -> Path:
+    """A Qwen3.5-shaped model with every weight random (no MTP head): for speed, where the values do not matter but
+    all-zero projections would (an EXL3 conversion of one, kernels that skip zeros)."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    tensors = _tensors(shape.trunk_shapes(), g, device, counting=False)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(out / "model.safetensors"), {"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config(shape, mtp_layers=0), indent=1))
     write_tokenizer(out, shape.vocab)
     return out
 
@@ -305,10 +322,12 @@ def calibrate(probe: Probe, start: int, new: int, window: int, target: float) ->
 __all__ = [
     "BENCH",
     "GPU_TEST",
+    "HYBRID_1B",
     "TINY",
     "Probe",
     "QwenShape",
     "calibrate",
+    "make_random",
     "make_trunk",
     "make_variant",
     "window_acceptance",

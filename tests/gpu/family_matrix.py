@@ -40,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PHASES = ("load", "oracle", "prefix", "fast")
 CACHE = 16384
+JOBS = (1, 16, 64)
+"""Batch sizes of the fast phase: its greedy tokens against exllamav3's own loop's at each."""
 MOE = (
     "qwen3_5_moe",
     "qwen3_next",
@@ -195,10 +197,12 @@ def _fast(path: Path, ids: list[int], steps: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     kw = {"temperature": 0, "max_tokens": steps, "ignore_eos": True}
     prompts = [tuple(ids[: max(2, len(ids) - j)]) for j in range(16)]  # 16 distinct prompts (ragged lengths)
-    with ExLlamaRuntime(path, "exllamav3", cache_size=CACHE, decode="exllamav3") as plain:
-        want = {jobs: [list(r.token_ids) for r in plain.batch(prompts[:jobs], **kw)] for jobs in (1, 16)}
-    with ExLlamaRuntime(path, "exllamav3", cache_size=CACHE, decode="fast") as fast:
-        for jobs in (1, 16):
+    prompts += [(*prompts[j % 16], 3 + j) for j in range(16, 64)]  # and 48 more, each a token longer
+    cache = 2 * CACHE  # a page each for 64 jobs, and room for recurrent checkpoints
+    with ExLlamaRuntime(path, "exllamav3", cache_size=cache, decode="exllamav3") as plain:
+        want = {jobs: [list(r.token_ids) for r in plain.batch(prompts[:jobs], **kw)] for jobs in JOBS}
+    with ExLlamaRuntime(path, "exllamav3", cache_size=cache, decode="fast", fast_recurrent=True) as fast:
+        for jobs in JOBS:
             got = [list(r.token_ids) for r in fast.batch(prompts[:jobs], **kw)]
             out[f"jobs_{jobs}_identical"] = sum(a == b for a, b in zip(got, want[jobs]))
         out["report"] = _plain(fast.diagnostics()["fast_decode"].report())  # (model_info is a snapshot at load)

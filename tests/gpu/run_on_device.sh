@@ -5,10 +5,11 @@
 #   spec:   benchmarks/gpu_speculative.py, JSON in $OUT
 #   mtp:    benchmarks/gpu_mtp.py (MTP drafting at known acceptance), JSON in $OUT
 #   pending: what the CPU side built that no GPU has proven yet (issue 53), each step bounded in time, its results in
-#           $OUT as they come (a machine taken back keeps what ran): MTP tests on bf16 fixtures, the upstream fixes
+#           $OUT as they come (a machine taken back keeps what ran): the captured step on Qwen3.5 (Gated DeltaNet), MTP tests on bf16 fixtures, the upstream fixes
 #           (GPT-OSS, Gemma 4: carry .families.tgz from tests/gpu/build_family_fixtures.py), the fast path's
 #           ragged-stop test, Gemma 4's prefix row, the MTP benchmark (MTP_ARGS)
-# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending [pytest -k / benchmark args]
+#   speed:  issue 53's speed rows (the captured step on a Qwen3.5-shaped hybrid, MTP at 1/16/64 jobs)
+# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending|speed [pytest -k / benchmark args]
 set -u
 source tests/gpu/device_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -30,16 +31,28 @@ case "${1:-tests}" in
     # test holding its cache, the fast path's ragged-stop test, Gemma 4's prefix row, then the MTP benchmark
     mkdir -p /tmp/fam && [ -f .families.tgz ] && tar xzf .families.tgz -C /tmp/fam
     export EXLLAMA_FAMILY_FIXTURES=/tmp/fam/.families
+    for f in ${FAST_FAMILIES:-qwen3_5}; do  # the captured step over Gated DeltaNet / Mamba-2 layers at 1, 16, 64 jobs
+      timeout "${FAMILY_S:-120}" python3 tests/gpu/family_matrix.py --fixtures /tmp/fam/.families --families "$f" \
+        --phases load,fast >> "$OUT/family_matrix.txt" 2>&1
+      tail -1 "$OUT/family_matrix.jsonl" 2>/dev/null | cut -c1-900
+    done
     timeout "${TEST_S:-240}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_mtp.py \
       tests/gpu/test_gpu_upstream_fixes.py 2>&1 | tee "$OUT/gpu_tests_pending.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|MTP drafting" | cut -c1-600
     timeout 120 python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_fast_decode.py \
       -k "jobs_end_at_different_steps" 2>&1 | tee "$OUT/gpu_tests_fast_jobs_end.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed"
     for f in ${FAMILIES:-gemma4}; do
-      timeout "${FAMILY_S:-90}" python3 tests/gpu/family_matrix.py --fixtures /tmp/fam/.families --families "$f" >> "$OUT/family_matrix.txt" 2>&1
+      timeout "${FAMILY_S:-120}" python3 tests/gpu/family_matrix.py --fixtures /tmp/fam/.families --families "$f" >> "$OUT/family_matrix.txt" 2>&1
       tail -1 "$OUT/family_matrix.jsonl" 2>/dev/null | cut -c1-400
     done
     timeout "${BENCH_S:-200}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect --jobs 16,64 --reps 5 --cache 32768 --no-served} \
       2>&1 | tee "$OUT/gpu_mtp.txt" | grep -vE "^\s*$" | tail -40 ;;
+  speed)
+    # issue 53's speed rows: the captured step on a ~1.5B Qwen3.5-shaped hybrid (raw vs fast at 1/16/64 jobs), then MTP
+    timeout "${HYBRID_S:-300}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench \
+      --models "${HYBRID_MODELS:-hybrid}" --reps "${REPS:-5}" --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row 2>&1 | tee "$OUT/gpu_fast_decode.txt" \
+      | grep -E "ratio|note|Error|error" | cut -c1-400 | tail -30
+    timeout "${BENCH_S:-250}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect,mix --jobs 16,64 --reps 5 --cache 32768 --no-served} \
+      2>&1 | tee "$OUT/gpu_mtp.txt" | grep -vE "^\s*$" | cut -c1-400 | tail -40 ;;
   mtp)
     shift || true
     python3 benchmarks/gpu_mtp.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_mtp.txt" | grep -vE "^\s*$" | tail -60 ;;

@@ -57,7 +57,8 @@ def test_mtp_drafting_is_greedy_identical_and_reports_its_acceptance(checkpoints
     finally:
         plain.close()
     # The runtime alone: what every door (LangChain, LlamaIndex, the server) drafts through, with no framework needed
-    rt = ExLlamaRuntime(model, "exllamav3", cache_size=4096, draft="mtp", num_draft_tokens=WINDOW)
+    # the window fixed, as exllamav3 drafts: its acceptance is what the checkpoint predicts
+    rt = ExLlamaRuntime(model, "exllamav3", cache_size=4096, draft="mtp", num_draft_tokens=WINDOW, draft_window="fixed")
     try:
         details = rt.model_info().details
         first = list(rt.generate(PROMPT, **GREEDY).token_ids)
@@ -77,6 +78,17 @@ def test_mtp_drafting_is_greedy_identical_and_reports_its_acceptance(checkpoints
         )
     finally:
         rt.close()
+    # the default: each step's window chosen from what the steps measured (draft_rule); the same greedy tokens
+    measured = ExLlamaRuntime(model, "exllamav3", cache_size=4096, draft="mtp", num_draft_tokens=WINDOW)
+    try:
+        by_rule = [list(measured.generate(p, **GREEDY).token_ids) for p in prompts]
+        with ThreadPoolExecutor(4) as ex:
+            by_rule_together = [list(r.token_ids) for r in ex.map(lambda p: measured.generate(p, **GREEDY), prompts)]
+        windows = measured.diagnostics()["draft_window"].report()
+        print(f"MTP drafting ({level}), draft_window='measured': {windows}")
+    finally:
+        measured.close()
+    assert by_rule == want and by_rule_together == want
     assert want[0] == [checkpoints["start"] + 1 + i for i in range(NEW)]  # the checkpoint counts upward
     assert first == want[0] and got == want and together == want
     assert streamed == results[0].text

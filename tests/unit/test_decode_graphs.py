@@ -14,7 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from exllama_integrations.backends.exllamav3.fast import graphs as decode_graphs  # noqa: E402
-from exllama_integrations.backends.exllamav3.fast.graphs import DecodeGraphs, step_stands_aside  # noqa: E402
+from exllama_integrations.backends.exllamav3.fast.graphs import (  # noqa: E402
+    LEFT_TO_EXLLAMAV3,
+    DecodeGraphs,
+    step_stands_aside,
+)
 
 
 def step(rows: int = 16, **extra: Any) -> tuple[Any, dict[str, Any]]:
@@ -55,9 +59,16 @@ def test_a_draft_models_parameters_run_eagerly_and_are_named() -> None:
 
 def test_images_recurrent_state_and_explicit_positions_run_eagerly() -> None:
     ids, params = step(16, indexed_embeddings=[object()])
-    assert step_stands_aside(ids, params, 1) == "image embeddings or recurrent state"
+    assert step_stands_aside(ids, params, 1) == "image embeddings or a speculative pass"
     ids, params = step(16, recurrent_history=True)
-    assert step_stands_aside(ids, params, 1) == "image embeddings or recurrent state"
+    assert step_stands_aside(ids, params, 1) == "image embeddings or a speculative pass"
+    assert step_stands_aside(ids, params, 1, recurrent=True) == "image embeddings or a speculative pass"
+    # a step over recurrent state: eager on a model whose recurrent layers are not captured, captured where they are
+    ids, params = step(16, recurrent_states=[object()] * 16)
+    assert step_stands_aside(ids, params, 1) == "recurrent state"
+    assert step_stands_aside(ids, params, 9, recurrent=True) is None
+    ids, params = step(8, recurrent_states=[object()] * 8)
+    assert step_stands_aside(ids, params, 9, recurrent=True) == f"up to 8 rows {LEFT_TO_EXLLAMAV3}"
     ids, params = step(16, positions=torch.zeros(16, dtype=torch.int32))
     assert step_stands_aside(ids, params, 1) == "explicit positions"
 

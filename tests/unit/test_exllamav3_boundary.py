@@ -26,7 +26,6 @@ BOUNDARY = "backends/exllamav3/upstream/"
 ALL = [*fast.REQUIREMENTS, *backend.REQUIREMENTS]
 
 
-
 def _trees() -> dict[str, ast.Module]:
     return {p.relative_to(PACKAGE).as_posix(): ast.parse(p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))}
 
@@ -155,6 +154,7 @@ def _touched(tree: ast.Module) -> tuple[set[str], set[str]]:
 
 OURS = {
     "driver.py": {"deferred"},  # LiveJob
+    "draft_rule.py": {"last", "rate", "steps"},  # its buckets and arms
     "fast/decode.py": {"ahead", "kept"},  # DecodeGraphs, JobView
     "fast/graphs.py": {"graph", "replays"},
     "fast/prefill.py": {"length", "table", "shape"},  # the held chunk

@@ -22,6 +22,7 @@ from ..inbox import Inbox, WorkerTask
 from ..logits import release
 from . import patches
 from .decisions import score_labels_nc
+from .draft_rule import DraftRule
 from .driver import Driver
 from .extras import inspect_draft, load_draft, load_loras
 from .fast import FastDecode
@@ -184,6 +185,7 @@ class ExLlamaV3Backend(Backend):
                     prefill=options.prefill == "batched",
                     deterministic=options.deterministic,
                     max_rows=options.max_batch_size,
+                    recurrent=options.fast_recurrent,
                 )
                 if options.deterministic and not self._fast.active:
                     raise InvalidSettingsError(
@@ -207,6 +209,8 @@ class ExLlamaV3Backend(Backend):
         self._speculative = "draft model" if draft is not None else "MTP heads" if heads else ngram
         drafted = int(getattr(self._generator, "num_draft_tokens", 0) or 0)
         self._drafts = DraftCounts(self._speculative, drafted) if self._speculative else None
+        measured = options.draft_window == "measured" and drafted > 0 and self._speculative != "n-gram"
+        self._draft_rule = DraftRule(drafted) if measured else None
         self._full_context_jobs = cache_tokens // whole_pages(self._context)
         logger.info(
             "exllamav3: cache of %d tokens (%d jobs of the full %d-token context at once) %s",
@@ -225,6 +229,7 @@ class ExLlamaV3Backend(Backend):
             interval=options.stream_interval,
             step_context=torch.inference_mode,
             drafts=self._drafts,
+            draft_rule=self._draft_rule,
         )
         self.driver.start()
 
@@ -289,6 +294,7 @@ class ExLlamaV3Backend(Backend):
             "vision": self._vision,
             "fast_decode": self._fast,
             "drafting": self._drafts,
+            "draft_window": self._draft_rule,
         }
 
     # ------------------------------------------------------------------ requests

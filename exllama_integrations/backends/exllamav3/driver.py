@@ -17,11 +17,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..base import BackendRequest, TokenStep, fail_all
 from ..inbox import Inbox, WorkerTask
+from .draft_rule import DraftRule, decoded_tokens
 from .translate import DraftCounts, LiveJob, finish_of, tokens_of
 
 logger = logging.getLogger(__name__)
@@ -56,14 +58,16 @@ class Driver:
         interval: int | str = 1,
         step_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         drafts: DraftCounts | None = None,
+        draft_rule: DraftRule | None = None,
     ) -> None:
         """The driver of ``generator``; its thread starts with :meth:`start`.
 
         ``step_context``: entered around each ``iterate()`` (``torch.inference_mode`` on the GPU); ``drafts``: where
-        a finished job's drafted tokens are counted (speculative decoding).
+        a finished job's drafted tokens are counted (speculative decoding); ``draft_rule``: chooses each step's draft
+        window from what the steps measured (:mod:`.draft_rule`).
         """
         self.generator, self.inbox = generator, inbox
-        self.drafts = drafts
+        self.drafts, self.draft_rule = drafts, draft_rule
         self._make_job, self._make_filter = make_job, make_filter
         self.interval = interval
         self._step_context = step_context
@@ -107,9 +111,18 @@ class Driver:
                         entry.req.emit(TokenStep(finish="cancelled"))
                 if not live:
                     continue
+                rows, rule = len(live), self.draft_rule
+                window = rule.window(rows) if rule is not None else None
+                if window is not None:
+                    gen.num_draft_tokens = window  # read by iterate() when it drafts (exllamav3's row_limited)
                 try:
+                    t0 = time.perf_counter()
                     with self._step_context():
                         results = gen.iterate()
+                    if rule is not None and window is not None and not incoming:
+                        tokens = decoded_tokens(results)
+                        if tokens is not None:  # a step of decoding only (no prompt was read): its measure counts
+                            rule.measured(rows, window, tokens, time.perf_counter() - t0)
                 except Exception as e:  # noqa: BLE001 - fail every caller, keep serving
                     logger.exception("exllamav3 iterate() failed")
                     for entry in live.values():

@@ -137,6 +137,12 @@ class ExLlamaV3Options(BackendOptions):
     chunks run side by side in a few forwards (``fast.prefill``; on the H200, 64 prompts of 128 tokens of a 1B EXL3
     model in 94 ms instead of 546, run 14); the cache then holds the same K/V up to the GEMMs' rounding, so greedy
     tokens may part from exllamav3's own where two logits nearly tie."""
+    fast_recurrent: bool = False
+    """With ``decode="fast"`` on a Gated DeltaNet or Mamba-2 hybrid (Qwen3.5 / 3.6 dense, Nemotron-H without MoE):
+    capture its decode steps of more than 8 rows too (below, exllamav3's own graphed layers run), each row's recurrent
+    state addressed through static slot tensors (``fast.graphs``). Off until the GPU proves its greedy tokens are
+    exllamav3's own at 16 and 64 jobs (``tests/gpu/family_matrix.py``'s fast phase); off, such a model's forward runs
+    eagerly and the batched sampler still runs."""
     deterministic: bool = False
     """With ``decode="fast"``: a request's tokens do not depend on what runs beside it (the requests decoding with it,
     their number and order). Each row of a decode step runs as a step of its own, as exllamav3 runs a request alone
@@ -174,6 +180,10 @@ class ExLlamaV3Options(BackendOptions):
     refused at load, saying what it lacks (:mod:`.mtp`)."""
     num_draft_tokens: int | None = Field(default=None, ge=1, le=32)
     """Tokens drafted per step with ``draft_model_dir``, ``draft`` or ``ngram_match_min``; None: exllamav3's 4."""
+    draft_window: Literal["measured", "fixed"] = "measured"
+    """With a draft model or MTP heads: ``"measured"`` drafts, each step, the window (0 to ``num_draft_tokens``) that
+    gave the most tokens per second on the steps of this batch size so far, so that drafting never makes a batch
+    slower (:mod:`.draft_rule`); ``"fixed"``: always ``num_draft_tokens``, as exllamav3 does."""
     ngram_match_min: int = Field(default=0, ge=0, le=64)
     """Speculative decoding with no draft model: draft from the job's own context where its last this many
     tokens occurred before (0: off)."""

@@ -74,13 +74,15 @@ class FastDecode:
         prefill: bool = False,
         deterministic: bool = False,
         max_rows: int = 64,
+        recurrent: bool = False,
     ) -> None:
         """Hooks ``generator`` unless the seam stands aside (then ``active`` is False and nothing is hooked).
 
         ``graphs``: replay each decode forward from a captured CUDA graph where :mod:`.graphs` can (False: the
         batched sampler alone, for comparison); ``ahead``: run each captured step's forward ahead of its bookkeeping;
         ``prefill``: run the prompt chunks of a step in a few batched forwards; ``deterministic``: each row of a
-        decode step as a step of its own; ``max_rows``: the generator's largest batch.
+        decode step as a step of its own; ``max_rows``: the generator's largest batch; ``recurrent``: capture the
+        steps of Gated DeltaNet / Mamba-2 hybrids too (``fast_recurrent``).
         """
         self.generator = generator
         self.deterministic = deterministic
@@ -110,7 +112,9 @@ class FastDecode:
         self.sampler = BatchedSampler(self.jobs.vocab_limit)
         if graphs:
             try:
-                self.graphs = DecodeGraphs(generator.model, max_rows=max_rows, ahead=ahead and not deterministic)
+                self.graphs = DecodeGraphs(
+                    generator.model, max_rows=max_rows, ahead=ahead and not deterministic, recurrent=recurrent
+                )
             except Exception:  # noqa: BLE001 - the batched sampler still runs; the forward stays eager
                 logger.exception("decode='fast': the captured decode step could not be set up; it runs eagerly")
         if prefill:

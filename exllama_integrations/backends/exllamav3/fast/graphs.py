@@ -20,9 +20,14 @@ exllamav3's own logits.
 Where it stands aside (the eager forward runs; :meth:`DecodeGraphs.report` says why and how often):
 
 * the model, for its whole life: tensor-parallel, several devices, a layer that is not a plain transformer
-  block (recurrent, MoE, hyper-connections, sparse attention indexers, per-layer embeddings), MRoPE;
-* a step: more than one position per row (prefill, drafting, healing), image embeddings, draft-model
-  parameters, any parameter the captured forward was not built with;
+  block (MoE, sliding-window rings, KDA, hyper-connections, sparse attention indexers, per-layer embeddings), MRoPE;
+* a step: more than one position per row (prefill, drafting, healing), image embeddings, a speculative pass over
+  recurrent state, draft-model parameters, any parameter the captured forward was not built with;
+* on a model with Gated DeltaNet or Mamba-2 layers, a step of up to ``bc_attn.MAX_BSZ`` (8) rows: exllamav3 runs
+  those layers through graphs of its own there (their kernels differ from the torch path's, and their second call
+  captures, which cannot nest in ours). Above it the whole step is captured, the layers' state pools addressed
+  through static per-row slot tensors copied in each step, each row's state advanced after the replay as
+  ``Model.forward`` does; such a step is never run ahead (it writes the state in place);
 * a shape whose capture failed (said once in the log; that shape stays eager), past :data:`MAX_GRAPHS` shapes.
 
 The next step's forward is replayed ahead of its step where the fast path foresees its rows (:mod:`.run_ahead`).
@@ -38,6 +43,7 @@ from typing import Any
 
 from .run_ahead import Ahead, PinnedStaging, ahead_differs, ahead_stands_aside
 from .seam import STEP_PARAMS, TABLE_PAD, ModelView, page_size, qkv_pointers
+from .static import Static
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +57,12 @@ LOAD_WIDTH = TABLE_PAD
 (:data:`.step.TABLE_PAD`), so every step of jobs under 4,096 tokens has it."""
 
 
-def step_stands_aside(input_ids: Any, params: dict[str, Any], min_rows: int = 1) -> str | None:
-    """Why a forward of ``input_ids`` with ``params`` is not a capturable decode step, or None when it is."""
+def step_stands_aside(input_ids: Any, params: dict[str, Any], min_rows: int = 1, recurrent: bool = False) -> str | None:
+    """Why a forward of ``input_ids`` with ``params`` is not a capturable decode step, or None when it is.
+
+    ``recurrent``: the model's recurrent layers are captured (their per-row state slots are static inputs), so a step
+    that carries recurrent states is one; a speculative pass over them (``recurrent_history``) never is.
+    """
     if input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] != 1:
         return "more than one position per row"
     if params.get("attn_mode") != "flash_attn" or "block_table" not in params:
@@ -60,8 +70,10 @@ def step_stands_aside(input_ids: Any, params: dict[str, Any], min_rows: int = 1)
     extra = set(params) - STEP_PARAMS
     if extra:
         return f"parameters {sorted(extra)}"
-    if params.get("indexed_embeddings") or params.get("recurrent_states") or params.get("recurrent_history"):
-        return "image embeddings or recurrent state"
+    if params.get("indexed_embeddings") or params.get("recurrent_history"):
+        return "image embeddings or a speculative pass"
+    if params.get("recurrent_states") and not recurrent:
+        return "recurrent state"
     if params.get("positions") is not None or params.get("position_ids") is not None:
         return "explicit positions"
     if int(input_ids.shape[0]) < min_rows:
@@ -86,36 +98,6 @@ def capture_stream(device: Any) -> Any:
     return _CAPTURE_STREAMS[key]
 
 
-class Static:
-    """The one set of static buffers every graph reads and writes, sized to the largest batch and sliced."""
-
-    def __init__(self, rows: int) -> None:
-        self.rows = rows
-        self.x: Any = None  # [rows, 1, hidden]: the step's token embeddings
-        self.cache_seqlens: Any = None  # [rows]
-        self.block_tables: dict[int, Any] = {}  # width -> [rows, width] (a slice of rows stays contiguous)
-        self.logits: Any = None  # [rows, 1, vocab]
-
-    def ensure(self, emb: Any, logits_like: Any, width: int, dev: Any) -> None:
-        """Allocate (once) what a graph of ``width`` pages needs on ``dev``, the layers' device.
-
-        (exllamav3 may keep the embedding table on the host: its output is copied up, never read there in a capture.)
-        """
-        import torch
-
-        if self.x is None or self.x.dtype != emb.dtype or self.x.shape[1:] != emb.shape[1:]:
-            self.x = torch.zeros((self.rows, *emb.shape[1:]), dtype=emb.dtype, device=dev)
-            self.cache_seqlens = torch.zeros((self.rows,), dtype=torch.int32, device=dev)
-        if self.logits is None or self.logits.shape[1:] != logits_like.shape[1:]:
-            self.logits = torch.empty((self.rows, *logits_like.shape[1:]), dtype=logits_like.dtype, device=dev)
-        if width not in self.block_tables:
-            self.block_tables[width] = torch.zeros((self.rows, width), dtype=torch.int32, device=dev)
-
-    def clear(self) -> None:
-        self.x = self.cache_seqlens = self.logits = None
-        self.block_tables.clear()
-
-
 class _Shape:
     """One captured decode forward over the static buffers' first ``rows`` rows."""
 
@@ -131,13 +113,16 @@ class _Shape:
 class DecodeGraphs:
     """Captured decode forwards of one exllamav3 ``Model`` (see the module docstring)."""
 
-    def __init__(self, model: Any, max_rows: int = 64, min_rows: int = 1, ahead: bool = True) -> None:
+    def __init__(
+        self, model: Any, max_rows: int = 64, min_rows: int = 1, ahead: bool = True, recurrent: bool = False
+    ) -> None:
         """Checks ``model`` once.
 
         ``max_rows``: the largest batch (the static buffers' rows); ``min_rows``: the fewest rows captured (fewer run
-        as exllamav3 runs them); ``ahead``: :meth:`launch_ahead` runs (False: it declines, for comparison).
+        as exllamav3 runs them); ``ahead``: :meth:`launch_ahead` runs (False: it declines, for comparison);
+        ``recurrent``: Gated DeltaNet and Mamba-2 layers are captured (False: such a model stands aside).
         """
-        self.view = ModelView(model)
+        self.view = ModelView(model, recurrent)
         self.why_not = self.view.why_not
         self.ahead = ahead
         self.ahead_launched = 0
@@ -152,7 +137,8 @@ class DecodeGraphs:
         self.failed: dict[str, str] = {}
         self.replays = 0
         self.own_graphs_step = False  # the last forward was left to exllamav3 below min_rows
-        self.min_rows = min_rows
+        # a recurrent layer's own graphed path runs below this (see ModelView.own_recurrent_rows): left to it
+        self.min_rows = max(min_rows, self.view.own_recurrent_rows() + 1) if self.why_not is None else min_rows
         self._pool: Any = None
         self._stream: Any = None
         self._ptr_tables: dict[tuple[int, ...], tuple[Any, Any]] = {}
@@ -170,7 +156,7 @@ class DecodeGraphs:
             return "the model"
         if int(input_ids.shape[0]) > self.static.rows:
             return "more rows than the static buffers hold"
-        return step_stands_aside(input_ids, params, self.min_rows)
+        return step_stands_aside(input_ids, params, self.min_rows, bool(self.view.recurrent))
 
     def forward(self, eager: Callable[[Any, dict[str, Any]], Any], input_ids: Any, params: dict[str, Any]) -> Any:
         """The logits of one decode step: a captured graph where one covers it, else ``eager(input_ids, params)``."""
@@ -212,7 +198,13 @@ class DecodeGraphs:
             st.x[:rows].copy_(self.view.embed(x, params), non_blocking=True)
             st.block_tables[width][:rows].copy_(block_table, non_blocking=True)
             st.cache_seqlens[:rows].copy_(cache_seqlens, non_blocking=True)
+            if self.view.recurrent:
+                slots, slots_scan = self.view.slot_tensors(params)
+                st.slots[:rows].copy_(slots, non_blocking=True)
+                st.slots_scan[:rows].copy_(slots_scan, non_blocking=True)
             shape.graph.replay()
+            if self.view.recurrent:
+                self.view.advance(input_ids, params)  # as Model.forward does after its layers
         shape.replays += 1
         self.replays += 1
         return self.static.logits[:rows]
@@ -228,7 +220,7 @@ class DecodeGraphs:
         first page: nothing owns a page yet, and a job writes every position it reads. Returns how many were
         captured.
         """
-        if self.why_not is not None:
+        if self.why_not is not None or self.view.recurrent:  # (a recurrent step needs states: captured when it runs)
             return 0
         import torch
         from tqdm.auto import tqdm
@@ -278,7 +270,14 @@ class DecodeGraphs:
                 "recurrent_history": False,
                 "pinned_staging": True,
             }
+            if self.view.recurrent:  # the states of the step captured: the graph reads only their cache's pools
+                static["recurrent_states"] = params["recurrent_states"]
             self.view.prepare_inputs(x, static)
+            if self.view.recurrent:  # (after prepare_inputs, which sets the step's own slot tensors)
+                static["recurrent_slots"], static["recurrent_slots_scan"] = st.slots[:rows], st.slots_scan[:rows]
+                slots, slots_scan = self.view.slot_tensors(params)
+                st.slots[:rows].copy_(slots)
+                st.slots_scan[:rows].copy_(slots_scan)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
                 self._stream = capture_stream(self.view.device)
@@ -337,6 +336,9 @@ class DecodeGraphs:
         """
         last, self._last = self._last, None
         if last is None or self.why_not is not None:
+            return False
+        if self.view.recurrent:  # a step run ahead writes each row's recurrent state in place: a miss would keep it
+            self.ahead_missed["not launched: recurrent state"] += 1
             return False
         key, shape, block_table, cache_seqlens = last
         nxt = cache_seqlens + 1  # each row's next position (where the next step writes its K/V)
@@ -419,6 +421,7 @@ class DecodeGraphs:
         return {
             "captured": True,
             "min_rows": self.min_rows,
+            "recurrent_layers": dict(Counter(self.view.recurrent)),
             "max_rows": self.static.rows,
             "shapes": sorted(self.captured, key=lambda k: tuple(int(n) for n in k.split()[::3])),
             "captured_at_load": self.captured_at_load,

@@ -54,6 +54,11 @@ NAMES: dict[str, str] = {
     "TransformerBlock": f"{_MOD}.transformer",
     "SlicedMultiLinear": f"{_MOD}.multilinear",
     "get_for_device": f"{_X}.util.tensor",
+    # recurrent layers in the captured step (the seam's model view)
+    "GatedDeltaNet": f"{_MOD}.gated_delta_net",
+    "Mamba2": f"{_MOD}.mamba2",
+    "MAX_BSZ": f"{_MOD}.attention_fn.bc_attn",
+    "advance_recurrent_states": f"{_X}.cache.recurrent_util",
 }  # fmt: skip
 """Every exllamav3 name the package imports -> the module that defines it (``from ..upstream import Model``)."""
 

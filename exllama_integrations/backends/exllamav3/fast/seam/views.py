@@ -153,11 +153,15 @@ class GeneratorView:
 class ModelView:
     """The model's decode forward split at the embedding, for capture (``Model.forward_ls`` from the first block)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, recurrent: bool = False) -> None:
         self.model = model
+        self.capture_recurrent = recurrent
         self.embedding: Any = None
         self.layers: list[Any] = []
         self.device: Any = None
+        self.recurrent: list[str] = []
+        """The kinds of recurrent layer the model has (Gated DeltaNet, Mamba-2): their state lives in the cache's
+        pools, addressed by per-row slot tensors that a captured step reads from static buffers."""
         self.why_not = self._stands_aside()
         if self.why_not is None:
             mods = model.fwd_modules
@@ -171,7 +175,18 @@ class ModelView:
 
     def _stands_aside(self) -> str | None:
         try:
-            from ...upstream import MLP, Attention, Embedding, GatedMLP, LayerNorm, Linear, RMSNorm, TransformerBlock
+            from ...upstream import (
+                MLP,
+                Attention,
+                Embedding,
+                GatedDeltaNet,
+                GatedMLP,
+                LayerNorm,
+                Linear,
+                Mamba2,
+                RMSNorm,
+                TransformerBlock,
+            )
         except ImportError as e:
             return f"exllamav3's modules do not import ({e})"
         model = self.model
@@ -193,7 +208,11 @@ class ModelView:
                 if getattr(module, "attn_hc", None) or getattr(module, "mlp_hc", None):
                     return "hyper-connections"
                 attn, mlp = module.attn, module.mlp
-                if attn is not None and (type(attn) is not Attention or getattr(attn, "qsa_indexer", None) is not None):
+                if self.capture_recurrent and type(attn) in (GatedDeltaNet, Mamba2) and not getattr(attn, "kda", False):
+                    self.recurrent.append(type(attn).__name__)
+                elif attn is not None and (
+                    type(attn) is not Attention or getattr(attn, "qsa_indexer", None) is not None
+                ):
                     return f"an attention layer of kind {type(attn).__name__}"
                 if mlp is not None and type(mlp) not in (MLP, GatedMLP):
                     return f"an MLP of kind {type(mlp).__name__}"
@@ -214,6 +233,38 @@ class ModelView:
 
     def prepare_inputs(self, input_ids: Any, params: dict[str, Any]) -> Any:
         return self.model.prepare_inputs(input_ids, params)
+
+    def own_recurrent_rows(self) -> int:
+        """Up to how many rows exllamav3 runs a recurrent layer's decode step its own graphed way (0: no such layer).
+
+        ``BC_GatedDeltaNetSplit`` and Mamba-2's, up to ``bc_attn.MAX_BSZ`` rows: the first call of a shape runs
+        eagerly and the next captures a graph of its own, which synchronizes the device (inside our capture that
+        fails), and its kernels are not the torch path's. Above it exllamav3 takes the torch path, which our capture
+        records kernel for kernel.
+        """
+        if not self.recurrent:
+            return 0
+        from ...upstream import MAX_BSZ
+
+        return int(MAX_BSZ)
+
+    def slot_tensors(self, params: dict[str, Any]) -> tuple[Any, Any]:
+        """The step's recurrent slot tensors on the layers' device (``prepare_for_recurrence`` set them).
+
+        The cache slot of each row's conv state, and the pool row its scan writes.
+        """
+        from ...upstream import get_for_device
+
+        return (
+            get_for_device(params, "recurrent_slots", self.device),
+            get_for_device(params, "recurrent_slots_scan", self.device),
+        )
+
+    def advance(self, input_ids: Any, params: dict[str, Any]) -> None:
+        """What ``Model.forward`` does after the layers: each row's recurrent state one position further."""
+        from ...upstream import advance_recurrent_states
+
+        advance_recurrent_states(input_ids, params, self.model)
 
     def tables(self, params: dict[str, Any]) -> tuple[Any, Any]:
         """The step's block table and cache lengths on the model's device (exllamav3's per-dict upload cache)."""

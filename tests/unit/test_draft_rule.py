@@ -1,0 +1,131 @@
+"""The draft window of each step, chosen from what the steps measured: drafting never makes a batch slower.
+
+:class:`DraftRule` alone on given measures (which window runs, and when it changes), and the exllamav3 driver using it
+with a fake generator that emits one more token per row for each token drafted (the driver sets the window before
+each ``iterate()`` and hands the step's tokens back). The rule's speed on real steps is measured on the GPU
+(benchmarks/gpu_mtp.py ``--jobs``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from exllama_integrations.backends.base import BackendRequest, TokenStep
+from exllama_integrations.backends.exllamav3.draft_rule import DraftRule, bucket, decoded_tokens
+from exllama_integrations.backends.exllamav3.driver import Driver
+from exllama_integrations.backends.inbox import Inbox
+from exllama_integrations.contract.settings import GenerationSettings
+
+
+def _run(rule: DraftRule, rows: int, rate: dict[int, float], steps: int) -> list[int]:
+    """``steps`` steps of ``rows`` rows where window ``k`` gives ``rate[k]`` tokens per second: the windows run."""
+    chosen = []
+    for _ in range(steps):
+        k = rule.window(rows)
+        chosen.append(k)
+        rule.measured(rows, k, tokens=int(rate[k]), seconds=1.0)
+    return chosen
+
+
+def test_every_window_is_measured_first_then_the_fastest_runs():
+    rule = DraftRule(max_window=4, warmup=2, explore_every=1000)
+    rate = {0: 1000.0, 1: 1500.0, 2: 1900.0, 3: 2200.0, 4: 2100.0}  # one stream, high acceptance: 3 is best
+    chosen = _run(rule, 1, rate, 40)
+    assert chosen[:10] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert set(chosen[10:]) == {3}
+    assert rule.report()["1 rows"]["window"] == 3
+
+
+def test_a_batch_where_drafting_costs_more_than_it_gives_drafts_nothing():
+    rule = DraftRule(max_window=4, warmup=2, explore_every=1000)
+    rate = {0: 6400.0, 1: 5600.0, 2: 5000.0, 3: 4500.0, 4: 4100.0}  # 64 rows, GPU-bound: every drafted token loses
+    chosen = _run(rule, 64, rate, 40)
+    assert set(chosen[10:]) == {0}
+    # a bucket of its own: what one stream measured does not decide for 64 rows, nor the other way round
+    assert bucket(64) == bucket(100) == 64 and bucket(1) == 1 and bucket(3) == 2
+    assert _run(rule, 1, {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}, 12)[:2] == [0, 0]
+
+
+def test_the_choice_moves_when_what_a_window_gives_changes():
+    rule = DraftRule(max_window=2, warmup=1, explore_every=4)
+    _run(rule, 8, {0: 100.0, 1: 150.0, 2: 200.0}, 12)
+    assert rule.report()["8 rows"]["window"] in (1, 2)
+    chosen = _run(rule, 8, {0: 300.0, 1: 150.0, 2: 100.0}, 120)  # acceptance fell: no drafting is best now
+    assert chosen[-20:].count(0) >= 15
+
+
+def test_only_a_step_of_decoding_alone_is_measured():
+    class Ids:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def numel(self) -> int:
+            return self.n
+
+    assert (
+        decoded_tokens([{"stage": "streaming", "token_ids": Ids(3)}, {"stage": "streaming", "token_ids": Ids(1)}]) == 4
+    )
+    assert decoded_tokens([{"stage": "streaming", "token_ids": Ids(3)}, {"stage": "prefill"}]) is None
+    assert decoded_tokens([]) is None
+
+
+class _DraftingGenerator:
+    """exllamav3's Generator as the driver sees it while drafting: each row emits 1 + num_draft_tokens tokens a step."""
+
+    def __init__(self, n: int) -> None:
+        self.jobs: list[list] = []
+        self.n, self.num_draft_tokens, self.windows = n, 4, []
+
+    def enqueue(self, job):
+        self.jobs.append([job, 0])
+
+    def cancel(self, job):
+        self.jobs = [j for j in self.jobs if j[0] is not job]
+
+    def iterate(self):
+        import torch
+
+        self.windows.append(self.num_draft_tokens)
+        out = []
+        for j in self.jobs:
+            k = min(1 + self.num_draft_tokens, self.n - j[1])
+            ids = torch.arange(j[1], j[1] + k).view(1, -1)
+            j[1] += k
+            out.append({"job": j[0], "stage": "streaming", "token_ids": ids, "eos": j[1] >= self.n})
+            if j[1] >= self.n:
+                out[-1].update(eos_reason="max_new_tokens")
+        self.jobs = [j for j in self.jobs if j[1] < self.n]
+        return out
+
+
+def test_the_driver_sets_each_steps_window_and_measures_it():
+    class Job:
+        forced_ids = None
+
+    gen = _DraftingGenerator(n=200)
+    rule = DraftRule(max_window=4, warmup=2, explore_every=1000)
+    d = Driver(gen, Inbox(0.0), lambda req: (Job(), False), lambda req: None, drafts=None, draft_rule=rule)
+    d.start()
+    steps: list[TokenStep] = []
+    assert d.inbox.put([BackendRequest([1], GenerationSettings(), 200, frozenset(), steps.append)])
+    deadline = time.monotonic() + 10
+    while not (steps and steps[-1].finish) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    d.stop()
+    assert [t for s in steps for t in s.token_ids] == list(range(200))  # every token, whatever the windows
+    # the rule's choice reached the generator; the first step read the prompt, so its measure did not count
+    assert gen.windows[:11] == [0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    measured = rule.report()["1 rows"]["steps"]
+    assert sum(measured.values()) == len(gen.windows) - 1
+
+
+def test_the_defaults_are_what_docs_speculative_says():
+    from exllama_integrations.backends import options_for
+    from exllama_integrations.backends.exllamav3 import ExLlamaV3Backend
+
+    rule = DraftRule(max_window=4)
+    assert (rule.warmup, rule.explore_every) == (3, 32)
+    assert options_for(ExLlamaV3Backend, {"draft": "mtp"}).draft_window == "measured"
+    page = (Path(__file__).resolve().parents[2] / "docs" / "speculative.md").read_text()
+    assert "every arm runs 3 times" in page and "every 32 steps" in page
