@@ -37,7 +37,7 @@ case "${1:-tests}" in
       tail -1 "$OUT/family_matrix.jsonl" 2>/dev/null | cut -c1-900
     done
     timeout "${TEST_S:-240}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_mtp.py \
-      tests/gpu/test_gpu_upstream_fixes.py 2>&1 | tee "$OUT/gpu_tests_pending.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|MTP drafting" | cut -c1-600
+      tests/gpu/test_gpu_upstream_fixes.py tests/gpu/test_gpu_decisions.py 2>&1 | tee "$OUT/gpu_tests_pending.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|MTP drafting" | cut -c1-600
     timeout 120 python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_fast_decode.py \
       -k "jobs_end_at_different_steps" 2>&1 | tee "$OUT/gpu_tests_fast_jobs_end.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed"
     for f in ${FAMILIES:-gemma4}; do
