@@ -46,7 +46,7 @@ class Loader:
         self.fail: set[str] = set()
         self.runtimes: dict[str, FakeRuntime] = {}
 
-    def plan(self, spec):
+    def plan(self, spec, model=None):
         return Plan(None, "fake", None, Footprint(0, spec.options.get("size", 1) * GIB), 128)
 
     def load(self, spec, plan):
@@ -226,3 +226,4 @@ def test_declared_memory_is_what_counts():
     loader = Loader()
     reg = registry(loader, {"name": "a", "model_dir": "x", "ram": "512MiB", "options": {"size": 1}})
     assert reg.entries["a"].held == Footprint(0, 512 * 2**20)
+
