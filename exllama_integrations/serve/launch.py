@@ -2,12 +2,13 @@
 
 Every way of serving starts the same: the flags (or the ``--config`` file) become the models served, a
 :class:`~.model_config.ServerModels` of one model or several, each a :class:`~.model_config.ModelSpec` (its kind
-``chat``, ``embedding`` or ``rerank``: ``--task`` is read as a kind here, once). Each model is then planned once
-(:func:`~.model_kinds.planned`: its directory inspected, its kind found, its backend and options resolved) and loaded
-from that plan as it is. ``serve DIR`` (or none: the demo model) is a server of that one model, loaded at startup:
-:func:`~.app.create_app` over its runtime. Several directories or a config file are a :class:`~.models.ModelRegistry`
-behind :mod:`.front`, each model loaded on its first request (pinned ones at startup) within the memory budget. With
-``--ray`` the same models become Ray Serve deployments (:func:`~.ray.deployment.run_ray`).
+``chat``, ``embedding`` or ``rerank``: ``--task`` is read as a kind here, once); a flag the mode does not read is
+refused first (:data:`UNREAD`). Each model is then planned once (:func:`~.model_kinds.planned`: its directory
+inspected, its kind found, its backend and options resolved) and loaded from that plan as it is. ``serve DIR`` (or
+none: the demo model) is a server of that one model, loaded at startup: :func:`~.app.create_app` over its runtime.
+Several directories or a config file are a :class:`~.models.ModelRegistry` behind :mod:`.front`, each model loaded
+on its first request (pinned ones at startup) within the memory budget. With ``--ray`` the same models become Ray
+Serve deployments (:func:`~.ray.deployment.run_ray`).
 """
 
 from __future__ import annotations
@@ -33,17 +34,82 @@ def _connection(args: argparse.Namespace, name: str) -> Any:
     return CONNECTIONS[name] if value is None else value
 
 
-def _refuse_connection_flags(args: argparse.Namespace) -> None:
-    """With ``--ray``, a connection flag of :data:`CONNECTIONS` is refused rather than silently dropped."""
-    given = [name for name in CONNECTIONS if getattr(args, name) is not None]
-    if given:
-        from ..errors import InvalidSettingsError
+BUDGET_FLAGS = ("gpu_memory", "ram", "keep_alive")
+"""The budget of a server of several models."""
+ONE_MODEL_FLAGS = ("served_model_name", "chat_template", "tool_format", "engines", "task")
+"""What a model served alone takes from flags (a config file's entry says it for each of several)."""
+EACH_MODEL_FLAGS = ("backend", "max_seq_len", "dtype", "option", "draft")
+"""Load options the flags give every directory named on the command line."""
+FLAG_DEFAULTS: dict[str, Any] = {"backend": "auto", "engine": "process", "engines": 1, "replicas": 1}
+"""The defaults of the flags below that have one other than None (a flag at its default was not given)."""
 
-        flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise InvalidSettingsError(
-            f"{flags} set the connection limits of the server `serve` runs without --ray; with --ray, Ray Serve's "
-            "HTTP proxy takes the connections and does not read them (set Ray's http_options instead)."
-        )
+UNREAD: dict[str, list[tuple[tuple[str, ...], str]]] = {
+    "one model": [
+        (
+            BUDGET_FLAGS,
+            "they set the memory budget and the idle unloading of a server of several models, while one model alone "
+            "is loaded at startup and stays loaded",
+        ),
+    ],
+    "several model directories": [
+        (
+            (*ONE_MODEL_FLAGS, "engine"),
+            "they are one model's (several run in engine processes); give each model its own name, kind, engines, "
+            "chat_template or tool_format in a config file (--config, docs/multi-model.md)",
+        ),
+    ],
+    "--config": [
+        (
+            (*EACH_MODEL_FLAGS, *ONE_MODEL_FLAGS, "engine"),
+            "each model's entry in the file sets its own backend, options (max_seq_len, dtype, draft ...), name, "
+            "kind, engines, chat_template and tool_format",
+        ),
+    ],
+    "--ray": [
+        (
+            tuple(CONNECTIONS),
+            "they set the connection limits of the server `serve` runs without --ray; with --ray, Ray Serve's HTTP "
+            "proxy takes the connections and does not read them (set Ray's http_options instead)",
+        ),
+        (
+            ("engine", "engines"),
+            "each Ray replica runs its model's driver in its own process; scale with --replicas",
+        ),
+        (("task",), "Ray's deployments serve chat models; serve an embedding or rerank model without --ray"),
+        (
+            BUDGET_FLAGS,
+            "Ray places every model's replicas and keeps them loaded: a budget and keep_alive do not apply",
+        ),
+    ],
+    "without --ray": [(("replicas", "num_gpus"), "they place Ray Serve replicas; add --ray")],
+}
+"""For each serving mode, the flags it does not read and why: given, they are refused (exit 2) rather than ignored."""
+
+
+def _given(args: argparse.Namespace, name: str) -> bool:
+    value = getattr(args, name, None)
+    return not (value is None or value is False or value == []) and value != FLAG_DEFAULTS.get(name)
+
+
+def refuse_unread(args: argparse.Namespace) -> None:
+    """Refuse a flag the serving mode the flags choose does not read (see :data:`UNREAD`).
+
+    Raises:
+        InvalidSettingsError: naming the flags, the mode, and why it does not read them.
+    """
+    if args.config:
+        modes = ["--config"]
+    else:
+        modes = ["several model directories" if len([*args.model, *args.model_dir]) > 1 else "one model"]
+    modes.append("--ray" if args.ray else "without --ray")
+    for mode in modes:
+        for names, why in UNREAD[mode]:
+            given = ["--" + name.replace("_", "-") for name in names if _given(args, name)]
+            if given:
+                from ..errors import InvalidSettingsError
+
+                verb = "is" if len(given) == 1 else "are"
+                raise InvalidSettingsError(f"{', '.join(given)} {verb} not read with {mode}: {why}.")
 
 
 def limits_of(args: argparse.Namespace) -> Any:
@@ -217,8 +283,7 @@ def serve_command(args: argparse.Namespace) -> int:
     """Run ``exllama-integrations serve`` with its parsed flags (see the module docstring); the exit status."""
     import os
 
-    if args.ray:
-        _refuse_connection_flags(args)
+    refuse_unread(args)
     key = args.api_key or os.environ.get("EXLLAMA_API_KEY")
     config = models_of(args)
     if args.ray:
@@ -231,9 +296,11 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 __all__ = [
+    "UNREAD",
     "limits_of",
     "load_options",
     "models_of",
+    "refuse_unread",
     "run_http",
     "serve_command",
     "serve_models",

@@ -226,4 +226,3 @@ def test_declared_memory_is_what_counts():
     loader = Loader()
     reg = registry(loader, {"name": "a", "model_dir": "x", "ram": "512MiB", "options": {"size": 1}})
     assert reg.entries["a"].held == Footprint(0, 512 * 2**20)
-
