@@ -284,6 +284,10 @@ def serve_command(args: argparse.Namespace) -> int:
     import os
 
     refuse_unread(args)
+    if args.ray:
+        from .ray.deployment import ray_serve
+
+        ray_serve()  # the extra, if it is missing, named before anything else runs
     key = args.api_key or os.environ.get("EXLLAMA_API_KEY")
     config = models_of(args)
     if args.ray:

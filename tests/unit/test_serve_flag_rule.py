@@ -7,6 +7,9 @@ command starts neither and loads nothing (the directories here do not exist: a r
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from exllama_integrations import cli
@@ -96,3 +99,16 @@ def test_the_flags_a_mode_reads_are_taken(started, config, mode, flags):
         deployment.build_app(app)  # a deployment each: a kind found on the nodes is a chat model's, not refused
     else:
         assert app["num_gpus"] == 0.5
+
+
+def test_serve_ray_without_the_ray_extra_names_the_install_command():
+    """Without Ray installed, ``serve --ray`` says what to install (from a clone) and exits 2, with no traceback."""
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # as if the extra were not installed
+        "from exllama_integrations.cli import main\n"
+        "sys.exit(main(['serve', '--ray', '/models/one']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "MissingDependencyError" in done.stderr and 'pip install -e ".[ray]"' in done.stderr

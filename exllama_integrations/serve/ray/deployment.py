@@ -24,11 +24,24 @@ from .network import NO_MULTICAST, before_ray_starts, bind_replica_grpc_to_node_
 logger = logging.getLogger(__name__)
 
 
-def _serve() -> Any:
+def ray_serve() -> Any:
+    """Ray Serve, or the extra to install named (``serve --ray`` asks before anything else runs).
+
+    Raises:
+        MissingDependencyError: Ray or Ray Serve's own dependencies are not installed.
+    """
     try:
+        import ray  # noqa: F401 - Ray itself first: ``ray.serve`` alone can import without it half-installed
         from ray import serve
-    except ImportError:
-        raise MissingDependencyError("ray[serve]", "ray", "Ray Serve replicas") from None
+    except ImportError as e:
+        missing = MissingDependencyError("ray[serve]", "ray", "Ray Serve replicas")
+        # the package is installed from a clone (it is not on PyPI): say that command (ImportError's str is its msg)
+        missing.msg = (
+            f"Ray Serve is not installed (needed for serve --ray; {e}). Install the extra 'ray' in the clone of "
+            'exllama-integrations you installed from: `pip install -e ".[ray]"`.'
+        )
+        missing.args = (missing.msg,)
+        raise missing from None
     return serve
 
 
@@ -104,7 +117,7 @@ def build_app(args: dict[str, Any]) -> Any:
     ``max_ongoing_requests``, ``tool_format``, ``chat_template``, ``kind``), instead of ``model_dir``: one model
     deployment each behind one ingress, which sends a request to the deployment of the model it names.
     """
-    serve = _serve()
+    serve = ray_serve()
     if args.get("models"):
         return _build_models(serve, args)
     if not args.get("model_dir"):
@@ -250,7 +263,7 @@ def _run(app_args: dict[str, Any], host: str, port: int, what: str) -> int:
     before_ray_starts(host)
     import ray
 
-    serve = _serve()
+    serve = ray_serve()
     ray.init(include_dashboard=False, ignore_reinit_error=True)
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_app(app_args), name="exllama", route_prefix="/")
