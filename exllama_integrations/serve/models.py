@@ -271,7 +271,8 @@ class ModelRegistry:
         assert e.busy is not None
         loop = asyncio.get_running_loop()
         why = f"; unloading {', '.join(repr(v.name) for v in victims)} (least recently used) first" if victims else ""
-        logger.info("loading %r (%s) for a request: about %s%s", e.name, e.plan.backend, e.held.describe(), why)
+        reason = "at startup (pinned)" if e.spec.pinned else "for a request"  # a pinned model loads only in start()
+        logger.info("loading %r (%s) %s: about %s%s", e.name, e.plan.backend, reason, e.held.describe(), why)
         t0 = time.monotonic()
 
         async def progress() -> None:
