@@ -42,6 +42,9 @@ REFUSED = [
     ("config", ["--option", "cache_size=4096"], "--option", "--config"),
     ("config", ["--max-seq-len", "512"], "--max-seq-len", "--config"),
     ("config", ["--served-model-name", "x"], "--served-model-name", "--config"),
+    ("config", ["--backend", "transformers"], "--backend", "--config"),
+    ("config", ["--dtype", "float32"], "--dtype", "--config"),
+    ("config", ["--tool-format", "hermes"], "--tool-format", "--config"),
     # several directories: one model's flags
     ("several", ["--tool-format", "no-such-format"], "--tool-format", "several model directories"),
     ("several", ["--tool-format", "hermes"], "--tool-format", "several model directories"),
