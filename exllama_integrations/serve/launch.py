@@ -215,6 +215,14 @@ def serve_one(spec: ModelSpec, args: argparse.Namespace, api_key: str | None) ->
     logger.setLevel(logging.INFO)  # one line per request, always
     spec, plan = planned(spec, alone=True)  # its cache, where it has one, sized from the free memory
     assert spec.kind is not None
+    given = ["--" + name for name in ("engine", "engines") if _given(args, name)]
+    if spec.kind != "chat" and given:  # known once its files are read
+        from ..errors import InvalidSettingsError
+
+        raise InvalidSettingsError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not read with one {spec.kind} model: its "
+            "batches run on a worker thread of the server, in no engine process; leave it out."
+        )
     runtime = LOADERS[spec.kind][1](spec, plan, engine=args.engine)  # embedding models run in this process
     app = create_app(
         runtime,

@@ -115,3 +115,12 @@ def test_serve_ray_without_the_ray_extra_names_the_install_command():
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert "MissingDependencyError" in done.stderr and 'pip install -e ".[ray]"' in done.stderr
+
+
+@pytest.mark.parametrize("flag", [["--engines", "2"], ["--engine", "thread"]])
+def test_an_embedding_model_served_alone_refuses_the_engine_flags(started, capsys, minilm_dir, flag):
+    """An embedding model runs in the server's process: the engine flags, read only for a chat model, are refused
+    once its files say what it is (before it loads)."""
+    assert cli.main(["serve", str(minilm_dir), "--backend", "transformers", *flag]) == 2
+    assert started == []
+    assert f"InvalidSettingsError: {flag[0]} is not read with one embedding model:" in capsys.readouterr().err
