@@ -1,10 +1,14 @@
-"""``exllama-integrations serve`` run: the load options and limits from its flags, the model(s) served, uvicorn started.
+"""``exllama-integrations serve`` run: what its flags name to serve, checked, then served on uvicorn or Ray Serve.
 
-One model directory (or none: the demo model) is served by :func:`~.app.create_app` over an ``ExLlamaRuntime`` (or an
-``EmbeddingRuntime``, for a model that embeds or reranks) on uvicorn, or with ``--ray`` as Ray Serve replicas. Several
-model directories (``serve DIR DIR ...``) or a config file (``--config``) make a server of several models
-(:mod:`.front` over a :class:`~.models.ModelRegistry`), on uvicorn or, with ``--ray``, as one Ray Serve deployment
-per model behind one ingress; the budget and ``keep_alive`` flags override the file's.
+Every way of serving starts the same: the flags (or the ``--config`` file) become the models served, a
+:class:`~.model_config.ServerModels` of one model or several, each a :class:`~.model_config.ModelSpec` (its kind
+``chat``, ``embedding`` or ``rerank``: ``--task`` is read as a kind here, once); a flag the mode does not read is
+refused first (:data:`UNREAD`). Each model is then planned once (:func:`~.model_kinds.planned`: its directory
+inspected, its kind found, its backend and options resolved) and loaded from that plan as it is. ``serve DIR`` (or
+none: the demo model) is a server of that one model, loaded at startup: :func:`~.app.create_app` over its runtime.
+Several directories or a config file are a :class:`~.models.ModelRegistry` behind :mod:`.front`, each model loaded
+on its first request (pinned ones at startup) within the memory budget. With ``--ray`` the same models become Ray
+Serve deployments (:func:`~.ray.deployment.run_ray`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .model_config import ServerModels, parse_duration, parse_size, read_config, server_models
+from .model_config import ModelSpec, ServerModels, parse_duration, parse_size, read_config, server_models
 
 logger = logging.getLogger("exllama_integrations.serve")
 
@@ -30,17 +34,82 @@ def _connection(args: argparse.Namespace, name: str) -> Any:
     return CONNECTIONS[name] if value is None else value
 
 
-def _refuse_connection_flags(args: argparse.Namespace) -> None:
-    """With ``--ray``, a connection flag of :data:`CONNECTIONS` is refused rather than silently dropped."""
-    given = [name for name in CONNECTIONS if getattr(args, name) is not None]
-    if given:
-        from ..errors import InvalidSettingsError
+BUDGET_FLAGS = ("gpu_memory", "ram", "keep_alive")
+"""The budget of a server of several models."""
+ONE_MODEL_FLAGS = ("served_model_name", "chat_template", "tool_format", "engines", "task")
+"""What a model served alone takes from flags (a config file's entry says it for each of several)."""
+EACH_MODEL_FLAGS = ("backend", "max_seq_len", "dtype", "option", "draft")
+"""Load options the flags give every directory named on the command line."""
+FLAG_DEFAULTS: dict[str, Any] = {"backend": "auto", "engine": "process", "engines": 1, "replicas": 1}
+"""The defaults of the flags below that have one other than None (a flag at its default was not given)."""
 
-        flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise InvalidSettingsError(
-            f"{flags} set the connection limits of the server `serve` runs without --ray; with --ray, Ray Serve's "
-            "HTTP proxy takes the connections and does not read them (set Ray's http_options instead)."
-        )
+UNREAD: dict[str, list[tuple[tuple[str, ...], str]]] = {
+    "one model": [
+        (
+            BUDGET_FLAGS,
+            "they set the memory budget and the idle unloading of a server of several models, while one model alone "
+            "is loaded at startup and stays loaded",
+        ),
+    ],
+    "several model directories": [
+        (
+            (*ONE_MODEL_FLAGS, "engine"),
+            "they are one model's (several run in engine processes); give each model its own name, kind, engines, "
+            "chat_template or tool_format in a config file (--config, docs/multi-model.md)",
+        ),
+    ],
+    "--config": [
+        (
+            (*EACH_MODEL_FLAGS, *ONE_MODEL_FLAGS, "engine"),
+            "each model's entry in the file sets its own backend, options (max_seq_len, dtype, draft ...), name, "
+            "kind, engines, chat_template and tool_format",
+        ),
+    ],
+    "--ray": [
+        (
+            tuple(CONNECTIONS),
+            "they set the connection limits of the server `serve` runs without --ray; with --ray, Ray Serve's HTTP "
+            "proxy takes the connections and does not read them (set Ray's http_options instead)",
+        ),
+        (
+            ("engine", "engines"),
+            "each Ray replica runs its model's driver in its own process; scale with --replicas",
+        ),
+        (("task",), "Ray's deployments serve chat models; serve an embedding or rerank model without --ray"),
+        (
+            BUDGET_FLAGS,
+            "Ray places every model's replicas and keeps them loaded: a budget and keep_alive do not apply",
+        ),
+    ],
+    "without --ray": [(("replicas", "num_gpus"), "they place Ray Serve replicas; add --ray")],
+}
+"""For each serving mode, the flags it does not read and why: given, they are refused (exit 2) rather than ignored."""
+
+
+def _given(args: argparse.Namespace, name: str) -> bool:
+    value = getattr(args, name, None)
+    return not (value is None or value is False or value == []) and value != FLAG_DEFAULTS.get(name)
+
+
+def refuse_unread(args: argparse.Namespace) -> None:
+    """Refuse a flag the serving mode the flags choose does not read (see :data:`UNREAD`).
+
+    Raises:
+        InvalidSettingsError: naming the flags, the mode, and why it does not read them.
+    """
+    if args.config:
+        modes = ["--config"]
+    else:
+        modes = ["several model directories" if len([*args.model, *args.model_dir]) > 1 else "one model"]
+    modes.append("--ray" if args.ray else "without --ray")
+    for mode in modes:
+        for names, why in UNREAD[mode]:
+            given = ["--" + name.replace("_", "-") for name in names if _given(args, name)]
+            if given:
+                from ..errors import InvalidSettingsError
+
+                verb = "is" if len(given) == 1 else "are"
+                raise InvalidSettingsError(f"{', '.join(given)} {verb} not read with {mode}: {why}.")
 
 
 def limits_of(args: argparse.Namespace) -> Any:
@@ -77,21 +146,29 @@ def run_http(app: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def models_of(args: argparse.Namespace, options: dict[str, Any]) -> ServerModels:
-    """What ``serve`` was given: the config file, else the directories (each with the flags' backend and options).
+def models_of(args: argparse.Namespace) -> ServerModels:
+    """What ``serve`` was given: the config file, else the directories (the demo model where none is given).
 
-    The budget and ``keep_alive`` flags win over the file's.
+    Each directory gets the flags' backend and load options; one directory alone also its name, kind (``--task``),
+    engines, chat template and tool format. The budget and ``keep_alive`` flags win over the file's.
+
+    Raises:
+        InvalidSettingsError: both directories and --config; a tool format that is no format, a template path that is
+            no file (before anything loads).
     """
+    from ..errors import InvalidSettingsError
+
     if args.config:
         if args.model or args.model_dir:
-            from ..errors import InvalidSettingsError
-
             raise InvalidSettingsError("give model directories or --config, not both (the file names every model).")
         config = read_config(args.config)
     else:
         dirs = [*args.model, *args.model_dir]
-        entries = [{"model_dir": d, "backend": args.backend, "options": options} for d in dirs]
-        config = server_models({"models": entries}, "the command line")
+        entry: dict[str, Any] = {"backend": args.backend, "options": load_options(args)}
+        if len(dirs) <= 1:
+            entry.update(one_model(args))
+            dirs = dirs or [_demo_dir()]
+        config = server_models({"models": [{"model_dir": d, **entry} for d in dirs]}, "the command line")
     return ServerModels(
         config.models,
         gpu_memory=config.gpu_memory if args.gpu_memory is None else parse_size(args.gpu_memory, "--gpu-memory"),
@@ -100,13 +177,70 @@ def models_of(args: argparse.Namespace, options: dict[str, Any]) -> ServerModels
     )
 
 
-def serve_models(args: argparse.Namespace, options: dict[str, Any], api_key: str | None) -> int:
-    """Serve several models behind one endpoint (see the module docstring)."""
-    config = models_of(args, options)
-    if args.ray:
-        from .ray.deployment import run_ray_models
+def one_model(args: argparse.Namespace) -> dict[str, Any]:
+    """The entry keys only a model served alone takes from flags (its name, kind, engines, template, tool format)."""
+    from .model_kinds import KIND_OF_TASK
 
-        return run_ray_models(config, args, api_key)
+    if args.tool_format is not None:
+        from ..chat.formats import find_format
+
+        find_format(None, args.tool_format)  # a name that is no format is refused before the model loads
+    template = None
+    if args.chat_template is not None:
+        from ..model.template_override import read_template_override
+
+        template = read_template_override(args.chat_template)
+    keys = {
+        "kind": None if args.task is None else KIND_OF_TASK[args.task],
+        "engines": args.engines,
+        "chat_template": template,
+        "tool_format": args.tool_format,
+    }
+    if args.served_model_name is not None:
+        keys["name"] = args.served_model_name
+    return keys
+
+
+def _demo_dir() -> str:
+    from ..demo_model import demo_model_dir
+
+    return str(demo_model_dir())
+
+
+def serve_one(spec: ModelSpec, args: argparse.Namespace, api_key: str | None) -> int:
+    """Serve one model (see the module docstring): planned, loaded now, then its app on uvicorn."""
+    from .app import create_app
+    from .model_kinds import LOADERS, planned
+
+    logger.setLevel(logging.INFO)  # one line per request, always
+    spec, plan = planned(spec, alone=True)  # its cache, where it has one, sized from the free memory
+    assert spec.kind is not None
+    given = ["--" + name for name in ("engine", "engines") if _given(args, name)]
+    if spec.kind != "chat" and given:  # known once its files are read
+        from ..errors import InvalidSettingsError
+
+        raise InvalidSettingsError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not read with one {spec.kind} model: its "
+            "batches run on a worker thread of the server, in no engine process; leave it out."
+        )
+    runtime = LOADERS[spec.kind][1](spec, plan, engine=args.engine)  # embedding models run in this process
+    app = create_app(
+        runtime,
+        served_model_name=args.served_model_name,
+        api_key=api_key,
+        limits=limits_of(args),
+        on_shutdown=runtime.close,
+        freeze_gc=True,
+        chat_template=spec.chat_template,
+        tool_format=spec.tool_format,
+    )
+    where = f"http://{args.host}:{args.port}/v1"
+    print(f"serving {runtime.model.name} ({runtime.backend_name}) on {where}", file=sys.stderr)
+    return run_http(app, args)
+
+
+def serve_models(config: ServerModels, args: argparse.Namespace, api_key: str | None) -> int:
+    """Serve several models behind one endpoint (see the module docstring)."""
     from .front import create_front
     from .models import ModelRegistry, budget_text
 
@@ -148,89 +282,39 @@ def load_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def alone(args: argparse.Namespace) -> bool:
+    """Whether ``serve`` serves one model alone (one directory or none, no config file)."""
+    return not args.config and len([*args.model, *args.model_dir]) <= 1
+
+
 def serve_command(args: argparse.Namespace) -> int:
     """Run ``exllama-integrations serve`` with its parsed flags (see the module docstring); the exit status."""
     import os
 
+    refuse_unread(args)
     if args.ray:
-        _refuse_connection_flags(args)
+        from .ray.deployment import ray_serve
+
+        ray_serve()  # the extra, if it is missing, named before anything else runs
     key = args.api_key or os.environ.get("EXLLAMA_API_KEY")
-    options = load_options(args)
-    given = [*args.model, *args.model_dir]
-    if args.config or len(given) > 1:
-        return serve_models(args, options, key)
-    model_dir = given[0] if given else None
-    if model_dir is None:
-        from ..demo_model import demo_model_dir
-
-        model_dir = str(demo_model_dir())
-    if args.tool_format is not None:
-        from ..chat.formats import find_format
-
-        find_format(None, args.tool_format)  # a name that is no format is refused before the model loads
-    template = None
-    if args.chat_template is not None:
-        from ..model.template_override import read_template_override
-
-        template = read_template_override(args.chat_template)
+    config = models_of(args)
     if args.ray:
-        from .ray.deployment import limits_of_flags, run_ray
+        from .ray.deployment import run_ray
 
-        return run_ray(
-            model_dir,
-            backend=args.backend,
-            host=args.host,
-            port=args.port,
-            replicas=args.replicas,
-            num_gpus=args.num_gpus,
-            api_key=key,
-            served_model_name=args.served_model_name,
-            tool_format=args.tool_format,
-            chat_template=template,
-            runtime_options={k: v for k, v in options.items() if v is not None},
-            limits=limits_of_flags(args),
-        )
-    from ..runtime.local import ExLlamaRuntime
-
-    logger.setLevel(logging.INFO)  # one line per request, always
-    from ..runtime.local.registry import serving_options
-    from .app import create_app
-
-    rt: Any
-    task = args.task or task_of(model_dir)
-    if task in ("embed", "rerank"):  # its batches run on a worker thread of the server (no engine process)
-        from ..runtime.local import EmbeddingRuntime
-
-        rt = EmbeddingRuntime(model_dir, args.backend, task=task, **{k: v for k, v in options.items() if v is not None})
-    else:
-        rt = ExLlamaRuntime(
-            model_dir,
-            args.backend,
-            engine=args.engine,
-            engines=args.engines,
-            **serving_options(model_dir, args.backend, options),
-        )
-    app = create_app(
-        rt,
-        served_model_name=args.served_model_name,
-        api_key=key,
-        limits=limits_of(args),
-        on_shutdown=rt.close,
-        freeze_gc=True,
-        chat_template=template,
-        tool_format=args.tool_format,
-    )
-    print(f"serving {rt.model.name} ({rt.backend_name}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    return run_http(app, args)
+        return run_ray(config, args, key, alone=alone(args))
+    if alone(args):
+        return serve_one(config.models[0], args, key)
+    return serve_models(config, args, key)
 
 
-def task_of(model_dir: str) -> str:
-    """What a served directory is for, from its files (``embed``, ``rerank`` or ``generate``)."""
-    from ..model.directory import ModelDirectory
-    from ..model.hub import resolve_model_dir
-    from ..model.pooling import detect_task
-
-    return detect_task(ModelDirectory.inspect(resolve_model_dir(model_dir)))
-
-
-__all__ = ["limits_of", "load_options", "models_of", "run_http", "serve_command", "serve_models", "task_of"]
+__all__ = [
+    "UNREAD",
+    "limits_of",
+    "load_options",
+    "models_of",
+    "refuse_unread",
+    "run_http",
+    "serve_command",
+    "serve_models",
+    "serve_one",
+]

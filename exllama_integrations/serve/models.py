@@ -19,7 +19,6 @@ What each kind of model loads as, and which endpoints need which kind, is :mod:`
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -30,7 +29,7 @@ from ..errors import ExLlamaIntegrationsError, InvalidSettingsError, ModelNotFou
 from .footprint import Footprint, default_budget, gib, measure
 from .metrics import Families, Metrics
 from .model_config import ModelSpec, ServerModels
-from .model_kinds import ENDPOINT_KINDS, LOADERS, Plan, kind_of
+from .model_kinds import ENDPOINT_KINDS, LOADERS, Loader, Plan, Planner, planned
 
 logger = logging.getLogger("exllama_integrations.serve")
 
@@ -109,7 +108,7 @@ class ModelRegistry:
         budget: Footprint | None = None,
         app_for: Callable[[Entry, Any], Any] | None = None,
         families: Families | None = None,
-        loaders: Mapping[str, tuple[Callable[[ModelSpec], Plan], Callable[[ModelSpec, Plan], Any]]] | None = None,
+        loaders: Mapping[str, tuple[Planner, Loader]] | None = None,
     ) -> None:
         """Check every model (directory, backend, options, memory) before anything loads.
 
@@ -132,10 +131,7 @@ class ModelRegistry:
         self.app_for = app_for
         self.entries: dict[str, Entry] = {}
         for spec in config.models:
-            spec = dataclasses.replace(spec, kind=kind_of(spec))  # found from its files where its entry says none
-            if spec.kind not in self.loaders:
-                raise InvalidSettingsError(f"model {spec.name!r}: no model of kind {spec.kind!r} can be served here.")
-            entry = Entry(spec, self.loaders[spec.kind][0](spec))
+            entry = Entry(*planned(spec, self.loaders))  # its kind found from its files where its entry says none
             if not entry.held.within(budget):
                 raise InvalidSettingsError(
                     f"model {spec.name!r} needs about {entry.held.describe()}, more than the whole budget "
@@ -275,7 +271,8 @@ class ModelRegistry:
         assert e.busy is not None
         loop = asyncio.get_running_loop()
         why = f"; unloading {', '.join(repr(v.name) for v in victims)} (least recently used) first" if victims else ""
-        logger.info("loading %r (%s) for a request: about %s%s", e.name, e.plan.backend, e.held.describe(), why)
+        reason = "at startup (pinned)" if e.spec.pinned else "for a request"  # a pinned model loads only in start()
+        logger.info("loading %r (%s) %s: about %s%s", e.name, e.plan.backend, reason, e.held.describe(), why)
         t0 = time.monotonic()
 
         async def progress() -> None:

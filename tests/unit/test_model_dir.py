@@ -174,20 +174,22 @@ def test_exl3_weights_with_padded_hidden_size_are_refused_before_loading(model: 
         ExLlamaV3Backend.check_model(ModelDirectory.inspect(model))
 
 
-def test_a_server_warms_exllamav3_up_and_leaves_other_backends_and_choices_alone(demo_dir, monkeypatch):
+def test_a_server_warms_exllamav3_up_and_leaves_other_backends_and_choices_alone(demo_dir):
     from exllama_integrations.backends import backend_class
     from exllama_integrations.runtime.local import registry
 
-    assert registry.serving_options(demo_dir, "transformers", {"num_threads": 1}) == {"num_threads": 1}
-    assert registry.serving_options(demo_dir, "transformers", {}, gpu_share=0.5) == {}  # no cache to size
-    monkeypatch.setattr(registry, "resolve_backend", lambda name, model: backend_class("exllamav3"))
+    cpu, v3 = backend_class("transformers"), backend_class("exllamav3")
+    assert registry.serving_options(cpu, {"num_threads": 1}) == {"num_threads": 1}
+    assert registry.serving_options(cpu, {}, gpu_share=0.5) == {}  # no cache to size
     burst = {"burst_window": 0.02}
     want = {"cache_size": 4096, "warmup": True, **burst}
-    assert registry.serving_options(demo_dir, "auto", {"cache_size": 4096}) == want
-    assert registry.serving_options(demo_dir, "auto", {"warmup": False}) == {"warmup": False, **burst}
-    half = registry.serving_options(demo_dir, "auto", {}, gpu_share=0.5)  # a Ray replica at num_gpus=0.5
+    assert registry.serving_options(v3, {"cache_size": 4096}) == want
+    assert registry.serving_options(v3, {"warmup": False}) == {"warmup": False, **burst}
+    half = registry.serving_options(v3, {}, gpu_share=0.5)  # a Ray replica at num_gpus=0.5
     assert half == {"warmup": True, "burst_window": 0.02, "memory_share": 0.5}
-    assert registry.serving_options(demo_dir, "auto", {"memory_share": 0.3}, gpu_share=0.5)["memory_share"] == 0.3
+    assert registry.serving_options(v3, {"memory_share": 0.3}, gpu_share=0.5)["memory_share"] == 0.3
+    plan = registry.plan_serving(demo_dir, "transformers", {"num_threads": 1})  # the plan a server loads from
+    assert plan.backend is cpu and plan.options.num_threads == 1 and plan.model.path == demo_dir.resolve()
 
 
 def test_a_multimodal_models_context_is_read_from_its_text_config(model: Path):

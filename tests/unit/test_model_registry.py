@@ -46,7 +46,7 @@ class Loader:
         self.fail: set[str] = set()
         self.runtimes: dict[str, FakeRuntime] = {}
 
-    def plan(self, spec):
+    def plan(self, spec, model=None):
         return Plan(None, "fake", None, Footprint(0, spec.options.get("size", 1) * GIB), 128)
 
     def load(self, spec, plan):
@@ -226,3 +226,16 @@ def test_declared_memory_is_what_counts():
     loader = Loader()
     reg = registry(loader, {"name": "a", "model_dir": "x", "ram": "512MiB", "options": {"size": 1}})
     assert reg.entries["a"].held == Footprint(0, 512 * 2**20)
+
+
+async def test_the_log_says_why_a_model_loads(caplog):
+    """A pinned model's load is logged as loaded at startup, one loaded on demand as loaded for a request."""
+    loader = Loader()
+    reg = registry(loader, {"name": "p", "model_dir": "p", "pinned": True}, {"name": "b", "model_dir": "b"})
+    with caplog.at_level("INFO", logger="exllama_integrations.serve"):
+        await reg.start()
+        started = caplog.text
+        await use(reg, "b")
+    assert "loading 'p' (fake) at startup (pinned)" in started and "for a request" not in started
+    assert "loading 'b' (fake) for a request" in caplog.text
+    await reg.close()

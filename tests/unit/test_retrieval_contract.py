@@ -106,10 +106,14 @@ def test_a_pipeline_module_not_computed_here_is_refused_by_name(tmp_path, minilm
 def test_serve_finds_what_a_directory_is_for(minilm_dir, demo_dir, tmp_path):
     import shutil
 
-    from exllama_integrations.serve.launch import task_of
+    from exllama_integrations.serve.model_config import ModelSpec
+    from exllama_integrations.serve.model_kinds import kind_of
 
-    assert task_of(str(minilm_dir)) == "embed"
-    assert task_of(str(demo_dir)) == "generate"
+    def task_of(path: str) -> str:  # what serve finds a directory is for: its kind
+        return kind_of(ModelSpec("m", path))
+
+    assert task_of(str(minilm_dir)) == "embedding"
+    assert task_of(str(demo_dir)) == "chat"
     head = tmp_path / "head"
     shutil.copytree(minilm_dir, head, ignore=shutil.ignore_patterns("modules.json", "1_Pooling"))
     config = json.loads((head / "config.json").read_text())

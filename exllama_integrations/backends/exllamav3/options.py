@@ -212,6 +212,16 @@ class ExLlamaV3Options(BackendOptions):
             raise ValueError(f"{' and '.join(ways)} are {len(ways)} ways to draft: choose one")
         if self.num_draft_tokens is not None and not ways:
             raise ValueError("num_draft_tokens needs draft_model_dir, draft='mtp' or ngram_match_min")
+        if self.prefill == "batched" and self.decode != "fast":
+            raise ValueError(
+                "prefill='batched' runs inside the fast decode path: with decode='exllamav3' prompts are prefilled job "
+                "by job; leave prefill unset or use decode='fast'"
+            )
+        if self.disk_cache_dir and not self.cpu_cache_size:
+            raise ValueError(
+                "disk_cache_dir is the tier behind cpu_cache_size, which is 0 (off): set cpu_cache_size (bytes of "
+                "host memory, e.g. 4294967296) too, or leave disk_cache_dir unset"
+            )
         if self.deterministic and self.decode != "fast":
             raise ValueError("deterministic=True needs decode='fast' (the rows of a step run apart there)")
         if self.deterministic and self.prefill == "batched":

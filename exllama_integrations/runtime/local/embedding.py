@@ -16,9 +16,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...backends.base import build_options
 from ...backends.pooling import Encoded, resolve_pooling_backend
@@ -34,7 +34,7 @@ from ...contract.retrieval import (
     reranker,
 )
 from ...contract.settings import GenerationSettings
-from ...errors import RuntimeClosedError, UnsupportedTaskError
+from ...errors import InvalidSettingsError, RuntimeClosedError, UnsupportedTaskError
 from ...model.directory import ModelDirectory
 from ...model.hub import resolve_model_dir
 from ...model.pooling import read_pooling
@@ -52,10 +52,29 @@ logger = logging.getLogger(__name__)
 _registry: Registry[EmbeddingRuntime] = Registry(lambda rt: not rt.closed)
 
 
-def _plan(
-    model_dir: str | os.PathLike[str], backend: str, task: str | None, values: dict[str, Any]
-) -> tuple[ModelDirectory, Any, type[PoolingBackend], PoolingOptions]:
-    model = ModelDirectory.inspect(resolve_model_dir(model_dir))
+class PoolingPlan(NamedTuple):
+    """An embedding or rerank model's load resolved before anything loads (handed down as it is)."""
+
+    model: ModelDirectory
+    pooling: Any
+    backend: type[PoolingBackend]
+    options: PoolingOptions
+
+
+def plan_pooling(
+    model_dir: str | os.PathLike[str],
+    backend: str,
+    task: str | None,
+    values: Mapping[str, Any],
+    model: ModelDirectory | None = None,
+) -> PoolingPlan:
+    """The directory inspected (unless given), its pooling read for ``task``, the backend resolved, its options.
+
+    Raises:
+        UnsupportedTaskError: the directory holds a text-generation model and no task was given.
+        ModelLoadError / InvalidSettingsError: the directory or an option is refused.
+    """
+    model = model or ModelDirectory.inspect(resolve_model_dir(model_dir))
     pooling = read_pooling(model, task)
     if pooling.task == "generate":
         raise UnsupportedTaskError(
@@ -64,7 +83,7 @@ def _plan(
         )
     cls = resolve_pooling_backend(backend, model, pooling)
     options = cls.resolve_options(build_options(cls.Options, cls.name, values))  # type: ignore[arg-type]
-    return model, pooling, cls, options  # type: ignore[return-value]
+    return PoolingPlan(model, pooling, cls, options)  # type: ignore[arg-type]
 
 
 class EmbeddingRuntime(RuntimeBase):
@@ -88,11 +107,14 @@ class EmbeddingRuntime(RuntimeBase):
         max_seq_len: int | None = None,
         dtype: str | None = None,
         device: str | None = None,
+        plan: PoolingPlan | None = None,
         **backend_options: Any,
     ) -> None:
         """Load ``model_dir`` to embed or rerank (``task``: found from its files unless given).
 
         ``max_seq_len``: read at most this many tokens of an input (default: the model's limit).
+        ``plan``: the load resolved already (:func:`plan_pooling`, a server's plan): loaded as it is, the directory
+        not inspected again (``max_seq_len`` the plan options').
 
         Raises:
             UnsupportedTaskError: the directory holds a text-generation model and no task was given.
@@ -100,8 +122,12 @@ class EmbeddingRuntime(RuntimeBase):
             MissingDependencyError / BackendUnavailableError: the backend cannot run here.
             InvalidSettingsError: an unknown or invalid load option.
         """
+        if plan is not None:
+            if backend_options or max_seq_len or dtype or device:
+                raise InvalidSettingsError("a runtime loaded from a plan takes the plan's load options, not others.")
+            max_seq_len = plan.options.max_seq_len
         values = {"dtype": dtype, "device": device, **backend_options}
-        model, pooling, cls, options = _plan(model_dir, backend, task, values)
+        model, pooling, cls, options = plan or plan_pooling(model_dir, backend, task, values)
         self.model, self.pooling, self.options = model, pooling, options
         self.settings = GenerationSettings()
         self.tokenizer = NativeTokenizer(model)
@@ -138,7 +164,7 @@ class EmbeddingRuntime(RuntimeBase):
     ) -> EmbeddingRuntime:
         """The loaded runtime for this directory, backend, task and options, loading it on first use."""
         values = {k: v for k, v in options.items() if k != "max_seq_len"}
-        model, pooling, backend_cls, resolved = _plan(model_dir, backend, task, values)
+        model, pooling, backend_cls, resolved = plan_pooling(model_dir, backend, task, values)
         key = (str(model.path), backend_cls.name, pooling.task, resolved.key(), options.get("max_seq_len"))
 
         def load() -> EmbeddingRuntime:

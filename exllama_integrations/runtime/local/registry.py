@@ -14,10 +14,11 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from ...backends import options_for, resolve_backend
 from ...backends.base import gpu_share_options
+from ...errors import InvalidSettingsError
 from ...model.directory import ModelDirectory
 from ...model.hub import resolve_model_dir
 
@@ -104,6 +105,18 @@ class Registry(Generic[T]):
             return len(self._entries) + len(self._loading)
 
 
+class LoadPlan(NamedTuple):
+    """A model's load resolved before anything loads: the inspected directory, the backend class, its options.
+
+    Resolved once and handed down as it is (``ExLlamaRuntime(plan=...)``, the engine processes), never flattened to
+    keyword arguments and resolved again.
+    """
+
+    model: ModelDirectory
+    backend: type[Backend]
+    options: BackendOptions
+
+
 def plan_load(
     model_dir: str | os.PathLike[str],
     backend: str,
@@ -111,12 +124,23 @@ def plan_load(
     dtype: str | None,
     device: str | None,
     backend_options: Mapping[str, Any],
-) -> tuple[ModelDirectory, type[Backend], BackendOptions]:
-    """The inspected directory, the backend class and its resolved options (nothing loaded yet)."""
+    plan: LoadPlan | None = None,
+) -> LoadPlan:
+    """The inspected directory, the backend class and its resolved options (nothing loaded yet).
+
+    ``plan``: a load resolved already (a server's, :func:`plan_serving`), returned as it is.
+
+    Raises:
+        InvalidSettingsError: load options given beside a ``plan`` (its options are the plan's).
+    """
+    if plan is not None:
+        if any(v is not None for v in (max_seq_len, dtype, device)) or backend_options:
+            raise InvalidSettingsError("a runtime loaded from a plan takes the plan's load options, not others.")
+        return plan
     model = ModelDirectory.inspect(resolve_model_dir(model_dir))
     backend_cls = resolve_backend(backend, model)
     values = {"max_seq_len": max_seq_len, "dtype": dtype, "device": device, **backend_options}
-    return model, backend_cls, options_for(backend_cls, values)
+    return LoadPlan(model, backend_cls, options_for(backend_cls, values))
 
 
 SERVING_DEFAULTS: dict[str, Any] = {"warmup": True, "burst_window": 0.02}
@@ -124,14 +148,29 @@ SERVING_DEFAULTS: dict[str, Any] = {"warmup": True, "burst_window": 0.02}
 load, and its idle driver waits out the gaps of a burst of clients (see ``ExLlamaV3Options.burst_window``)."""
 
 
-def serving_options(
-    model_dir: str | os.PathLike[str], backend: str, options: Mapping[str, Any], gpu_share: float = 1.0
-) -> dict[str, Any]:
+def serving_options(backend: type[Backend], options: Mapping[str, Any], gpu_share: float = 1.0) -> dict[str, Any]:
     """Load options for a server's model: the given ones, and :data:`SERVING_DEFAULTS` where they say nothing.
 
     A replica that has ``gpu_share`` (< 1) of its GPU (a Ray replica's fractional ``num_gpus``) also gets that
     ``memory_share`` (:func:`~...backends.base.gpu_share_options`, as an engine of ``engines=N`` does).
     """
     out = {k: v for k, v in options.items() if v is not None}
-    kind = resolve_backend(backend, ModelDirectory.inspect(resolve_model_dir(model_dir))).Options
-    return {**out, **kind.unless_given(out, {**SERVING_DEFAULTS, **gpu_share_options(gpu_share)})}
+    return {**out, **backend.Options.unless_given(out, {**SERVING_DEFAULTS, **gpu_share_options(gpu_share)})}
+
+
+def plan_serving(
+    model_dir: str | os.PathLike[str],
+    backend: str,
+    options: Mapping[str, Any],
+    gpu_share: float = 1.0,
+    model: ModelDirectory | None = None,
+) -> LoadPlan:
+    """A server's model planned (:func:`serving_options`); ``model``: the directory, where it was inspected already.
+
+    Raises:
+        ModelLoadError: the directory cannot be loaded.
+        InvalidSettingsError: an unknown or invalid load option.
+    """
+    model = model or ModelDirectory.inspect(resolve_model_dir(model_dir))
+    backend_cls = resolve_backend(backend, model)
+    return LoadPlan(model, backend_cls, options_for(backend_cls, serving_options(backend_cls, options, gpu_share)))

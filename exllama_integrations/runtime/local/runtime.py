@@ -27,7 +27,7 @@ from ...model.tokenizer import NativeTokenizer
 from ..base import RuntimeBase, check_request
 from .prompt import fit_to_context, prompt_ids
 from .reasoning import ReasoningControl
-from .registry import Registry, close_at_exit, plan_load
+from .registry import LoadPlan, Registry, close_at_exit, plan_load
 from .run import LocalStream, Run, aiter_run, async_queue
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class ExLlamaRuntime(RuntimeBase):
         settings: GenerationSettings | None = None,
         engine: str = "thread",
         engines: int = 1,
+        plan: LoadPlan | None = None,
         **backend_options: Any,
     ) -> None:
         """Load ``model_dir`` (a directory, or a Hugging Face Hub id) with ``backend``.
@@ -90,6 +91,7 @@ class ExLlamaRuntime(RuntimeBase):
         callbacks, your app) shares the driver's Python; templates, tokenizing and detokenizing stay here.
         ``engines``: how many engine processes, each with its own copy of the model and cache, requests
         spread over them by prefix and load (implies ``engine="process"``).
+        ``plan``: a load resolved already (a server's): loaded as it is, the directory not inspected again.
 
         Raises:
             ModelLoadError: (ModelNotFoundError, InvalidModelError, UnsupportedModelError) the directory
@@ -98,7 +100,7 @@ class ExLlamaRuntime(RuntimeBase):
             BackendUnavailableError: the backend cannot run on this machine.
             InvalidSettingsError: an unknown or invalid load option.
         """
-        model, backend_cls, options = plan_load(model_dir, backend, max_seq_len, dtype, device, backend_options)
+        model, backend_cls, options = plan_load(model_dir, backend, max_seq_len, dtype, device, backend_options, plan)
         self.model: ModelDirectory = model
         self.tokenizer = NativeTokenizer(model)
         self.options: BackendOptions = options

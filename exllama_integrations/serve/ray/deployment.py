@@ -24,11 +24,24 @@ from .network import NO_MULTICAST, before_ray_starts, bind_replica_grpc_to_node_
 logger = logging.getLogger(__name__)
 
 
-def _serve() -> Any:
+def ray_serve() -> Any:
+    """Ray Serve, or the extra to install named (``serve --ray`` asks before anything else runs).
+
+    Raises:
+        MissingDependencyError: Ray or Ray Serve's own dependencies are not installed.
+    """
     try:
+        import ray  # noqa: F401 - Ray itself first: ``ray.serve`` alone can import without it half-installed
         from ray import serve
-    except ImportError:
-        raise MissingDependencyError("ray[serve]", "ray", "Ray Serve replicas") from None
+    except ImportError as e:
+        missing = MissingDependencyError("ray[serve]", "ray", "Ray Serve replicas")
+        # the package is installed from a clone (it is not on PyPI): say that command (ImportError's str is its msg)
+        missing.msg = (
+            f"Ray Serve is not installed (needed for serve --ray; {e}). Install the extra 'ray' in the clone of "
+            'exllama-integrations you installed from: `pip install -e ".[ray]"`.'
+        )
+        missing.args = (missing.msg,)
+        raise missing from None
     return serve
 
 
@@ -42,11 +55,11 @@ class ExLlamaModel:
         from ray import serve
 
         from ...runtime.local import ExLlamaRuntime
-        from ...runtime.local.registry import serving_options
+        from ...runtime.local.registry import plan_serving
 
         backend = config.get("backend", "auto")
-        options = serving_options(config["model_dir"], backend, config.get("runtime", {}), config.get("gpu_share", 1.0))
-        self.runtime = ExLlamaRuntime(config["model_dir"], backend, **options)
+        plan = plan_serving(config["model_dir"], backend, config.get("runtime", {}), config.get("gpu_share", 1.0))
+        self.runtime = ExLlamaRuntime(plan.model.path, plan.backend.name, plan=plan)  # the directory inspected once
         self.replica = str(serve.get_replica_context().replica_id.unique_id)
 
     def info(self) -> dict[str, Any]:
@@ -104,7 +117,7 @@ def build_app(args: dict[str, Any]) -> Any:
     ``max_ongoing_requests``, ``tool_format``, ``chat_template``, ``kind``), instead of ``model_dir``: one model
     deployment each behind one ingress, which sends a request to the deployment of the model it names.
     """
-    serve = _serve()
+    serve = ray_serve()
     if args.get("models"):
         return _build_models(serve, args)
     if not args.get("model_dir"):
@@ -151,7 +164,7 @@ def _model(serve: Any, args: dict[str, Any], name: str) -> tuple[Any, dict[str, 
         "runtime": dict(args.get("runtime") or {}),
         "tool_format": args.get("tool_format"),
         "chat_template": args.get("chat_template"),
-        "kind": args.get("kind", "chat"),
+        "kind": args.get("kind") or "chat",
         "gpu_share": float(num_gpus) if 0 < float(num_gpus) < 1 else 1.0,
     }
     return serve.deployment(ExLlamaModel, **options).bind(config), config
@@ -185,7 +198,7 @@ def _build_models(serve: Any, args: dict[str, Any]) -> Any:
         entry = dict(entry)
         if not entry.get("model_dir"):
             raise InvalidSettingsError(f"models[{i}] needs model_dir (a model directory or Hub id).")
-        if entry.get("kind", "chat") != "chat":
+        if (entry.get("kind") or "chat") != "chat":
             raise InvalidSettingsError(
                 f"models[{i}] is of kind {entry['kind']!r}: Ray's deployments serve chat models here; serve an "
                 "embedding or rerank model with `exllama-integrations serve`."
@@ -201,35 +214,37 @@ def _build_models(serve: Any, args: dict[str, Any]) -> Any:
     return ingress.bind(handles, {"models": configs, **_server_keys(args)})
 
 
-def run_ray(
-    model_dir: str,
-    *,
-    backend: str = "auto",
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    replicas: int = 1,
-    num_gpus: float | None = None,
-    api_key: str | None = None,
-    served_model_name: str | None = None,
-    runtime_options: dict[str, Any] | None = None,
-    limits: dict[str, Any] | None = None,
-    tool_format: str | None = None,
-    chat_template: str | None = None,
-) -> int:
-    """Start (or join) Ray here, serve ``replicas`` replicas behind its proxy on ``host:port``, until interrupted."""
-    app_args = {
-        "model_dir": model_dir,
-        "backend": backend,
+def ray_entry(spec: Any, replicas: int) -> dict[str, Any]:
+    """A served model (a :class:`~..model_config.ModelSpec`) as ``build_app`` takes it (its ``models`` entries)."""
+    return {
+        "name": spec.name,
+        "model_dir": spec.model_dir,
+        "backend": spec.backend,
+        "runtime": {k: v for k, v in spec.options.items() if v is not None},
+        "kind": spec.kind or "chat",  # one found from its files on the nodes: Ray's deployments serve chat models
+        "tool_format": spec.tool_format,
+        "chat_template": spec.chat_template,
         "num_replicas": replicas,
-        "num_gpus": num_gpus,
-        "api_key": api_key,
-        "served_model_name": served_model_name,
-        "tool_format": tool_format,
-        "chat_template": chat_template,
-        "runtime": runtime_options or {},
-        "limits": limits or {},
     }
-    return _run(app_args, host, port, f"{model_dir} on {replicas} Ray replica(s)")
+
+
+def run_ray(config: Any, args: Any, api_key: str | None, alone: bool) -> int:
+    """``serve --ray``: the models ``serve`` would serve (a :class:`~..model_config.ServerModels`) as Ray deployments.
+
+    One model ``alone`` is one deployment behind the ingress of one model (``build_app(model_dir=...)``); several (or a
+    config file) a deployment each behind one ingress (``build_app(models=[...])``). Each model's replicas stay loaded
+    (Ray places them by their ``num_gpus``; scaling is Ray's ``autoscaling_config``). Ray is started (or joined) here,
+    serving on the flags' host and port until interrupted.
+    """
+    common = {"num_gpus": args.num_gpus, "api_key": api_key, "limits": limits_of_flags(args)}
+    entries = [ray_entry(m, args.replicas) for m in config.models]
+    if alone:
+        (entry,) = entries
+        app_args = {**entry, "served_model_name": args.served_model_name, **common}
+        del app_args["name"]
+        return _run(app_args, args.host, args.port, f"{entry['model_dir']} on {args.replicas} Ray replica(s)")
+    app_args = {"models": entries, **common}
+    return _run(app_args, args.host, args.port, f"{', '.join(config.names)} as Ray deployments")
 
 
 def limits_of_flags(args: Any) -> dict[str, Any]:
@@ -244,39 +259,11 @@ def limits_of_flags(args: Any) -> dict[str, Any]:
     }
 
 
-def run_ray_models(config: Any, args: Any, api_key: str | None) -> int:
-    """``serve --ray`` over several models (a :class:`~..model_config.ServerModels`): a deployment each, one ingress.
-
-    Each model's replicas stay loaded (Ray places them by their ``num_gpus``; scaling is Ray's ``autoscaling_config``);
-    the budget and ``keep_alive`` of a server of several models do not apply.
-    """
-    models = [
-        {
-            "name": m.name,
-            "model_dir": m.model_dir,
-            "backend": m.backend,
-            "runtime": {k: v for k, v in m.options.items() if v is not None},
-            "kind": m.kind,
-            "tool_format": m.tool_format,
-            "chat_template": m.chat_template,
-            "num_replicas": args.replicas,
-        }
-        for m in config.models
-    ]
-    app_args = {
-        "models": models,
-        "num_gpus": args.num_gpus,
-        "api_key": api_key,
-        "limits": limits_of_flags(args),
-    }
-    return _run(app_args, args.host, args.port, f"{', '.join(config.names)} as Ray deployments")
-
-
 def _run(app_args: dict[str, Any], host: str, port: int, what: str) -> int:
     before_ray_starts(host)
     import ray
 
-    serve = _serve()
+    serve = ray_serve()
     ray.init(include_dashboard=False, ignore_reinit_error=True)
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_app(app_args), name="exllama", route_prefix="/")

@@ -188,7 +188,7 @@ def front_over(handles: dict[str, Any], c: dict[str, Any], freeze_gc: bool) -> A
         for name, m in c["models"].items()
     )
 
-    def plan(spec: ModelSpec) -> Plan:
+    def plan(spec: ModelSpec, model: Any = None) -> Plan:
         return Plan(None, "ray", None, Footprint(), 0)
 
     def load(spec: ModelSpec, plan: Plan) -> HandleRuntime:  # on a worker thread: blocking calls are allowed
