@@ -14,6 +14,7 @@ model writes. A cut JSON object read as far as it got: :mod:`.partial`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import string
@@ -77,6 +78,7 @@ class Progress:
     done: bool = False
 
 
+@functools.lru_cache(maxsize=256)
 def _pattern(literal: str) -> re.Pattern[str]:
     """``literal`` as a regex in which a run of whitespace is any whitespace (a model writing freely).
 
@@ -99,8 +101,9 @@ class CallProgress:
         self._schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
         self._text, self._pos, self._state = "", 0, "lost"
         self._name_at = self._depth = self._keys = self._sent = 0
-        self._value_at = -1
-        self._quote = self._escape = self._bare = False
+        self._value_at = self._looked = self._json_end = -1
+        self._scanned = 0  # a trimmed string value: how far its text has been looked at for spaces at its end
+        self._quote = self._escape = self._bare = self._plain = False
         self._schema: Any = None
         self._flag: str | None = None
         self._kind = ""
@@ -124,6 +127,7 @@ class CallProgress:
         self._heads = [head] if head.strip() else [fmt.before, fmt.between]
         self._anchored = not head.strip()
         self._between = _pattern(between)
+        self._window = _LONGEST_NAME + 4 * len(between) + 64  # how far a name's end is looked for
         if "\x00" in between:  # a name written again inside it
             self._between = re.compile(r'[^\s<>"]*'.join(_pattern(p).pattern for p in between.split("\x00")))
         elif not between and slots[1] == "gemma_arguments":
@@ -166,10 +170,11 @@ class CallProgress:
             return True
         pattern = _pattern(literal)
         if self._anchored:  # right where the last call ended (or the reply began)
-            body = self._text[self._pos :].lstrip()
-            m = pattern.match(self._text, len(self._text) - len(body))
+            self._pos = self._space(self._pos)
+            m = pattern.match(self._text, self._pos)
             if m is None:
-                if body and not literal.strip().startswith(body[: len(literal.strip())]):
+                head = self._text[self._pos : self._pos + len(literal.strip())]
+                if head and not literal.strip().startswith(head):
                     self._state = "lost"
                 return False
         else:
@@ -181,8 +186,16 @@ class CallProgress:
         self._state = "name"
         return True
 
+    def _space(self, at: int) -> int:
+        """Where the whitespace from ``at`` ends (each character of a run looked at once: callers move past it)."""
+        text, n = self._text, len(self._text)
+        while at < n and text[at].isspace():
+            at += 1
+        return at
+
     def _name(self, out: list[tuple[int, str]]) -> bool:
-        m = self._between.search(self._text, self._name_at)
+        # (bounded: a name is at most _LONGEST_NAME long, so no open is followed to the end of the reply)
+        m = self._between.search(self._text, self._name_at, self._name_at + self._window)
         if m is None:
             if len(self._text) - self._name_at > _LONGEST_NAME:
                 self._state, self._pos = ("lost", self._pos) if self._anchored else ("seek", self._name_at)
@@ -250,12 +263,11 @@ class CallProgress:
 
     def _object_begins(self) -> bool:
         """Past the whitespace to the ``{`` the arguments begin with (False: none yet, or lost on something else)."""
-        body = self._text[self._pos :].lstrip()
-        if not body or body[0] != "{":
-            if body:
+        self._pos = self._space(self._pos)
+        if self._pos >= len(self._text) or self._text[self._pos] != "{":
+            if self._pos < len(self._text):
                 self._state = "lost"
             return False
-        self._pos = len(self._text) - len(body)
         return True
 
     def _arguments(self, out: list[tuple[int, str]]) -> bool:
@@ -272,12 +284,12 @@ class CallProgress:
     def _python_arguments(self, out: list[tuple[int, str]]) -> bool:
         """``K=V, ...)``: each key when whole, each value (JSON, as the grammar writes it) as it comes."""
         if self._value_at < 0:
-            body = self._text[self._pos :].lstrip()
-            if self._keys and body.startswith(","):
-                body = body[1:].lstrip()
+            self._pos = self._space(self._pos)
+            if self._keys and self._text.startswith(",", self._pos):
+                self._pos = self._space(self._pos + 1)
+            body = self._text[self._pos : self._pos + _LONGEST_NAME + 1]
             if not body:
                 return False
-            self._pos = len(self._text) - len(body)
             if body[0] == ")":
                 self._emit(out, "}")
                 self._pos += 1
@@ -293,8 +305,7 @@ class CallProgress:
             self._value_at = self._pos
             return True
         if self._pos == self._value_at:  # a value's leading spaces are not written out
-            body = self._text[self._pos :].lstrip()
-            self._pos = self._value_at = len(self._text) - len(body)
+            self._pos = self._value_at = self._space(self._pos)
         start = self._pos
         end = self._scan(",)")
         self._pos = len(self._text) if end is None else end
@@ -329,8 +340,8 @@ class CallProgress:
         """
         shape = self._layout
         if self._value_at < 0:
-            body = self._text[self._pos :].lstrip()
-            at = len(self._text) - len(body)
+            at = self._pos = self._space(self._pos)
+            body = self._text[at : at + _LONGEST_NAME + 4 * len(shape.open + shape.between) + 64]
             if body.startswith(shape.end):
                 self._emit(out, "}" if self._keys else "{}")
                 self._pos = at + len(shape.end)
@@ -352,9 +363,9 @@ class CallProgress:
                         self._state = "lost"
                     return False
                 flag, end = f.group(1), f.end()
-            if end == len(body) and not shape.trimmed:  # (the newline after it decides where the value begins)
+            if at + end == len(self._text) and not shape.trimmed:  # (a newline after it: where the value begins)
                 return False
-            self._pos = at + end + (not shape.trimmed and body[end] == "\n")
+            self._pos = at + end + (not shape.trimmed and self._text[at + end] == "\n")
             self._schema = ((self._schemas.get(self.calls[-1].name) or {}).get("properties") or {}).get(key)
             self._flag = flag
             self._bare = flag == "true" if flag is not None else text_kinds(self._schema)[1] is None
@@ -362,9 +373,16 @@ class CallProgress:
             if self._bare:
                 self._emit(out, '"')
             self._keys += 1
-            self._value_at = self._sent = self._pos
+            self._value_at = self._sent = self._looked = self._pos
+            self._json_end, self._plain, self._depth, self._quote, self._escape = -1, self._bare, 0, False, False
             return True
-        close = self._text.find(shape.close, self._value_at)
+        if not self._plain:  # a JSON kind: an array or object is read to its end (its strings may hold the close)
+            done = self._json_container(out, shape)
+            if done is not None:
+                return done
+        # (looked for from where the last look ended: a long value is looked through once)
+        close = self._text.find(shape.close, max(self._value_at, self._looked - len(shape.close) + 1))
+        self._looked = len(self._text)
         if close < 0:
             if self._bare:
                 self._stream_text(out, shape)
@@ -381,14 +399,52 @@ class CallProgress:
         self._pos, self._value_at = close + len(shape.close), -1
         return True
 
+    def _json_container(self, out: list[tuple[int, str]], shape: _Params) -> bool | None:
+        """A value of a JSON kind that is an array or object, read whole to its end, then its close.
+
+        None where it is not one, or is not followed by its close: the value is then its text up to the first
+        close, as for any other (and is not looked at as JSON again).
+        """
+        if self._json_end < 0:
+            if self._depth == 0:
+                start = self._space(self._value_at)
+                if start >= len(self._text):
+                    return False
+                if self._text[start] not in "[{":
+                    self._plain = True
+                    return None
+                self._pos = start
+            end = self._scan("")
+            if end is None:
+                self._pos = len(self._text)
+                return False
+            self._json_end = end
+        after = self._space(self._json_end)
+        rest = self._text[after : after + len(shape.close)]
+        if len(rest) < len(shape.close) and shape.close.startswith(rest):
+            return False  # (may be its close yet)
+        if rest == shape.close:
+            try:
+                value = json.loads(self._text[self._value_at : self._json_end])
+            except ValueError:
+                pass
+            else:
+                self._emit(out, json.dumps(value, ensure_ascii=False))
+                self._pos, self._value_at, self._depth = after + len(shape.close), -1, 0
+                return True
+        self._plain, self._depth, self._quote, self._escape = True, 0, False, False
+        return None
+
     def _stream_text(self, out: list[tuple[int, str]], shape: _Params) -> None:
         """A string value's text so far, less what may yet be its close (and, trimmed, its spaces at either end)."""
         if shape.trimmed and self._sent == self._value_at:  # its leading spaces are not the value's
-            body = self._text[self._value_at :].lstrip()
-            self._sent = self._value_at = len(self._text) - len(body)
+            self._sent = self._value_at = self._looked = self._space(self._value_at)
         upto = len(self._text) - _held(self._text, ("" if shape.trimmed else "\n") + shape.close)
-        if shape.trimmed:
-            upto = self._sent + len(self._text[self._sent : upto].rstrip())
+        if shape.trimmed:  # spaces at its end are held back; what came before the last look is not looked at again
+            since = max(self._sent, self._scanned)
+            kept = len(self._text[since:upto].rstrip())
+            self._scanned = max(self._scanned, upto)
+            upto = since + kept if kept else self._sent
         if upto > self._sent:
             self._emit(out, _escaped(self._text[self._sent : upto]))
             self._sent = upto
