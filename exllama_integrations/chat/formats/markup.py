@@ -146,7 +146,7 @@ def read_tags(body_args: Mapping[str, Any], body: str, schemas: Mapping[str, Any
     may open (Muse Glimmer's ``NAME<|message|><atem:function_calls>``); parameters as ``write_param`` writes them.
     """
     opening, name_end, closing = body_args["invoke"]
-    sep, wrap, header = body_args.get("sep"), body_args.get("wrap"), body_args.get("header")
+    sep, wrap, header = body_args.get("sep"), body_args.get("wrap"), str(body_args.get("header", ""))
     layout = _layout(body_args["write_param"])
     strip = body_args.get("strip", True)
     c = Cursor(body)
