@@ -9,7 +9,7 @@ and streamed in chunks (the :class:`ReplyReader` and the :class:`CallProgress` a
 as its arguments included).
 
 Measured as a ratio in one run (CPU time of this process, garbage collection off, the median of a few
-interleaved repetitions, measured again once before failing), so a busy machine slows both sizes alike.
+interleaved repetitions, measured up to three times before failing), so a busy machine slows both sizes alike.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ SIZE = 20_000
 """Characters of the smaller reply (the larger is twice as long)."""
 RATIO = 2.5
 REPEATS = 3
+ROUNDS = 3
+"""Measurements before a ratio over ``RATIO`` fails (the readers this replaced measured x3 to x5 every time)."""
 CHUNK = 48
 """Characters a streamed piece (a few tokens)."""
 
@@ -119,8 +121,10 @@ def test_reading_twice_the_reply_costs_at_most_about_twice_the_time(name: str) -
     slow = []
     for kind, make in _replies(name).items():
         ratio, a, b = _ratio(name, make)
-        if ratio > RATIO:
-            ratio, a, b = _ratio(name, make)  # (once more: a busy machine may have slowed one size)
+        for _ in range(ROUNDS - 1):  # (again: a busy machine may have slowed one size; a slow reader stays slow)
+            if ratio <= RATIO:
+                break
+            ratio, a, b = _ratio(name, make)
         if ratio > RATIO:
             slow.append(f"{kind}: {1000 * a:.0f} ms -> {1000 * b:.0f} ms (x{ratio:.1f})")
     assert not slow, f"{name}: reading twice the text costs more than {RATIO}x the time: {slow}"
