@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from .markup import read_xml
 from .table import ToolFormat
 from .tagged import read_tagged
 from .values import PY_CONSTANTS, text_value
@@ -41,7 +42,7 @@ def read_body(fmt: ToolFormat, body: str, schemas: Mapping[str, Any]) -> list[Ca
         m = re.match(fmt.body_args["pattern"], body, re.S)
         if m is None:
             raise ValueError(f"the call does not have the {fmt.name} shape")
-        return [(m.group("name").strip(), _object(json.loads(m.group("arguments") or "{}")))]
+        return [(m.group("name").strip(), _object(json.loads(m.group("arguments").strip() or "{}")))]
     if kind == "xml":
         return [_xml_call(body, schemas)]
     if kind == "python":
@@ -91,18 +92,9 @@ def _json_values(text: str, sep: str) -> list[Any]:
 
 # ------------------------------------------------------------------ XML (Qwen3-Coder)
 
-_FUNCTION_RE = re.compile(r"^\s*<function=([^>\n]+)>(.*?)</function>\s*$", re.S)
-_PARAM_RE = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
-
 
 def _xml_call(body: str, schemas: Mapping[str, Any]) -> Call:
-    m = _FUNCTION_RE.match(body)
-    if m is None:
-        raise ValueError("expected <function=NAME>...</function>")
-    name = m.group(1).strip()
-    props = (schemas.get(name) or {}).get("properties") or {}
-    args = {k.strip(): text_value(v, props.get(k.strip())) for k, v in _PARAM_RE.findall(m.group(2))}
-    return name, args
+    return read_xml(body, schemas, text_value)
 
 
 # ------------------------------------------------------------------ Python (Llama 4, Llama 3.2 pythonic)

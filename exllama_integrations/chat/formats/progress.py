@@ -18,9 +18,9 @@ import json
 import re
 import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from .layout import XML, Params, Progress, escaped, held, joined, pattern, tagged_layout
 from .table import ToolFormat
 from .tagged import GemmaJson
 from .values import text_kinds, text_value
@@ -37,60 +37,6 @@ _SHAPES = (
 """The call texts followed: a name, then its arguments (the table's slots)."""
 
 
-@dataclass(frozen=True)
-class _Params:
-    """How parameters written as text are laid out.
-
-    ``open`` KEY ``between`` [FLAG ``flagged``] VALUE ``close``, until ``end``; ``trimmed``: the reader strips a
-    value (else one newline each side goes).
-    """
-
-    open: str
-    between: str
-    close: str
-    end: str
-    trimmed: bool
-    flagged: str | None = None  # what follows DeepSeek's string="true|false" flag before the value
-
-
-_XML = _Params("<parameter=", ">", "</parameter>", "</function>", trimmed=False)
-
-
-def _tagged(write_param: str, after: str) -> _Params:
-    """The layout a table entry's ``write_param`` (slots ``{key}``, ``{string}``, ``{value}``) describes."""
-    opening, rest = write_param.split("{key}", 1)
-    between, closing = rest.split("{value}", 1)
-    flagged = None
-    if "{string}" in between:
-        between, flagged = between.split("{string}", 1)
-    end = after.strip().split("\n")[0].strip()
-    return _Params(opening, between, closing.strip(), end, trimmed=True, flagged=flagged)
-
-
-@dataclass
-class Progress:
-    """One call as written so far."""
-
-    name: str
-    arguments: str = ""
-    """Its arguments as JSON text so far (whole once ``done``)."""
-    done: bool = False
-
-
-def _pattern(literal: str) -> re.Pattern[str]:
-    """``literal`` as a regex in which a run of whitespace is any whitespace (a model writing freely).
-
-    A literal of whitespace alone (GLM's newline after a call's name) is some whitespace, at least one.
-    """
-    if literal and not literal.strip():
-        return re.compile(r"\s+")
-    return re.compile(r"\s*".join(re.escape(p) for p in re.split(r"\s+", literal)))
-
-
-def _escaped(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)[1:-1]
-
-
 class CallProgress:
     """Follows one reply of ``fmt`` (see the module docstring): :meth:`feed` text, read :attr:`calls`."""
 
@@ -99,12 +45,13 @@ class CallProgress:
         self._schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
         self._text, self._pos, self._state = "", 0, "lost"
         self._name_at = self._depth = self._keys = self._sent = 0
-        self._value_at = -1
-        self._quote = self._escape = self._bare = False
+        self._value_at = self._looked = self._json_end = -1
+        self._scanned = 0  # a trimmed string value: how far its text has been looked at for spaces at its end
+        self._quote = self._escape = self._bare = self._plain = False
         self._schema: Any = None
         self._flag: str | None = None
         self._kind = ""
-        self._layout = _XML
+        self._layout = XML
         self._gemma: GemmaJson | None = None  # a Gemma call's arguments being read
         literals, slots = [""], []  # the text before each slot ("{{" is a literal brace)
         for literal, slot, _, _ in string.Formatter().parse(fmt.call):
@@ -123,14 +70,17 @@ class CallProgress:
         # with no text before the name (pythonic) the name follows the list's opening, or the separator
         self._heads = [head] if head.strip() else [fmt.before, fmt.between]
         self._anchored = not head.strip()
-        self._between = _pattern(between)
+        self._between = pattern(between)
+        self._window = _LONGEST_NAME + 4 * len(between) + 64  # how far a name's end is looked for
         if "\x00" in between:  # a name written again inside it
-            self._between = re.compile(r'[^\s<>"]*'.join(_pattern(p).pattern for p in between.split("\x00")))
+            self._between = re.compile(r'[^\s<>"]*'.join(pattern(p).pattern for p in between.split("\x00")))
         elif not between and slots[1] == "gemma_arguments":
             self._between = re.compile(r"(?=\{)")  # Gemma's name runs into its arguments
         self._json_name = slots[0] == "name_json"
         self._kind = "text_parameters" if slots[1] in ("xml_parameters", "tagged_parameters") else slots[1]
-        self._layout = _XML if slots[1] != "tagged_parameters" else _tagged(fmt.body_args["write_param"], literals[2])
+        self._layout = (
+            XML if slots[1] != "tagged_parameters" else tagged_layout(fmt.body_args["write_param"], literals[2])
+        )
         self._state = "seek"
 
     @property
@@ -155,7 +105,7 @@ class CallProgress:
         out: list[tuple[int, str]] = []
         while self._state != "lost" and getattr(self, f"_{self._state}")(out):
             pass
-        return _joined(out)
+        return joined(out)
 
     # ------------------------------------------------------------------ a call's start and name
 
@@ -164,16 +114,17 @@ class CallProgress:
         if not literal.strip():
             self._state, self._name_at = "name", self._pos
             return True
-        pattern = _pattern(literal)
+        found = pattern(literal)
         if self._anchored:  # right where the last call ended (or the reply began)
-            body = self._text[self._pos :].lstrip()
-            m = pattern.match(self._text, len(self._text) - len(body))
+            self._pos = self._space(self._pos)
+            m = found.match(self._text, self._pos)
             if m is None:
-                if body and not literal.strip().startswith(body[: len(literal.strip())]):
+                head = self._text[self._pos : self._pos + len(literal.strip())]
+                if head and not literal.strip().startswith(head):
                     self._state = "lost"
                 return False
         else:
-            m = pattern.search(self._text, self._pos)
+            m = found.search(self._text, self._pos)
             if m is None:
                 self._pos = max(self._pos, len(self._text) - 4 * len(literal) - 64)
                 return False
@@ -181,8 +132,16 @@ class CallProgress:
         self._state = "name"
         return True
 
+    def _space(self, at: int) -> int:
+        """Where the whitespace from ``at`` ends (each character of a run looked at once: callers move past it)."""
+        text, n = self._text, len(self._text)
+        while at < n and text[at].isspace():
+            at += 1
+        return at
+
     def _name(self, out: list[tuple[int, str]]) -> bool:
-        m = self._between.search(self._text, self._name_at)
+        # (bounded: a name is at most _LONGEST_NAME long, so no open is followed to the end of the reply)
+        m = self._between.search(self._text, self._name_at, self._name_at + self._window)
         if m is None:
             if len(self._text) - self._name_at > _LONGEST_NAME:
                 self._state, self._pos = ("lost", self._pos) if self._anchored else ("seek", self._name_at)
@@ -209,7 +168,7 @@ class CallProgress:
         return True
 
     def _emit(self, out: list[tuple[int, str]], text: str) -> None:
-        self.calls[-1].arguments += text
+        self.calls[-1].pieces.append(text)
         out.append((len(self.calls) - 1, text))
 
     def _done(self) -> bool:
@@ -250,12 +209,11 @@ class CallProgress:
 
     def _object_begins(self) -> bool:
         """Past the whitespace to the ``{`` the arguments begin with (False: none yet, or lost on something else)."""
-        body = self._text[self._pos :].lstrip()
-        if not body or body[0] != "{":
-            if body:
+        self._pos = self._space(self._pos)
+        if self._pos >= len(self._text) or self._text[self._pos] != "{":
+            if self._pos < len(self._text):
                 self._state = "lost"
             return False
-        self._pos = len(self._text) - len(body)
         return True
 
     def _arguments(self, out: list[tuple[int, str]]) -> bool:
@@ -272,12 +230,12 @@ class CallProgress:
     def _python_arguments(self, out: list[tuple[int, str]]) -> bool:
         """``K=V, ...)``: each key when whole, each value (JSON, as the grammar writes it) as it comes."""
         if self._value_at < 0:
-            body = self._text[self._pos :].lstrip()
-            if self._keys and body.startswith(","):
-                body = body[1:].lstrip()
+            self._pos = self._space(self._pos)
+            if self._keys and self._text.startswith(",", self._pos):
+                self._pos = self._space(self._pos + 1)
+            body = self._text[self._pos : self._pos + _LONGEST_NAME + 1]
             if not body:
                 return False
-            self._pos = len(self._text) - len(body)
             if body[0] == ")":
                 self._emit(out, "}")
                 self._pos += 1
@@ -293,8 +251,7 @@ class CallProgress:
             self._value_at = self._pos
             return True
         if self._pos == self._value_at:  # a value's leading spaces are not written out
-            body = self._text[self._pos :].lstrip()
-            self._pos = self._value_at = len(self._text) - len(body)
+            self._pos = self._value_at = self._space(self._pos)
         start = self._pos
         end = self._scan(",)")
         self._pos = len(self._text) if end is None else end
@@ -329,8 +286,8 @@ class CallProgress:
         """
         shape = self._layout
         if self._value_at < 0:
-            body = self._text[self._pos :].lstrip()
-            at = len(self._text) - len(body)
+            at = self._pos = self._space(self._pos)
+            body = self._text[at : at + _LONGEST_NAME + 4 * len(shape.open + shape.between) + 64]
             if body.startswith(shape.end):
                 self._emit(out, "}" if self._keys else "{}")
                 self._pos = at + len(shape.end)
@@ -339,22 +296,22 @@ class CallProgress:
                 if body and not (shape.open.startswith(body) or shape.end.startswith(body)):
                     self._state = "lost"
                 return False
-            m = _pattern(shape.between).search(body, len(shape.open))
+            m = pattern(shape.between).search(body, len(shape.open))
             if m is None:
                 if len(body) > _LONGEST_NAME:
                     self._state = "lost"
                 return False
             key, end, flag = body[len(shape.open) : m.start()].strip(), m.end(), None
             if shape.flagged is not None:  # DeepSeek's string="true|false", then the value
-                f = re.compile(r"(true|false)" + _pattern(shape.flagged).pattern).match(body, end)
+                f = re.compile(r"(true|false)" + pattern(shape.flagged).pattern).match(body, end)
                 if f is None:
                     if len(body) - end > 16:
                         self._state = "lost"
                     return False
                 flag, end = f.group(1), f.end()
-            if end == len(body) and not shape.trimmed:  # (the newline after it decides where the value begins)
+            if at + end == len(self._text) and not shape.trimmed:  # (a newline after it: where the value begins)
                 return False
-            self._pos = at + end + (not shape.trimmed and body[end] == "\n")
+            self._pos = at + end + (not shape.trimmed and self._text[at + end] == "\n")
             self._schema = ((self._schemas.get(self.calls[-1].name) or {}).get("properties") or {}).get(key)
             self._flag = flag
             self._bare = flag == "true" if flag is not None else text_kinds(self._schema)[1] is None
@@ -362,9 +319,16 @@ class CallProgress:
             if self._bare:
                 self._emit(out, '"')
             self._keys += 1
-            self._value_at = self._sent = self._pos
+            self._value_at = self._sent = self._looked = self._pos
+            self._json_end, self._plain, self._depth, self._quote, self._escape = -1, self._bare, 0, False, False
             return True
-        close = self._text.find(shape.close, self._value_at)
+        if not self._plain:  # a JSON kind: an array or object is read to its end (its strings may hold the close)
+            read = self._json_container(out, shape)
+            if read is not None:
+                return read
+        # (looked for from where the last look ended: a long value is looked through once)
+        close = self._text.find(shape.close, max(self._value_at, self._looked - len(shape.close) + 1))
+        self._looked = len(self._text)
         if close < 0:
             if self._bare:
                 self._stream_text(out, shape)
@@ -374,43 +338,62 @@ class CallProgress:
         if self._bare:
             skipped = len(self._text[self._value_at : close]) - len(self._text[self._value_at : close].lstrip())
             done = self._sent - self._value_at - (skipped if shape.trimmed else 0)
-            self._emit(out, _escaped(raw[max(done, 0) :]) + '"')
+            self._emit(out, escaped(raw[max(done, 0) :]) + '"')
         else:
             value = json.loads(raw) if self._flag == "false" else text_value(raw, self._schema)
             self._emit(out, json.dumps(value, ensure_ascii=False))
         self._pos, self._value_at = close + len(shape.close), -1
         return True
 
-    def _stream_text(self, out: list[tuple[int, str]], shape: _Params) -> None:
+    def _json_container(self, out: list[tuple[int, str]], shape: Params) -> bool | None:
+        """A value of a JSON kind that is an array or object, read whole to its end, then its close.
+
+        None where it is not one, or is not followed by its close: the value is then its text up to the first
+        close, as for any other (and is not looked at as JSON again).
+        """
+        if self._json_end < 0:
+            if self._depth == 0:
+                start = self._space(self._value_at)
+                if start >= len(self._text):
+                    return False
+                if self._text[start] not in "[{":
+                    self._plain = True
+                    return None
+                self._pos = start
+            end = self._scan("")
+            if end is None:
+                self._pos = len(self._text)
+                return False
+            self._json_end = end
+        after = self._space(self._json_end)
+        rest = self._text[after : after + len(shape.close)]
+        if len(rest) < len(shape.close) and shape.close.startswith(rest):
+            return False  # (may be its close yet)
+        if rest == shape.close:
+            try:
+                value = json.loads(self._text[self._value_at : self._json_end])
+            except ValueError:
+                pass
+            else:
+                self._emit(out, json.dumps(value, ensure_ascii=False))
+                self._pos, self._value_at, self._depth = after + len(shape.close), -1, 0
+                return True
+        self._plain, self._depth, self._quote, self._escape = True, 0, False, False
+        return None
+
+    def _stream_text(self, out: list[tuple[int, str]], shape: Params) -> None:
         """A string value's text so far, less what may yet be its close (and, trimmed, its spaces at either end)."""
         if shape.trimmed and self._sent == self._value_at:  # its leading spaces are not the value's
-            body = self._text[self._value_at :].lstrip()
-            self._sent = self._value_at = len(self._text) - len(body)
-        upto = len(self._text) - _held(self._text, ("" if shape.trimmed else "\n") + shape.close)
-        if shape.trimmed:
-            upto = self._sent + len(self._text[self._sent : upto].rstrip())
+            self._sent = self._value_at = self._looked = self._space(self._value_at)
+        upto = len(self._text) - held(self._text, ("" if shape.trimmed else "\n") + shape.close)
+        if shape.trimmed:  # spaces at its end are held back; what came before the last look is not looked at again
+            since = max(self._sent, self._scanned)
+            kept = len(self._text[since:upto].rstrip())
+            self._scanned = max(self._scanned, upto)
+            upto = since + kept if kept else self._sent
         if upto > self._sent:
-            self._emit(out, _escaped(self._text[self._sent : upto]))
+            self._emit(out, escaped(self._text[self._sent : upto]))
             self._sent = upto
-
-
-def _held(text: str, marker: str) -> int:
-    """How many characters at the end of ``text`` may begin ``marker``."""
-    for k in range(min(len(text), len(marker)), 0, -1):
-        if marker.startswith(text[-k:]):
-            return k
-    return 0
-
-
-def _joined(pieces: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """Consecutive pieces of one call as one (a call's first, empty piece kept: it announces the call)."""
-    out: list[tuple[int, str]] = []
-    for i, piece in pieces:
-        if out and out[-1][0] == i and out[-1][1] and piece:
-            out[-1] = (i, out[-1][1] + piece)
-        elif not (out and out[-1][0] == i and not piece):
-            out.append((i, piece))
-    return out
 
 
 __all__ = ["CallProgress", "Progress"]

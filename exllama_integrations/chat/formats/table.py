@@ -19,8 +19,9 @@ Body kinds (how the text between ``opens`` and ``closes`` becomes calls):
   tool's schema;
 - ``python``: ``[f(a=1), g(b="x")]`` (Llama 4, Llama 3.2 pythonic);
 - ``tagged``: calls and parameters in tags of the family's own (GLM-4.5's and Hy3's ``<arg_key>``/``<arg_value>``,
-  MiniMax-M2's, DeepSeek's and Muse Glimmer's ``<invoke name=..>``/``<parameter name=..>``), found by the ``call`` and
-  ``param`` regexes of ``body_args`` and written with its ``write_param`` (:mod:`.tagged`);
+  MiniMax-M2's, DeepSeek's and Muse Glimmer's ``<invoke name=..>``/``<parameter name=..>``), described by literals in
+  ``body_args`` (``invoke``: a call's open, name end and close; ``sep``, ``wrap``, ``header``), parameters read and
+  written as its ``write_param`` writes them, scanned in one pass (:mod:`.markup`);
 - ``gemma``: Gemma 4's ``call:NAME{key:<|"|>text<|"|>,...}`` (:mod:`.tagged`).
 
 ``call`` is a string with slots: ``{name}`` (the bare name), ``{name_json}`` (the name as a JSON string),
@@ -117,7 +118,7 @@ FORMATS: dict[str, ToolFormat] = {
             closes=("<|call|>", "<|end|>"),
             body="pattern",
             body_args={
-                "pattern": r"^\s*to=(?:functions\.)?(?P<name>[^\s<]+)\s*(?:<\|constrain\|>\s*\w*)?\s*"
+                "pattern": r"^\s*to=(?:functions\.)?(?P<name>[^\s<]+)\s*(?:<\|constrain\|>\s*(?:\w+\s*)?)?"
                 r"<\|message\|>(?P<arguments>.*)$",
                 "text": r"^\s*<\|message\|>(?P<text>.*)$",  # a commentary preamble, addressed to no tool
             },
@@ -134,10 +135,8 @@ FORMATS: dict[str, ToolFormat] = {
             closes=("</tool_calls:opensource>",),
             body="tagged",
             body_args={
-                "call": r"<tool_call:opensource>\s*(?P<name>[^\s<]*)\s*(?:<tool_sep:opensource>)?(?P<params>.*?)"
-                r"</tool_call:opensource>",
-                "param": r"<arg_key:opensource>(?P<key>.*?)</arg_key:opensource>\s*<arg_value:opensource>(?P<value>.*?)"
-                r"</arg_value:opensource>",
+                "invoke": ("<tool_call:opensource>", None, "</tool_call:opensource>"),
+                "sep": "<tool_sep:opensource>",
                 "write_param": "<arg_key:opensource>{key}</arg_key:opensource>\n<arg_value:opensource>{value}"
                 "</arg_value:opensource>\n",
             },
@@ -162,8 +161,7 @@ FORMATS: dict[str, ToolFormat] = {
             closes=("</tool_call>",),
             body="tagged",
             body_args={
-                "call": r"^\s*(?P<name>[^\s<]+)(?P<params>.*)$",
-                "param": r"<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>",
+                "invoke": ("", None, ""),  # the region is one call: its name, then its parameters
                 "write_param": "<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n",
             },
             call="<tool_call>{name}\n{tagged_parameters}</tool_call>",
@@ -177,8 +175,7 @@ FORMATS: dict[str, ToolFormat] = {
             closes=("</minimax:tool_call>",),
             body="tagged",
             body_args={
-                "call": r'<invoke name="(?P<name>[^"]*)">(?P<params>.*?)</invoke>',
-                "param": r'<parameter name="(?P<key>[^"]+)">(?P<value>.*?)</parameter>',
+                "invoke": ('<invoke name="', '">', "</invoke>"),
                 "write_param": '<parameter name="{key}">{value}</parameter>\n',
             },
             call='<invoke name="{name}">\n{tagged_parameters}</invoke>\n',
@@ -192,9 +189,7 @@ FORMATS: dict[str, ToolFormat] = {
             closes=("</｜DSML｜tool_calls>", "</｜DSML｜function_calls>"),
             body="tagged",
             body_args={
-                "call": r'<｜DSML｜invoke name="(?P<name>[^"]*)">(?P<params>.*?)</｜DSML｜invoke>',
-                "param": r'<｜DSML｜parameter name="(?P<key>[^"]+)" string="(?P<string>true|false)">(?P<value>.*?)'
-                r"</｜DSML｜parameter>",
+                "invoke": ('<｜DSML｜invoke name="', '">', "</｜DSML｜invoke>"),
                 "write_param": '<｜DSML｜parameter name="{key}" string="{string}">{value}</｜DSML｜parameter>\n',
             },
             call='<｜DSML｜invoke name="{name}">\n{tagged_parameters}</｜DSML｜invoke>\n',
@@ -220,13 +215,12 @@ FORMATS: dict[str, ToolFormat] = {
             closes=("<|eom|>",),
             body="tagged",
             body_args={
-                "call": r"(?:^\s*[^\s<]+\s*<\|message\|>\s*<atem:function_calls>)?"  # the recipient's header
-                r'\s*<atem:invoke name="(?P<name>[^"]*)">(?P<params>.*?)</atem:invoke>'
-                r"(?:\s*</atem:function_calls>\s*$)?",
-                "param": r'<atem:parameter name="(?P<key>[^"]+)">(?P<value>.*?)</atem:parameter>',
+                "invoke": ('<atem:invoke name="', '">', "</atem:invoke>"),
+                "wrap": ("<atem:function_calls>", "</atem:function_calls>"),
+                "header": "<|message|>",  # the recipient's header: NAME<|message|>, then the wrap
                 "write_param": '<atem:parameter name="{key}">{value}</atem:parameter>\n',
                 "strip": False,  # "spaces for string values are not stripped" (its system prompt)
-                "text": r"^\s*(?:self|user)?\s*<\|message\|>(?P<text>.*)$",  # a message to itself or the user
+                "text": r"^\s*(?:(?:self|user)\s*)?<\|message\|>(?P<text>.*)$",  # a message to itself or the user
             },
             strip=(
                 "<|start|>assistant to=user<|message|>",
@@ -318,8 +312,8 @@ FORMATS: dict[str, ToolFormat] = {
             closes=("<｜tool▁call▁end｜>",),
             body="pattern",
             body_args={
-                "pattern": r"^\s*(?:\w+)?<｜tool▁sep｜>(?P<name>[^\n]+?)\s*\n```(?:json)?\s*"
-                r"(?P<arguments>.*?)\s*```\s*$"
+                "pattern": r"^\s*(?:\w+)?<｜tool▁sep｜>(?P<name>[^\n]+)\n\s*```(?:json)?"
+                r"(?P<arguments>.*)```\s*$"  # (no lazy group before a run of spaces: one look at each)
             },
             strip=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
             call="<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{arguments}\n```<｜tool▁call▁end｜>",
@@ -332,7 +326,7 @@ FORMATS: dict[str, ToolFormat] = {
             opens=("<｜tool▁call▁begin｜>",),
             closes=("<｜tool▁call▁end｜>",),
             body="pattern",
-            body_args={"pattern": r"^\s*(?P<name>[^<\n]+?)\s*<｜tool▁sep｜>(?P<arguments>.*?)\s*$"},
+            body_args={"pattern": r"^\s*(?P<name>[^<\s][^<\n]*)(?:\n\s*)?<｜tool▁sep｜>(?P<arguments>.*)$"},
             strip=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
             call="<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{arguments}<｜tool▁call▁end｜>",
             history_arguments="json",
@@ -347,7 +341,7 @@ FORMATS: dict[str, ToolFormat] = {
             body="pattern",
             body_args={
                 "pattern": r"^\s*(?:functions\.)?(?P<name>[^\s:<]+)(?::\d+)?\s*<\|tool_call_argument_begin\|>"
-                r"(?P<arguments>.*?)\s*$"
+                r"(?P<arguments>.*)$"
             },
             strip=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
             call="<|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>{arguments}<|tool_call_end|>",

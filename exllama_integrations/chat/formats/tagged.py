@@ -2,11 +2,10 @@
 
 Two body kinds of :mod:`.table`, described by each entry's ``body_args``:
 
-- ``tagged``: calls matched by the ``call`` regex (groups ``name`` and ``params``; several in one region where the
-  family writes them so: MiniMax's ``<invoke>``s inside one ``<minimax:tool_call>``), each parameter by the ``param``
-  regex (groups ``key`` and ``value``, and ``string`` where the family says a value's type itself: DeepSeek's
-  ``string="true|false"``). A value is text; it is read as the tool's schema types it (the reader's ``typed``).
-  Written with ``write_param`` (slots ``{key}``, ``{value}``, ``{string}``) for each argument.
+- ``tagged``: read by :mod:`.markup` in one pass (several calls in one region where the family writes them so:
+  MiniMax's ``<invoke>``s inside one ``<minimax:tool_call>``); a value is read as the tool's schema types it (the
+  reader's ``typed``), or as DeepSeek's ``string="true|false"`` says. Written with ``write_param`` (slots ``{key}``,
+  ``{value}``, ``{string}``) for each argument.
 - ``gemma``: ``call:NAME{key:value,...}`` where strings sit between ``<|"|>`` tokens, keys are bare and other values
   are JSON's; written with keys in sorted order, as Gemma 4's template writes them; :class:`GemmaJson` turns them
   into JSON as they are written (what a forced call streams).
@@ -19,9 +18,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
+from .markup import Typed, read_tags
 from .values import text_kinds
 
 GEMMA_QUOTE = '<|"|>'
@@ -30,49 +30,18 @@ GEMMA_QUOTE = '<|"|>'
 _GEMMA_STRING = re.compile(r'<\|"\|>(.*?)<\|"\|>|"((?:[^"\\]|\\.)*)"', re.S)
 _GEMMA_KEY = re.compile(r"([{,]\s*)([^\s{}\[\],:\"\x00]+)\s*:")  # a bare key (strings are set aside first)
 
-Typed = Callable[[str, Any], Any]
-"""How a value's text becomes the schema's type (:func:`.values.text_value`)."""
-
 
 def read_tagged(
     body_args: Mapping[str, Any], kind: str, body: str, schemas: Mapping[str, Any], typed: Typed
 ) -> list[tuple[str, dict[str, Any]]]:
     """The calls of one region's ``body`` (``kind`` ``tagged`` or ``gemma``); ValueError where it is not that shape."""
-    calls = []
-    end = 0
-    for m in re.finditer(body_args["call"], body, re.S):
-        if body[end : m.start()].strip():
-            raise ValueError(f"unexpected text between calls: {body[end : m.start()][:40]!r}")
-        end = m.end()
-        name = m.group("name").strip()
-        if not name:
-            raise ValueError("a call without a name")
-        params = m.group("params") or ""
-        if kind == "gemma":
-            calls.append((name, gemma_object(params)))
-            continue
-        props = (schemas.get(name) or {}).get("properties") or {}
-        args: dict[str, Any] = {}
-        at = 0
-        for p in re.finditer(body_args["param"], params, re.S):
-            if params[at : p.start()].strip():
-                raise ValueError(f"unexpected text between parameters: {params[at : p.start()][:40]!r}")
-            at = p.end()
-            key, value = p.group("key").strip(), p.group("value")
-            value = value.strip() if body_args.get("strip", True) else value
-            said = p.groupdict().get("string")
-            if said == "true":
-                args[key] = value
-            elif said == "false":
-                args[key] = json.loads(value)
-            else:
-                args[key] = typed(value, props.get(key))
-        if params[at:].strip():
-            raise ValueError(f"unexpected text after the parameters: {params[at:][:40]!r}")
-        calls.append((name, args))
-    if body[end:].strip():
-        raise ValueError(f"the call does not have the expected shape: {body[end:][:40]!r}")
-    return calls
+    if kind == "tagged":
+        return read_tags(body_args, body, schemas, typed)
+    m = re.match(body_args["call"], body, re.S)  # (anchored at both ends: read once)
+    if m is None:
+        raise ValueError(f"the call does not have the expected shape: {body[:40]!r}")
+    name = m.group("name").strip()
+    return [(name, gemma_object(m.group("params")))]
 
 
 def gemma_object(text: str) -> dict[str, Any]:
@@ -150,7 +119,7 @@ class GemmaJson:
                 pieces.append('"')
                 i, self._string, self._key = i + len(GEMMA_QUOTE), "gemma", False
                 continue
-            if GEMMA_QUOTE.startswith(text[i:]):
+            if len(text) - i < len(GEMMA_QUOTE) and GEMMA_QUOTE.startswith(text[i:]):
                 break  # may be the quote token yet
             if self._key and not c.isspace() and c not in '}"':
                 colon = text.find(":", i)
