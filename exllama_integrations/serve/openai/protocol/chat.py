@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ....contract.validation import FirstErrorModel
 from .common import CommonRequest, UsageWire, Wire
 
 
@@ -28,7 +29,7 @@ class ToolCallWire(Wire):
     function: FunctionCall
 
 
-class ImageURL(BaseModel):
+class ImageURL(FirstErrorModel):
     """An ``image_url`` part's reference: a ``data:image/...;base64,`` URL (http(s) only where the server allows)."""
 
     model_config = ConfigDict(extra="allow")
@@ -37,7 +38,7 @@ class ImageURL(BaseModel):
     detail: str | None = None
 
 
-class ContentPart(BaseModel):
+class ContentPart(FirstErrorModel):
     """A message content part: ``text``, or ``image_url`` in a user turn for a model that takes images."""
 
     model_config = ConfigDict(extra="allow")
