@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from ....contract.validation import FirstErrorModel
 from .common import CommonRequest, UsageWire, Wire
@@ -143,14 +143,25 @@ class ToolCallOut(BaseModel):
     index: int | None = None
 
 
-class FunctionDelta(BaseModel):
+class _Unsent(BaseModel):
+    """A stream delta whose fields not sent in this event are left out, not written as null, as OpenAI streams them.
+
+    The openai SDK's ``chat.completions.stream()`` overwrites a call's ``type`` with each delta's value.
+    """
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unsent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class FunctionDelta(_Unsent):
     """More of a streamed call: its name with its first delta, then its arguments' text as they are written."""
 
     name: str | None = None
     arguments: str = ""
 
 
-class ToolCallDelta(BaseModel):
+class ToolCallDelta(_Unsent):
     """A stream's tool-call delta, as OpenAI streams them.
 
     The first of a call carries its ``id``, ``type`` and name, the rest only ``index`` and more ``function.arguments``.
