@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,23 @@ MAX_INPUTS = 2048
 """Most inputs (or documents) one request may carry, as OpenAI's embeddings endpoint allows."""
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: str, where: str, param: str) -> str:
+    """``value`` if it is Unicode text: a lone surrogate (Python lets a str hold one) cannot be encoded to tokenize."""
+    if not value.isascii():
+        found = _SURROGATE.search(value)
+        if found is not None:
+            raise InvalidSettingsError(
+                f"{where} holds a lone surrogate (U+{ord(found.group()):04X} at character {found.start()}), which is "
+                "no character and cannot be tokenized; send valid Unicode text (decode bytes with errors='replace').",
+                param=param,
+                reason="invalid_text",
+            )
+    return value
+
+
 def _inputs(values: Any, what: str) -> tuple[str | tuple[int, ...], ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise InvalidSettingsError(f"{what} must be a list of texts or of token-id lists.", param="input")
@@ -48,7 +66,7 @@ def _inputs(values: Any, what: str) -> tuple[str | tuple[int, ...], ...]:
     out: list[str | tuple[int, ...]] = []
     for i, v in enumerate(values):
         if isinstance(v, str):
-            out.append(v)
+            out.append(_text(v, f"{what}[{i}]", "input"))
         elif (
             isinstance(v, Sequence)
             and not isinstance(v, bytes)
@@ -83,6 +101,8 @@ class EmbeddingRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", _inputs(self.inputs, "the input"))
+        if isinstance(self.prompt, str):
+            _text(self.prompt, "the prompt", "prompt")
         if self.input_type not in (None, "query", "document"):
             raise InvalidSettingsError(
                 f"input_type must be 'query' or 'document', not {self.input_type!r}.", param="input_type"
@@ -160,6 +180,11 @@ class RerankRequest:
             raise InvalidSettingsError(f"{len(docs)} documents; at most {MAX_INPUTS} go in one request.", "documents")
         if not all(isinstance(d, str) for d in docs):
             raise InvalidSettingsError("each document must be text.", param="documents")
+        _text(self.query, "the query", "query")
+        if isinstance(self.instruction, str):
+            _text(self.instruction, "the instruction", "instruction")
+        for i, d in enumerate(docs):
+            _text(d, f"documents[{i}]", "documents")
         object.__setattr__(self, "documents", tuple(docs))
         if self.top_n is not None and (isinstance(self.top_n, bool) or self.top_n < 1):
             raise InvalidSettingsError(f"top_n must be a positive integer, not {self.top_n!r}.", param="top_n")

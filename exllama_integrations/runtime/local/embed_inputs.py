@@ -15,7 +15,7 @@ from typing import Any
 
 from ...backends.pooling import Encoded, ScoringTokens
 from ...contract.retrieval import EmbeddingRequest, RerankRequest
-from ...errors import InputTooLongError, UnsupportedModelError
+from ...errors import InputTooLongError, InvalidSettingsError, UnsupportedModelError
 from ...model.directory import ModelDirectory
 from ...model.pooling import DEFAULT_RERANK_INSTRUCTION, PoolingConfig
 from ...model.tokenizer import NativeTokenizer
@@ -48,6 +48,9 @@ class InputEncoder:
         self.cut = Tokenizer.from_str(self.tok.to_str())
         self.cut.enable_truncation(max_tokens, strategy="longest_first")
         self.tokens = self._yes_no() if pooling.scoring == "yes_no" else None
+        vocab = model.text_config.get("vocab_size")
+        self.vocab = vocab if isinstance(vocab, int) and vocab > 0 else self.tok.get_vocab_size(with_added_tokens=True)
+        """Token ids a client may send: below the model's vocabulary (its embedding rows)."""
 
     def _yes_no(self) -> ScoringTokens:
         ids = []
@@ -71,6 +74,18 @@ class InputEncoder:
             return next((prompts[r] for r in _DOCUMENT_ROLES if r in prompts), "")
         return ""
 
+    def _ids(self, i: int, ids: tuple[int, ...]) -> None:
+        top = max(ids)
+        if top >= self.vocab:
+            raise InvalidSettingsError(
+                f"input[{i}] holds token id {top}, but {self.name!r} has {self.vocab} tokens (ids 0 to "
+                f"{self.vocab - 1}): send text, or ids from this model's own tokenizer. LangChain's OpenAIEmbeddings "
+                "sends tiktoken's ids by default: make it send text with "
+                "OpenAIEmbeddings(..., check_embedding_ctx_length=False).",
+                param="input",
+                reason="token_id_out_of_range",
+            )
+
     def _limit(self, i: int, n: int, truncate: bool) -> None:
         if n > self.max_tokens and not truncate:
             raise InputTooLongError(i, n, self.max_tokens, repr(self.name))
@@ -81,6 +96,7 @@ class InputEncoder:
         out = []
         for i, item in enumerate(request.inputs):
             if isinstance(item, tuple):
+                self._ids(i, item)
                 self._limit(i, len(item), request.truncate)
                 out.append(Encoded(item[: self.max_tokens]))
                 continue
