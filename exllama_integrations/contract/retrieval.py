@@ -162,6 +162,7 @@ class RerankRequest:
 
     ``top_n``: keep only the best n (None: all). ``instruction``: the task a yes/no reranker judges by (its
     default otherwise). ``truncate``: a pair longer than the model reads is cut instead of refused.
+    ``max_tokens_per_doc`` (Cohere's): each document is first cut to its first this many tokens.
     """
 
     query: str
@@ -169,6 +170,7 @@ class RerankRequest:
     top_n: int | None = None
     truncate: bool = False
     instruction: str | None = None
+    max_tokens_per_doc: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.query, str):
@@ -188,6 +190,10 @@ class RerankRequest:
         object.__setattr__(self, "documents", tuple(docs))
         if self.top_n is not None and (isinstance(self.top_n, bool) or self.top_n < 1):
             raise InvalidSettingsError(f"top_n must be a positive integer, not {self.top_n!r}.", param="top_n")
+        n = self.max_tokens_per_doc
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            why = f"max_tokens_per_doc must be a positive integer, not {n!r}."
+            raise InvalidSettingsError(why, param="max_tokens_per_doc")
 
 
 @dataclass(frozen=True)

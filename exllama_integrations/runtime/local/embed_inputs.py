@@ -174,6 +174,10 @@ class InputEncoder:
 
         query = self._encoded([request.query], cancel)[0]
         docs = self._encoded(request.documents, cancel)
+        if request.max_tokens_per_doc is not None:
+            for doc in docs:
+                if len(doc.ids) > request.max_tokens_per_doc:
+                    doc.truncate(request.max_tokens_per_doc)
         specials = self.tok.num_special_tokens_to_add(True)
         budget = self.max_tokens - specials
         whole = len(query.ids)
@@ -202,6 +206,10 @@ class InputEncoder:
         return self.native.encode(text, add_special_tokens=False)
 
     def _judged(self, request: RerankRequest, i: int, doc: str) -> Encoded:
+        most = request.max_tokens_per_doc
+        if most is not None:
+            doc_ids = self.native.encode(doc, add_special_tokens=False)
+            doc = self.native.decode(doc_ids[:most]) if len(doc_ids) > most else doc
         ids = self._render(request, doc)
         if len(ids) <= self.max_tokens:
             return Encoded(tuple(ids))
