@@ -72,7 +72,7 @@ def plan_pooling(spec: ModelSpec) -> Plan:
     pooling = read_pooling(model, TASKS[kind_of(spec, model)])
     cls = resolve_pooling_backend(spec.backend, model, pooling)
     opts = cls.resolve_options(build_options(cls.Options, cls.name, spec.options))  # type: ignore[arg-type]
-    context = min(opts.max_seq_len or model.context_length, model.context_length)
+    context = min(opts.max_seq_len or pooling.max_tokens, pooling.max_tokens)  # what it reads (max_seq_length)
     return Plan(model, cls.name, opts, estimate_weights(model, cls.name, opts), context)
 
 

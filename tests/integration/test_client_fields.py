@@ -2,6 +2,8 @@
 
 * Cohere's ``max_tokens_per_doc`` is a number: with 16, each document is scored on its first 16 tokens (it was read
   as on/off: a long document was scored on the model's whole limit).
+* ``/v1/models`` lists an embedding model's context as the model reads it (``max_seq_length``: MiniLM's 256) before
+  it loads, as after (it said 512, ``max_position_embeddings``, until the model loaded).
 * A field refused on one endpoint that another endpoint takes (``top_k`` on a rerank, ``echo`` on a chat) is not
   answered with "did you mean" itself.
 """
@@ -65,3 +67,39 @@ def test_a_field_of_another_endpoint_is_not_suggested_as_itself(rerank, demo_dir
     bad = httpx.post(chat + "/v1/messages", json={"model": "m", "max_tokens": 1, "messages": hi, "name": "x"})
     message = bad.json()["error"]["message"]
     assert bad.status_code == 400 and "name" in message and "did you mean 'name'" not in message
+
+
+def test_models_lists_an_embedding_models_context_as_it_reads_before_and_after_it_loads(tmp_path, minilm_dir):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from servers import wait_until_up
+
+    (tmp_path / "serve.toml").write_text(f'[[models]]\nname = "minilm"\nmodel_dir = "{minilm_dir}"\nram = "200MiB"\n')
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "exllama_integrations", "serve", "--config", str(tmp_path / "serve.toml")]
+    proc = subprocess.Popen(
+        [*command, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        wait_until_up(url, 180, proc)
+
+        def card() -> dict:
+            return httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
+
+        before = card()  # not loaded yet: read from its files
+        assert before["context_length"] == 256  # sentence_bert_config's max_seq_length, not max_position_embeddings 512
+        long = {"model": "minilm", "input": "word " * 300, "truncate": True}
+        answer = httpx.post(url + "/v1/embeddings", json=long, timeout=120).json()
+        assert answer["usage"]["prompt_tokens"] == 256 == card()["context_length"]  # loaded: the same
+    finally:
+        proc.terminate()
+        proc.wait(60)
