@@ -13,6 +13,9 @@ Rules decided here, once, for the four classes (``ExLlamaEmbeddings`` / ``ExLlam
 * Documents are embedded as ``input_type="document"`` and queries as ``"query"``, so a model's own prompts (a
   Qwen3-Embedding query instruction) are applied the same way at every door; ``truncate`` and ``dimensions`` are
   the request's.
+* More inputs (or documents) than one request may carry (``MAX_INPUTS``, 2048, as OpenAI's endpoint allows) are
+  sent as several requests, in order; a rerank's hits are merged (each pair is scored on its own) and cut to
+  ``top_n`` once (``InMemoryVectorStore.from_texts`` takes more than 2048 texts).
 * Unknown arguments are refused by name.
 """
 
@@ -25,7 +28,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
 from ._model_source import check_one_place, server_runtime
-from .contract.retrieval import EmbeddingRequest, RerankHit, RerankRequest, embedder, reranker
+from .contract.retrieval import MAX_INPUTS, EmbeddingRequest, RerankHit, RerankRequest, embedder, reranker
 from .errors import InvalidSettingsError
 
 
@@ -122,28 +125,43 @@ class RetrievalConfig(BaseModel):
         return EmbeddingRequest(tuple(texts), input_type=input_type, truncate=self.truncate, dimensions=dimensions)  # type: ignore[arg-type]
 
     def _embed(self, texts: Sequence[str], input_type: str, dimensions: int | None = None) -> list[list[float]]:
-        if not texts:
-            return []
-        return embedder(self._runtime).embed(self._request(texts, input_type, dimensions)).vectors
+        runtime = embedder(self._runtime)
+        return [v for part in _parts(texts) for v in runtime.embed(self._request(part, input_type, dimensions)).vectors]
 
     async def _aembed(self, texts: Sequence[str], input_type: str, dimensions: int | None = None) -> list[list[float]]:
-        if not texts:
-            return []
-        result = await embedder(self._runtime).aembed(self._request(texts, input_type, dimensions))
-        return result.vectors
+        runtime = embedder(self._runtime)
+        out: list[list[float]] = []
+        for part in _parts(texts):
+            out += (await runtime.aembed(self._request(part, input_type, dimensions))).vectors
+        return out
 
     def _rerank_request(self, query: str, documents: Sequence[str], top_n: int | None) -> RerankRequest:
         return RerankRequest(query, tuple(documents), top_n, self.truncate)
 
     def _rerank(self, query: str, documents: Sequence[str], top_n: int | None) -> tuple[RerankHit, ...]:
-        if not documents:
-            return ()
-        return reranker(self._runtime).rerank(self._rerank_request(query, documents, top_n)).hits
+        runtime = reranker(self._runtime)
+        if len(documents) <= MAX_INPUTS:
+            return runtime.rerank(self._rerank_request(query, documents, top_n)).hits if documents else ()
+        parts = [runtime.rerank(self._rerank_request(query, p, None)).hits for p in _parts(documents)]
+        return _merged(parts, top_n)
 
     async def _arerank(self, query: str, documents: Sequence[str], top_n: int | None) -> tuple[RerankHit, ...]:
-        if not documents:
-            return ()
-        return (await reranker(self._runtime).arerank(self._rerank_request(query, documents, top_n))).hits
+        runtime = reranker(self._runtime)
+        if len(documents) <= MAX_INPUTS:
+            return (await runtime.arerank(self._rerank_request(query, documents, top_n))).hits if documents else ()
+        parts = [(await runtime.arerank(self._rerank_request(query, p, None))).hits for p in _parts(documents)]
+        return _merged(parts, top_n)
+
+
+def _parts(items: Sequence[str]) -> list[Sequence[str]]:
+    """``items`` in runs of at most ``MAX_INPUTS`` (what one request may carry), in order; none for none."""
+    return [items[i : i + MAX_INPUTS] for i in range(0, len(items), MAX_INPUTS)]
+
+
+def _merged(parts: Sequence[Sequence[RerankHit]], top_n: int | None) -> tuple[RerankHit, ...]:
+    """The hits of consecutive runs of documents as one ranking: indexes into the whole list, best first, ``top_n``."""
+    hits = [RerankHit(h.index + i * MAX_INPUTS, h.score) for i, part in enumerate(parts) for h in part]
+    return tuple(sorted(hits, key=lambda h: (-h.score, h.index))[:top_n])
 
 
 __all__ = ["RetrievalConfig"]

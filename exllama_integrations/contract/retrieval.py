@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,23 @@ MAX_INPUTS = 2048
 """Most inputs (or documents) one request may carry, as OpenAI's embeddings endpoint allows."""
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: str, where: str, param: str) -> str:
+    """``value`` if it is Unicode text: a lone surrogate (Python lets a str hold one) cannot be encoded to tokenize."""
+    if not value.isascii():
+        found = _SURROGATE.search(value)
+        if found is not None:
+            raise InvalidSettingsError(
+                f"{where} holds a lone surrogate (U+{ord(found.group()):04X} at character {found.start()}), which is "
+                "no character and cannot be tokenized; send valid Unicode text (decode bytes with errors='replace').",
+                param=param,
+                reason="invalid_text",
+            )
+    return value
+
+
 def _inputs(values: Any, what: str) -> tuple[str | tuple[int, ...], ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise InvalidSettingsError(f"{what} must be a list of texts or of token-id lists.", param="input")
@@ -48,7 +66,7 @@ def _inputs(values: Any, what: str) -> tuple[str | tuple[int, ...], ...]:
     out: list[str | tuple[int, ...]] = []
     for i, v in enumerate(values):
         if isinstance(v, str):
-            out.append(v)
+            out.append(_text(v, f"{what}[{i}]", "input"))
         elif (
             isinstance(v, Sequence)
             and not isinstance(v, bytes)
@@ -83,6 +101,8 @@ class EmbeddingRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", _inputs(self.inputs, "the input"))
+        if isinstance(self.prompt, str):
+            _text(self.prompt, "the prompt", "prompt")
         if self.input_type not in (None, "query", "document"):
             raise InvalidSettingsError(
                 f"input_type must be 'query' or 'document', not {self.input_type!r}.", param="input_type"
@@ -142,6 +162,7 @@ class RerankRequest:
 
     ``top_n``: keep only the best n (None: all). ``instruction``: the task a yes/no reranker judges by (its
     default otherwise). ``truncate``: a pair longer than the model reads is cut instead of refused.
+    ``max_tokens_per_doc`` (Cohere's): each document is first cut to its first this many tokens.
     """
 
     query: str
@@ -149,6 +170,7 @@ class RerankRequest:
     top_n: int | None = None
     truncate: bool = False
     instruction: str | None = None
+    max_tokens_per_doc: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.query, str):
@@ -160,9 +182,18 @@ class RerankRequest:
             raise InvalidSettingsError(f"{len(docs)} documents; at most {MAX_INPUTS} go in one request.", "documents")
         if not all(isinstance(d, str) for d in docs):
             raise InvalidSettingsError("each document must be text.", param="documents")
+        _text(self.query, "the query", "query")
+        if isinstance(self.instruction, str):
+            _text(self.instruction, "the instruction", "instruction")
+        for i, d in enumerate(docs):
+            _text(d, f"documents[{i}]", "documents")
         object.__setattr__(self, "documents", tuple(docs))
         if self.top_n is not None and (isinstance(self.top_n, bool) or self.top_n < 1):
             raise InvalidSettingsError(f"top_n must be a positive integer, not {self.top_n!r}.", param="top_n")
+        n = self.max_tokens_per_doc
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            why = f"max_tokens_per_doc must be a positive integer, not {n!r}."
+            raise InvalidSettingsError(why, param="max_tokens_per_doc")
 
 
 @dataclass(frozen=True)

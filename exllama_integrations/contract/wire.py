@@ -20,6 +20,7 @@ import json
 from typing import Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import SchemaValidator
 
 from ..errors import (
     ExLlamaIntegrationsError,
@@ -30,6 +31,7 @@ from ..errors import (
 )
 from .api import GenerationRequest, GenerationResult, ModelInfo, StreamChunk
 from .retrieval import EmbeddingInfo, EmbeddingRequest, EmbeddingResult, RerankRequest, RerankResult
+from .validation import first_error_reader
 
 T = TypeVar("T")
 
@@ -45,6 +47,10 @@ _EMBED_RESULT = TypeAdapter(EmbeddingResult)
 _RERANK_REQUEST = TypeAdapter(RerankRequest)
 _RERANK_RESULT = TypeAdapter(RerankResult)
 _EMBED_INFO = TypeAdapter(EmbeddingInfo)
+# what a client sends is read stopping at a container's first bad item (a million wrong ids cost one error)
+_REQUEST_READER = first_error_reader(GenerationRequest)
+_EMBED_REQUEST_READER = first_error_reader(EmbeddingRequest)
+_RERANK_REQUEST_READER = first_error_reader(RerankRequest)
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {
     GenerationRequest: _REQUEST,
     StreamChunk: _CHUNK,
@@ -80,7 +86,9 @@ def to_data(value: Value) -> Any:
     return json.loads(dumps(value))
 
 
-def _read(adapter: TypeAdapter[T], data: str | bytes | dict[str, Any], what: str, server: bool) -> T:
+def _read(
+    adapter: TypeAdapter[Any] | SchemaValidator, data: str | bytes | dict[str, Any], what: str, server: bool
+) -> Any:
     try:
         if isinstance(data, (str, bytes)):
             if len(data) > MAX_EVENT_BYTES:
@@ -109,7 +117,7 @@ def _describe(e: Exception) -> str:
 
 def loads_request(data: str | bytes | dict[str, Any]) -> GenerationRequest:
     """A request a client sent. Raises InvalidSettingsError (naming the field) when it is not one."""
-    return _read(_REQUEST, data, "request", server=False)
+    return _read(_REQUEST_READER, data, "request", server=False)
 
 
 def loads_chunk(data: str | bytes | dict[str, Any]) -> StreamChunk:
@@ -129,12 +137,12 @@ def loads_info(data: str | bytes | dict[str, Any]) -> ModelInfo:
 
 def loads_embedding_request(data: str | bytes | dict[str, Any]) -> EmbeddingRequest:
     """An embedding request a client sent. Raises InvalidSettingsError (naming the field) when it is not one."""
-    return _read(_EMBED_REQUEST, data, "embedding request", server=False)
+    return _read(_EMBED_REQUEST_READER, data, "embedding request", server=False)
 
 
 def loads_rerank_request(data: str | bytes | dict[str, Any]) -> RerankRequest:
     """A rerank request a client sent. Raises InvalidSettingsError (naming the field) when it is not one."""
-    return _read(_RERANK_REQUEST, data, "rerank request", server=False)
+    return _read(_RERANK_REQUEST_READER, data, "rerank request", server=False)
 
 
 def loads_embedding_result(data: str | bytes | dict[str, Any]) -> EmbeddingResult:

@@ -95,12 +95,21 @@ def error_response(e: BaseException) -> JSONResponse:
     return JSONResponse(error_body(str(e), kind, param=e.param, code=code), status_code=status, headers=headers)
 
 
+def did_you_mean(name: str, fields: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``fields`` to a refused ``name``, or nothing.
+
+    Never ``name`` itself: a field of another endpoint (or another level of the body) is refused here, and
+    suggesting it again would say nothing.
+    """
+    close = difflib.get_close_matches(name, [f for f in fields if f != name], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def field_error(err: dict[str, Any], fields: list[str]) -> str:
     """One schema error in a line; an unknown field with its closest match among ``fields``."""
     where = ".".join(str(p) for p in err["loc"] if p != "body")
     if err.get("type") == "extra_forbidden":
-        close = difflib.get_close_matches(str(err["loc"][-1]), fields, n=1)
-        return f"{where}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
+        return f"{where}: unknown field here" + did_you_mean(str(err["loc"][-1]), fields)
     return f"{where}: {err['msg']}"
 
 

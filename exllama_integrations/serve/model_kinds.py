@@ -73,7 +73,8 @@ def plan_pooling(spec: ModelSpec, model: Any = None, *, alone: bool = False) -> 
 
     load = plan(spec.model_dir, spec.backend, TASKS[kind_of(spec, model)], spec.options, model=model)
     model, name, opts = load.model, load.backend.name, load.options
-    context = min(opts.max_seq_len or model.context_length, model.context_length)
+    limit = load.pooling.max_tokens  # what it reads (max_seq_length), not the position table's size
+    context = min(opts.max_seq_len or limit, limit)
     return Plan(model, name, opts, estimate_weights(model, name, opts), context, load)
 
 

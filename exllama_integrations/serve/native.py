@@ -28,7 +28,7 @@ from ..contract.api import GenerationRequest, SharesTokenizer, check_grammar_siz
 from ..contract.retrieval import Embeds, Reranks, embedder, reranker
 from ..errors import BackendUnavailableError, ExLlamaIntegrationsError, InvalidSettingsError
 from .state import ServeState, record, state_of
-from .streaming import start_stream
+from .streaming import start_stream, until_disconnect
 
 router = APIRouter(prefix="/v1/exllama", tags=["native"])
 
@@ -53,7 +53,7 @@ async def embed(request: Request) -> Response:
     runtime = embedder(state.runtime_for(None))
     req = wire.loads_embedding_request(await request.body())
     with state.in_flight(len(req.inputs)):
-        result = await runtime.aembed(req)
+        result = await until_disconnect(request, runtime.aembed(req))
     request.state.usage = (result.prompt_tokens, 0, 0.0)
     return Response(wire.dumps(result), media_type="application/json")
 
@@ -65,7 +65,7 @@ async def rerank(request: Request) -> Response:
     runtime = reranker(state.runtime_for(None))
     req = wire.loads_rerank_request(await request.body())
     with state.in_flight(max(1, len(req.documents))):
-        result = await runtime.arerank(req)
+        result = await until_disconnect(request, runtime.arerank(req))
     request.state.usage = (result.prompt_tokens, 0, 0.0)
     return Response(wire.dumps(result), media_type="application/json")
 

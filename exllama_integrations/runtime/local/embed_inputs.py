@@ -11,11 +11,13 @@ first tokens (a pair cuts the longer side first, as sentence-transformers does; 
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 from ...backends.pooling import Encoded, ScoringTokens
 from ...contract.retrieval import EmbeddingRequest, RerankRequest
-from ...errors import InputTooLongError, UnsupportedModelError
+from ...errors import InputTooLongError, InvalidSettingsError, UnsupportedModelError
 from ...model.directory import ModelDirectory
 from ...model.pooling import DEFAULT_RERANK_INSTRUCTION, PoolingConfig
 from ...model.tokenizer import NativeTokenizer
@@ -26,6 +28,32 @@ JUDGE = (
 )
 """The system turn of a yes/no reranker (Qwen3-Reranker's)."""
 _DOCUMENT_ROLES = ("document", "passage", "corpus", "doc")
+_CHUNK_ITEMS = 64
+_CHUNK_CHARS = 1 << 20
+"""Texts tokenized per call (at most this many, or about this much text): each call releases the GIL, and a request
+whose client went away stops within one."""
+
+
+def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
+    """The lengths a pair of ``first`` and ``second`` tokens is cut to within ``budget``, as tokenizers cuts them.
+
+    Longest first: the shorter is kept whole where it fits, else each side gets half, the longer the odd token.
+    """
+    short, long_ = min(first, second), max(first, second)
+    long_ = short if short > budget else max(short, budget - short)
+    if short + long_ > budget:
+        short, long_ = budget // 2, budget // 2 + budget % 2
+    return (long_, short) if first > second else (short, long_)
+
+
+class Abandoned(Exception):
+    """The request's caller went away (its ``cancel`` event was set): the work stops between two steps."""
+
+
+def check(cancel: threading.Event | None) -> None:
+    """Raise :class:`Abandoned` once ``cancel`` is set."""
+    if cancel is not None and cancel.is_set():
+        raise Abandoned()
 
 
 class InputEncoder:
@@ -48,6 +76,9 @@ class InputEncoder:
         self.cut = Tokenizer.from_str(self.tok.to_str())
         self.cut.enable_truncation(max_tokens, strategy="longest_first")
         self.tokens = self._yes_no() if pooling.scoring == "yes_no" else None
+        vocab = model.text_config.get("vocab_size")
+        self.vocab = vocab if isinstance(vocab, int) and vocab > 0 else self.tok.get_vocab_size(with_added_tokens=True)
+        """Token ids a client may send: below the model's vocabulary (its embedding rows)."""
 
     def _yes_no(self) -> ScoringTokens:
         ids = []
@@ -71,39 +102,99 @@ class InputEncoder:
             return next((prompts[r] for r in _DOCUMENT_ROLES if r in prompts), "")
         return ""
 
+    def _ids(self, i: int, ids: tuple[int, ...]) -> None:
+        top = max(ids)
+        if top >= self.vocab:
+            raise InvalidSettingsError(
+                f"input[{i}] holds token id {top}, but {self.name!r} has {self.vocab} tokens (ids 0 to "
+                f"{self.vocab - 1}): send text, or ids from this model's own tokenizer. LangChain's OpenAIEmbeddings "
+                "sends tiktoken's ids by default: make it send text with "
+                "OpenAIEmbeddings(..., check_embedding_ctx_length=False).",
+                param="input",
+                reason="token_id_out_of_range",
+            )
+
     def _limit(self, i: int, n: int, truncate: bool) -> None:
         if n > self.max_tokens and not truncate:
             raise InputTooLongError(i, n, self.max_tokens, repr(self.name))
 
-    def texts(self, request: EmbeddingRequest) -> list[Encoded]:
+    def _encoded(self, texts: Sequence[str], cancel: threading.Event | None) -> list[Any]:
+        """``texts`` tokenized without special tokens, ``cancel`` checked before each chunk.
+
+        A chunk per call to ``encode_batch``, which releases the GIL (as the chat tokenizer does for long text).
+        """
+        batch = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # no offsets: less memory, faster
+        out: list[Any] = []
+        start = 0
+        while start < len(texts):
+            end, size = start, 0
+            while end < len(texts) and end - start < _CHUNK_ITEMS and (size < _CHUNK_CHARS or end == start):
+                size += len(texts[end])
+                end += 1
+            check(cancel)
+            out += batch(list(texts[start:end]), add_special_tokens=False)
+            start = end
+        return out
+
+    def texts(self, request: EmbeddingRequest, cancel: threading.Event | None = None) -> list[Encoded]:
         """The inputs of an embedding request, each within the limit (or refused, or truncated if asked)."""
         prompt = self._prompt(request)
+        lower = self.pooling.do_lower_case
+        texts = [prompt + item for item in request.inputs if isinstance(item, str)]
+        texts = [t.lower() for t in texts] if lower else texts
+        encoded = iter(self._encoded(texts, cancel))
         out = []
         for i, item in enumerate(request.inputs):
             if isinstance(item, tuple):
+                self._ids(i, item)
                 self._limit(i, len(item), request.truncate)
                 out.append(Encoded(item[: self.max_tokens]))
                 continue
-            text = prompt + item
-            if self.pooling.do_lower_case:
-                text = text.lower()
-            enc = self.tok.encode(text)
+            raw = next(encoded)
+            enc = self.tok.post_process(raw)
             if len(enc.ids) > self.max_tokens:
                 self._limit(i, len(enc.ids), request.truncate)
-                enc = self.cut.encode(text)
+                enc = self.cut.post_process(raw)
             out.append(Encoded(tuple(enc.ids), tuple(enc.type_ids)))
         return out
 
-    def pairs(self, request: RerankRequest) -> list[Encoded]:
-        """Each (query, document) of a rerank request as the model reads it."""
+    def pairs(self, request: RerankRequest, cancel: threading.Event | None = None) -> list[Encoded]:
+        """Each (query, document) of a rerank request as the model reads it.
+
+        The query is tokenized once, the documents in chunks that release the GIL; each pair is then the
+        tokenizer's post-processing of the two (its special tokens, type ids, and the longest-first cut where asked).
+        """
         if self.tokens is not None:
-            return [self._judged(request, i, d) for i, d in enumerate(request.documents)]
+            out = []
+            for i, d in enumerate(request.documents):
+                check(cancel)
+                out.append(self._judged(request, i, d))
+            return out
+        from tokenizers import Encoding
+
+        query = self._encoded([request.query], cancel)[0]
+        docs = self._encoded(request.documents, cancel)
+        if request.max_tokens_per_doc is not None:
+            for doc in docs:
+                if len(doc.ids) > request.max_tokens_per_doc:
+                    doc.truncate(request.max_tokens_per_doc)
+        specials = self.tok.num_special_tokens_to_add(True)
+        budget = self.max_tokens - specials
+        whole = len(query.ids)
+        if whole > budget:
+            query.truncate(budget)  # no pair keeps more of it: each copy below is bounded by the model's limit
         out = []
-        for i, doc in enumerate(request.documents):
-            enc = self.tok.encode(request.query, doc)
-            if len(enc.ids) > self.max_tokens:
-                self._limit(i, len(enc.ids), request.truncate)
-                enc = self.cut.encode(request.query, doc)
+        for i, doc in enumerate(docs):
+            n = whole + len(doc.ids) + specials
+            if n > self.max_tokens:
+                self._limit(i, n, request.truncate)
+                keep_query, keep_doc = longest_first(whole, len(doc.ids), budget)
+                cut = Encoding.merge([query], growing_offsets=False)  # a copy
+                cut.truncate(keep_query)
+                doc.truncate(keep_doc)
+                enc = self.tok.post_process(cut, doc)
+            else:
+                enc = self.tok.post_process(query, doc)
             out.append(Encoded(tuple(enc.ids), tuple(enc.type_ids)))
         return out
 
@@ -115,6 +206,10 @@ class InputEncoder:
         return self.native.encode(text, add_special_tokens=False)
 
     def _judged(self, request: RerankRequest, i: int, doc: str) -> Encoded:
+        most = request.max_tokens_per_doc
+        if most is not None:
+            doc_ids = self.native.encode(doc, add_special_tokens=False)
+            doc = self.native.decode(doc_ids[:most]) if len(doc_ids) > most else doc
         ids = self._render(request, doc)
         if len(ids) <= self.max_tokens:
             return Encoded(tuple(ids))
@@ -131,4 +226,4 @@ class InputEncoder:
         raise InputTooLongError(i, len(ids), self.max_tokens, repr(self.name))
 
 
-__all__ = ["JUDGE", "InputEncoder"]
+__all__ = ["JUDGE", "Abandoned", "InputEncoder", "check"]

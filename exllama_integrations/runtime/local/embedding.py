@@ -40,7 +40,7 @@ from ...model.hub import resolve_model_dir
 from ...model.pooling import read_pooling
 from ...model.tokenizer import NativeTokenizer
 from ..base import RuntimeBase
-from .embed_inputs import InputEncoder
+from .embed_inputs import InputEncoder, check
 from .registry import Registry, close_at_exit
 
 if TYPE_CHECKING:
@@ -241,11 +241,17 @@ class EmbeddingRuntime(RuntimeBase):
             out.append([i])
         return out
 
-    def _compute(self, items: Sequence[Encoded], run: Callable[[Sequence[Encoded]], np.ndarray]) -> np.ndarray:
+    def _compute(
+        self,
+        items: Sequence[Encoded],
+        run: Callable[[Sequence[Encoded]], np.ndarray],
+        cancel: threading.Event | None = None,
+    ) -> np.ndarray:
         import numpy as np
 
         parts: dict[int, Any] = {}
         for batch in self._batches(items):
+            check(cancel)
             with self._lock:  # one batch at a time on the model; callers' batches interleave
                 self._require()
                 values = run([items[i] for i in batch])
@@ -261,15 +267,18 @@ class EmbeddingRuntime(RuntimeBase):
             InputTooLongError: an input is longer than the model reads and truncation was not asked for.
             InvalidSettingsError: ``dimensions`` the model was not trained to be cut to.
         """
+        return self._embed(request, None)
+
+    def _embed(self, request: EmbeddingRequest, cancel: threading.Event | None) -> EmbeddingResult:
         import numpy as np
 
         info = self.embedding_info()
         if info.task != "embed":
             embedder(self)
         info.check_dimensions(request.dimensions)
-        items = self._inputs.texts(request)
+        items = self._inputs.texts(request, cancel)
         backend = self._require()
-        vectors = self._compute(items, backend.embed).astype(np.float32)
+        vectors = self._compute(items, backend.embed, cancel).astype(np.float32)
         if request.dimensions is not None and request.dimensions < vectors.shape[1]:
             vectors = vectors[:, : request.dimensions]
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
@@ -284,25 +293,42 @@ class EmbeddingRuntime(RuntimeBase):
             UnsupportedTaskError: the model embeds and does not rerank.
             InputTooLongError: a (query, document) pair is longer than the model reads, without truncation.
         """
+        return self._rerank(request, None)
+
+    def _rerank(self, request: RerankRequest, cancel: threading.Event | None) -> RerankResult:
         if self.embedding_info().task != "rerank":
             reranker(self)
         if not request.documents:
             return RerankResult((), 0, self.model.name)
-        items = self._inputs.pairs(request)
-        scores = self._compute(items, self._require().score).astype(float).reshape(-1)
+        items = self._inputs.pairs(request, cancel)
+        scores = self._compute(items, self._require().score, cancel).astype(float).reshape(-1)
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: request.top_n]
         hits = tuple(RerankHit(i, float(scores[i])) for i in order)
         return RerankResult(hits, sum(len(e.ids) for e in items), self.model.name)
 
     async def aembed(self, request: EmbeddingRequest) -> EmbeddingResult:
-        """Async :meth:`embed`, computed on the runtime's worker thread."""
+        """Async :meth:`embed`, computed on the runtime's worker thread; cancelled, it stops at its next step."""
         if self.embedding_info().task != "embed":
             embedder(self)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.embed, request)
+        return await self._on_worker(self._embed, request)
 
     async def arerank(self, request: RerankRequest) -> RerankResult:
-        """Async :meth:`rerank`, computed on the runtime's worker thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.rerank, request)
+        """Async :meth:`rerank`, computed on the runtime's worker thread; cancelled, it stops at its next step."""
+        return await self._on_worker(self._rerank, request)
+
+    async def _on_worker(self, work: Callable[[Any, threading.Event], Any], request: Any) -> Any:
+        """``work(request, cancel)`` on the worker thread.
+
+        ``cancel`` is set when the awaiting task is cancelled (a server's client went away): the work stops between
+        two chunks of tokenizing or two batches (raising :class:`.embed_inputs.Abandoned`, which nobody awaits).
+        """
+        cancel = threading.Event()
+        future = asyncio.get_running_loop().run_in_executor(self._executor, work, request, cancel)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
 
     # ----------------------------------------------------------------- what it does not do
 

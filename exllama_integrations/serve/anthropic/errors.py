@@ -9,7 +9,6 @@ guard uses :func:`error_body` for what it refuses before any route runs (a missi
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -22,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ...errors import ExLlamaIntegrationsError
+from ..guard import did_you_mean
 from ..streaming import ClientGone
 from .protocol import ALL_FIELDS
 
@@ -72,8 +72,7 @@ def typed_response(e: BaseException) -> JSONResponse:
 def _field_error(err: Any) -> str:
     where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
     if err.get("type") == "extra_forbidden":
-        close = difflib.get_close_matches(str(err["loc"][-1]), ALL_FIELDS, n=1)
-        return f"{where}: unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
+        return f"{where}: unknown field here" + did_you_mean(str(err["loc"][-1]), ALL_FIELDS)
     if err.get("type") == "json_invalid":
         return f"the body is not valid JSON: {err.get('msg')}"
     if err.get("type") == "missing":

@@ -10,8 +10,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...contract.validation import FirstErrorModel
 
-class _Wire(BaseModel):
+
+class _Wire(FirstErrorModel):
     model_config = ConfigDict(extra="forbid")
 
 

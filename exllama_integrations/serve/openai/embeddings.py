@@ -14,6 +14,7 @@ from fastapi.responses import Response
 
 from ...contract.retrieval import embedder
 from ..state import state_of
+from ..streaming import until_disconnect
 from .protocol.embeddings import EmbeddingBody, EmbeddingResponse
 
 router = APIRouter(tags=["openai"])
@@ -27,7 +28,7 @@ async def embeddings(body: EmbeddingBody, request: Request) -> Response:
     req = body.to_request()
     runtime.embedding_info().check_dimensions(req.dimensions)
     with state.in_flight(len(req.inputs)):
-        result = await runtime.aembed(req)
+        result = await until_disconnect(request, runtime.aembed(req))  # a client gone stops the work
     request.state.usage = (result.prompt_tokens, 0, 0.0)
     name = body.model or state.name
 

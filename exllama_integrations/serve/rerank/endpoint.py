@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 
 from ...contract.retrieval import reranker
 from ..state import state_of
+from ..streaming import until_disconnect
 from .protocol import RerankBody, RerankResponse
 
 router = APIRouter(tags=["rerank"])
@@ -24,7 +25,7 @@ async def rerank(body: RerankBody, request: Request) -> RerankResponse:
     runtime = reranker(state.runtime_for(body.model))
     req = body.to_request()
     with state.in_flight(max(1, len(req.documents))):
-        result = await runtime.arerank(req)
+        result = await until_disconnect(request, runtime.arerank(req))  # a client gone stops the work
     request.state.usage = (result.prompt_tokens, 0, 0.0)
     return RerankResponse.of(result, body, body.model or state.name)
 

@@ -2,7 +2,8 @@
 
 A request has a ``query`` and ``documents`` (texts, or ``{"text": ...}`` objects), ``top_n`` and
 ``return_documents`` (default true, as Jina answers; Cohere's clients read the results either way). Cohere's
-``max_tokens_per_doc`` (v2) asks for truncation; ``max_chunks_per_doc`` (v1) and ``priority`` (v2) are accepted
+``max_tokens_per_doc`` (v2) cuts each document to its first that many tokens (and a pair over the model's limit is
+then cut, not refused); ``max_chunks_per_doc`` (v1) and ``priority`` (v2) are accepted
 and have no effect here; ``rank_fields`` may only name ``text``. Extensions: ``truncate`` (TEI's name) and
 ``instruction`` (the task a yes/no reranker judges by). The answer: ``results`` of ``index`` and
 ``relevance_score`` (with ``document``), best first; ``usage`` (Jina's) and ``meta`` (Cohere's) with the tokens read.
@@ -50,7 +51,9 @@ class RerankBody(Wire):
         if self.rank_fields not in (None, ["text"]):
             raise InvalidSettingsError("rank_fields may only be ['text'] here.", param="rank_fields")
         truncate = self.truncate or self.max_tokens_per_doc is not None
-        return RerankRequest(self.query, tuple(self.texts()), self.top_n, truncate, self.instruction)
+        return RerankRequest(
+            self.query, tuple(self.texts()), self.top_n, truncate, self.instruction, self.max_tokens_per_doc
+        )
 
 
 class RerankDocument(BaseModel):

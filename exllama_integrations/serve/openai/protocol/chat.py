@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from ....contract.validation import FirstErrorModel
 from .common import CommonRequest, UsageWire, Wire
 
 
@@ -28,7 +29,7 @@ class ToolCallWire(Wire):
     function: FunctionCall
 
 
-class ImageURL(BaseModel):
+class ImageURL(FirstErrorModel):
     """An ``image_url`` part's reference: a ``data:image/...;base64,`` URL (http(s) only where the server allows)."""
 
     model_config = ConfigDict(extra="allow")
@@ -37,7 +38,7 @@ class ImageURL(BaseModel):
     detail: str | None = None
 
 
-class ContentPart(BaseModel):
+class ContentPart(FirstErrorModel):
     """A message content part: ``text``, or ``image_url`` in a user turn for a model that takes images."""
 
     model_config = ConfigDict(extra="allow")
@@ -142,14 +143,25 @@ class ToolCallOut(BaseModel):
     index: int | None = None
 
 
-class FunctionDelta(BaseModel):
+class _Unsent(BaseModel):
+    """A stream delta whose fields not sent in this event are left out, not written as null, as OpenAI streams them.
+
+    The openai SDK's ``chat.completions.stream()`` overwrites a call's ``type`` with each delta's value.
+    """
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unsent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class FunctionDelta(_Unsent):
     """More of a streamed call: its name with its first delta, then its arguments' text as they are written."""
 
     name: str | None = None
     arguments: str = ""
 
 
-class ToolCallDelta(BaseModel):
+class ToolCallDelta(_Unsent):
     """A stream's tool-call delta, as OpenAI streams them.
 
     The first of a call carries its ``id``, ``type`` and name, the rest only ``index`` and more ``function.arguments``.

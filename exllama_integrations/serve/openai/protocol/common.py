@@ -10,17 +10,21 @@ resolved once, on the model itself (:meth:`CommonRequest.to_settings`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import compress, count, repeat
+from operator import is_not
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from ....contract.api import Grammar, check_grammar_size
 from ....contract.settings import GenerationSettings, check_one_name_each, resolve_settings
+from ....contract.validation import FirstErrorModel
 from ....errors import InvalidSettingsError
 
 
-class Wire(BaseModel):
-    """A request model: unknown fields are refused (a typo must not be silently dropped)."""
+class Wire(FirstErrorModel):
+    """A request model: unknown fields refused (a typo must not be dropped), containers stop at their first bad item."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -200,3 +204,61 @@ class ErrorResponse(BaseModel):
     """Every error answer: ``{"error": {"message", "type", "param", "code"}}``."""
 
     error: ErrorBody
+
+
+def texts_or_ids(value: Any, field: str, most: int) -> Any:
+    """``value`` if it is one of the shapes ``input`` / ``prompt`` take, checked in one pass before pydantic reads it.
+
+    A text, a list of texts, a list of token ids, or a list of token-id lists, with at most ``most`` texts or lists
+    (``int``, never ``bool``, as token ids). Refused at the first item that breaks the shape its first item set, so
+    a million wrong items cost one error, not one per item and per shape.
+
+    Raises:
+        PydanticCustomError: the first item that breaks the shape, or more than ``most`` items.
+    """
+    if not isinstance(value, list) or not value:
+        return value  # a text, or not a list at all: pydantic's own error names it
+    first = type(value[0])
+    if first is int:
+        bad = _first_not(value, int)
+        if bad is not None:
+            raise _shape(field, f"{field}[{bad}] is {_kind(value[bad])} in a list of token ids")
+        return value
+    if len(value) > most:
+        raise _shape(field, f"{field} holds {len(value)} items; at most {most} go in one request (send several)")
+    if first is str:
+        bad = _first_not(value, str)
+        if bad is not None:
+            raise _shape(field, f"{field}[{bad}] is {_kind(value[bad])} in a list of texts")
+        return value
+    for i, item in enumerate(value):
+        if type(item) is not list:
+            raise _shape(field, f"{field}[{i}] is {_kind(item)}")
+        bad = _first_not(item, int)
+        if bad is not None:
+            raise _shape(field, f"{field}[{i}][{bad}] is {_kind(item[bad])} in a list of token ids")
+    return value
+
+
+def _first_not(items: list[Any], kind: type) -> int | None:
+    """The index of the first item whose type is not ``kind`` (``bool`` is not ``int``), at C speed, or None."""
+    return next(compress(count(), map(is_not, map(type, items), repeat(kind))), None)
+
+
+def _kind(v: Any) -> str:
+    return {
+        str: "a text",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        list: "a list",
+        dict: "an object",
+    }.get(type(v), "null" if v is None else type(v).__name__)
+
+
+def _shape(field: str, why: str) -> PydanticCustomError:
+    return PydanticCustomError(
+        "invalid_shape",
+        "{why}; send a text, a list of texts, a list of token ids, or a list of token-id lists",
+        {"why": why, "field": field},
+    )

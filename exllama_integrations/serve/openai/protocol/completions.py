@@ -6,12 +6,12 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from ....contract.api import GenerationRequest
 from ....contract.settings import GenerationSettings
 from ..choices import per_choice
-from .common import CommonRequest, GrammarWire, UsageWire, refuse
+from .common import CommonRequest, GrammarWire, UsageWire, refuse, texts_or_ids
 
 MAX_PROMPTS = 64
 """Most generations one completions request may ask for (prompts in its list, times ``n``)."""
@@ -35,6 +35,11 @@ class CompletionRequest(CommonRequest):
     # extensions
     add_special_tokens: bool = True
     grammar: GrammarWire | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _shape(cls, value: Any) -> Any:
+        return texts_or_ids(value, "prompt", MAX_PROMPTS)
 
     def _logprobs(self) -> int | None:
         return self.logprobs

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import base64
 import struct
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from ....contract.retrieval import EmbeddingRequest, EmbeddingResult
-from .common import Wire
+from ....contract.retrieval import MAX_INPUTS, EmbeddingRequest, EmbeddingResult
+from .common import Wire, texts_or_ids
 
 
 class EmbeddingBody(Wire):
@@ -28,6 +28,11 @@ class EmbeddingBody(Wire):
     user: str | None = None
     input_type: Literal["query", "document"] | None = None
     truncate: bool = False
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _shape(cls, value: Any) -> Any:
+        return texts_or_ids(value, "input", MAX_INPUTS)
 
     def to_request(self) -> EmbeddingRequest:
         """The contract's request (a bad input is an InvalidSettingsError, 400)."""

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import ConfigDict, Discriminator, Field, Tag
+
+from ....contract.validation import FirstErrorModel
 
 
-class Strict(BaseModel):
+class Strict(FirstErrorModel):
     """A part of the request whose unknown fields are refused (a typo must not be silently dropped)."""
 
     model_config = ConfigDict(extra="forbid")
 
 
-class Item(BaseModel):
+class Item(FirstErrorModel):
     """An input item or part: the ids, statuses and annotations a client sends back with it are ignored."""
 
     model_config = ConfigDict(extra="ignore")
