@@ -70,9 +70,13 @@ EXCLUSIVE = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tiers import is_quick
+
     for item in items:
         if any(item.nodeid.startswith(prefix) for prefix in EXCLUSIVE):
             item.add_marker(pytest.mark.exclusive)
+        if is_quick(item.nodeid):
+            item.add_marker(pytest.mark.quick)
     other = [i for i in items if TOOLS_ONLY in i.nodeid and not any(w in i.name for w in ("tool", "agent"))]
     if other:
         config.hook.pytest_deselected(items=other)
