@@ -25,7 +25,9 @@ def _cuda() -> bool:
 
 
 # Standard-suite tests the 135M demo model cannot pass on its own (model quality, not plumbing): each
-# reason says what the model does. The plumbing they exercise is covered by our own tests.
+# reason says what the model does. The plumbing they exercise is covered by our own tests. They are not run: a
+# non-strict xfail cannot fail (any exception counts as the expected one), and running them cost 100-token loops for
+# no verdict (beside load, 1,476 s of one worker's time in TestChatExLlamaIntegration alone).
 _LOOPS = (
     "SmolLM2-135M at temperature 0 loops inside a JSON string (e.g. 'a cat is a cat, a cat is a cat, ...') "
     "until max_tokens; the grammar keeps the JSON valid, so the cut is reported as ConstraintViolationError"
@@ -90,7 +92,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         for prefix, reason in MODEL_QUALITY_XFAILS.items():
             if item.name.startswith(prefix) or item.name == prefix:
-                item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=False, run=False))
     if _cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the lent GPU machine; see tests/gpu/README.md)")
