@@ -1,6 +1,6 @@
 """The quick tier: `./dev test --quick` runs the tests marked ``quick`` (tests/conftest.py marks what QUICK names).
 
-Every room's happy path and its typed errors, in under 5 minutes on 2 cores: the unit tests (fakes where a GPU would
+Every room's happy path and its typed errors, in about 5 minutes on 2 cores: the unit tests (fakes where a GPU would
 be), less the slow ones below, and one end-to-end test per door on the real demo model. tests/unit/test_quick_tier.py
 checks that every module of the package is imported by at least one quick test file.
 Node-id prefix -> what it covers.
