@@ -184,6 +184,7 @@ def main() -> None:
     ap.add_argument("--cache", type=int, default=4096, help="cache tokens of every row")
     ap.add_argument("--no-served", action="store_true")
     ap.add_argument("--jobs", default="", help="also N jobs at once, e.g. 16,64 (batch rows)")
+    ap.add_argument("--draft-window", default="measured", choices=("measured", "fixed"), help="ours: draft_window")
     ap.add_argument("--prepare-only", action="store_true", help="build and calibrate the checkpoints, then stop")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -230,12 +231,20 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
             t0 = time.perf_counter()
             if not args.no_served:
                 server = start_server(model, window, cache, args.out / f"server_{level}.log")
-            rt = ExLlamaRuntime(model, "exllamav3", cache_size=cache, draft="mtp", num_draft_tokens=window)
+            rt = ExLlamaRuntime(
+                model,
+                "exllamav3",
+                cache_size=cache,
+                draft="mtp",
+                num_draft_tokens=window,
+                draft_window=args.draft_window,
+            )
             loop = RawExLlamaV3(model, cache_tokens=cache, mtp=True, num_draft_tokens=window)
             if server is not None:
                 wait_up(server[1], server[0], 300)
             note(args.out, f"{level}: load_seconds (MTP rows, the server beside)", round(time.perf_counter() - t0, 1))
             note(args.out, f"{level}: model_info().details['drafting']", rt.model_info().details.get("drafting"))
+            note(args.out, f"{level}: ours, draft_window", args.draft_window)
             got = list(rt.generate(PROMPT, **greedy).token_ids)
             loop.jobs([ids], new)
             differ[f"{level}: ours, draft='mtp'"] = got != want
@@ -262,6 +271,8 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
             raw_counts = {k: v for k, v in loop.last.items() if k != "token_ids"}
             note(args.out, f"{level}: acceptance, raw exllamav3 (its last job)", raw_counts)
             note(args.out, f"{level}: decode report, ours", rt.diagnostics()["fast_decode"].report())
+            if rt.diagnostics().get("draft_window") is not None:
+                note(args.out, f"{level}: draft windows chosen, ours", rt.diagnostics()["draft_window"].report())
             for n in [int(j) for j in args.jobs.split(",") if j.strip()]:
                 batches = Batches(n, new)
                 bsec = f"{level}: {n} jobs at once"

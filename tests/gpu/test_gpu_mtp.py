@@ -78,8 +78,10 @@ def test_mtp_drafting_is_greedy_identical_and_reports_its_acceptance(checkpoints
         )
     finally:
         rt.close()
-    # the default: each step's window chosen from what the steps measured (draft_rule); the same greedy tokens
-    measured = ExLlamaRuntime(model, "exllamav3", cache_size=4096, draft="mtp", num_draft_tokens=WINDOW)
+    # each step's window chosen from what the steps measured (draft_rule): the same greedy tokens
+    measured = ExLlamaRuntime(
+        model, "exllamav3", cache_size=4096, draft="mtp", num_draft_tokens=WINDOW, draft_window="measured"
+    )
     try:
         by_rule = [list(measured.generate(p, **GREEDY).token_ids) for p in prompts]
         with ThreadPoolExecutor(4) as ex:

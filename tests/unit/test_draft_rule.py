@@ -126,6 +126,6 @@ def test_the_defaults_are_what_docs_speculative_says():
 
     rule = DraftRule(max_window=4)
     assert (rule.warmup, rule.explore_every) == (3, 32)
-    assert options_for(ExLlamaV3Backend, {"draft": "mtp"}).draft_window == "measured"
+    assert options_for(ExLlamaV3Backend, {"draft": "mtp"}).draft_window == "fixed"  # until the GPU has measured it
     page = (Path(__file__).resolve().parents[2] / "docs" / "speculative.md").read_text()
     assert "every arm runs 3 times" in page and "every 32 steps" in page

@@ -180,10 +180,11 @@ class ExLlamaV3Options(BackendOptions):
     refused at load, saying what it lacks (:mod:`.mtp`)."""
     num_draft_tokens: int | None = Field(default=None, ge=1, le=32)
     """Tokens drafted per step with ``draft_model_dir``, ``draft`` or ``ngram_match_min``; None: exllamav3's 4."""
-    draft_window: Literal["measured", "fixed"] = "measured"
-    """With a draft model or MTP heads: ``"measured"`` drafts, each step, the window (0 to ``num_draft_tokens``) that
-    gave the most tokens per second on the steps of this batch size so far, so that drafting never makes a batch
-    slower (:mod:`.draft_rule`); ``"fixed"``: always ``num_draft_tokens``, as exllamav3 does."""
+    draft_window: Literal["measured", "fixed"] = "fixed"
+    """With a draft model or MTP heads: ``"fixed"`` (the default until the GPU has measured the other) drafts
+    ``num_draft_tokens`` every step, as exllamav3 does; ``"measured"`` drafts, each step, the window (0 to
+    ``num_draft_tokens``) that gave the most tokens per second on the steps of this batch size so far, so that drafting
+    does not make a batch slower (:mod:`.draft_rule`)."""
     ngram_match_min: int = Field(default=0, ge=0, le=64)
     """Speculative decoding with no draft model: draft from the job's own context where its last this many
     tokens occurred before (0: off)."""
