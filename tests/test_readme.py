@@ -94,7 +94,19 @@ def _embeddings(ns, out):
     assert abs(sum(x * x for x in vectors[0]) - 1.0) < 1e-4  # its Normalize module
 
 
+def _decisions(ns, out):
+    r = ns["r"]
+    assert 0.0 <= r.nouls["urgent"].noul <= 1.0
+    assert r.choices["team"].choice in ("billing", "technical", "sales")
+    assert 0.0 <= r.scores["anger"].score <= 2.0  # the expected level over the three named levels
+    prompt = r.metadata["prompts"]["team"]  # the comment: the prompt the question became, the chat template's
+    assert (
+        prompt.startswith("<|im_start|>system") and "Answer with exactly one of: billing, technical, sales." in prompt
+    )
+
+
 CHECKS = {
+    "decisions = ExLlamaDecisions(": _decisions,
     "model_dir = str(demo_model_dir())": _model_dir,
     "chain = PromptTemplate": _llm,
     "chat = ChatExLlama(": _chat,
