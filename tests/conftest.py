@@ -68,6 +68,8 @@ EXCLUSIVE = {
     "tests/unit/test_model_registry.py::test_keep_alive_per_model_and_per_request": "a 0.3 s keep_alive, 0.6 s waits",
     "tests/integration/test_multi_model.py": "serve in a subprocess: five engine processes, two streams at once",
     "tests/integration/test_smg_gateway.py": "a gateway process in front of two servers, ready within 60 s",
+    "tests/unit/test_reader_linear_time.py": "reading 2x the text within 2.5x the CPU time, every format",
+    "tests/integration/test_request_bounds.py": "a 1 MB bad body answered within 2 s, /health within 1 s meanwhile",
 }
 
 
