@@ -16,37 +16,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from servers import ThreadServer
 
 from exllama_integrations.contract.retrieval import MAX_INPUTS, EmbeddingRequest, RerankRequest
 from exllama_integrations.errors import InvalidSettingsError
-from exllama_integrations.runtime.local import EmbeddingRuntime
 
 QUERY = "What is the capital of France?"
 DOCS = ["Paris is the capital and largest city of France.", "Photosynthesis turns light into chemical energy."]
 MANY = [f"note {i} of the archive" for i in range(MAX_INPUTS + 1)]
-
-
-@pytest.fixture(scope="module")
-def embed_rt(minilm_dir):
-    return EmbeddingRuntime.shared(minilm_dir)
-
-
-@pytest.fixture(scope="module")
-def rerank_rt(tmp_path_factory, minilm_dir):
-    from retrieval_models import make_cross_encoder
-
-    rt = EmbeddingRuntime(make_cross_encoder(tmp_path_factory.mktemp("cross") / "cross", minilm_dir))
-    yield rt
-    rt.close()
-
-
-@pytest.fixture(scope="module")
-def servers(embed_rt, rerank_rt):
-    embed, rerank = ThreadServer(embed_rt), ThreadServer(rerank_rt)
-    yield {"embed": embed.url, "rerank": rerank.url}
-    embed.stop()
-    rerank.stop()
 
 
 def _tiktoken_offline(monkeypatch) -> None:

@@ -15,7 +15,6 @@ from servers import ThreadServer
 
 from exllama_integrations.contract.retrieval import EmbeddingRequest, RerankRequest
 from exllama_integrations.errors import UnsupportedTaskError
-from exllama_integrations.runtime.local import EmbeddingRuntime
 
 DOCS = [
     "Paris is the capital and largest city of France.",
@@ -24,28 +23,6 @@ DOCS = [
     "The Eiffel Tower is a wrought-iron tower in Paris.",
 ]
 QUERY = "What is the capital of France?"
-
-
-@pytest.fixture(scope="module")
-def embed_rt(minilm_dir):
-    return EmbeddingRuntime.shared(minilm_dir)
-
-
-@pytest.fixture(scope="module")
-def rerank_rt(tmp_path_factory, minilm_dir):
-    from retrieval_models import make_cross_encoder
-
-    rt = EmbeddingRuntime(make_cross_encoder(tmp_path_factory.mktemp("cross") / "cross", minilm_dir))
-    yield rt
-    rt.close()
-
-
-@pytest.fixture(scope="module")
-def servers(embed_rt, rerank_rt):
-    embed, rerank = ThreadServer(embed_rt), ThreadServer(rerank_rt)
-    yield {"embed": embed.url, "rerank": rerank.url}
-    embed.stop()
-    rerank.stop()
 
 
 @pytest.fixture(scope="module", params=["local", "remote"])
