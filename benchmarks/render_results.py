@@ -238,6 +238,11 @@ FAST_DECODE = {
     "`deterministic=True`, 1, 16 and 64 jobs enqueued together, 48 new tokens, 5 interleaved repetitions "
     "(`--sections bench --models exl3 --reps 5 --new 48 --no-sampler-alone --no-ahead-row`); the notes hold the "
     "device-to-device copy bandwidth and the model's weight bytes (the floor of a step)",
+    "gpu_fast_decode_run16_hybrid_h100.json": "run 16 (2026-12-07, H100 80GB HBM3): the captured step over Gated "
+    "DeltaNet layers (`fast_recurrent`), a ~1.5B Qwen3.5-shaped hybrid in bf16 (18 Gated DeltaNet and 6 attention "
+    "layers, random weights), 16 and 64 jobs enqueued together, 32 new tokens, 5 interleaved repetitions "
+    "(`--sections bench --models hybrid --reps 5 --new 32 --batches 16,64 --no-sampler-alone --no-ahead-row "
+    "--no-deterministic-row`)",
     "gpu_fast_decode_run14_batched_prefill.json": "run 14 (2026-12-04, evening), batched prefill (`--sections "
     "prefill --models exl3 --reps 5 --new 128`): the first step of 64 jobs interleaved with exllamav3's job-by-job "
     "prefill (0.173 of it) and with reconstruct forced, the kernel tables, and greedy tokens against exllamav3's own "

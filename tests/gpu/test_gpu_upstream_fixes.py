@@ -4,7 +4,8 @@
   without the fix: the teacher-forced logits at the prompt's last position and at every step of the oracle's greedy
   tokens, against the oracle's. With it they must fall within the matrix's tolerance (5% of the oracle logits'
   standard deviation; the later rows within the 5x slack the matrix gives MoE families); without it they must not
-  (else the fix is not what made the difference). GPT-OSS stays refused on bf16 in the runtime until this passes.
+  (else the fix is not what made the difference). It passed on an H100 on 2026-12-07 (patched 0.0004, unpatched
+  0.71), and bf16 GPT-OSS is no longer refused.
 * ``gemma4_global_attention``: the Gemma 4 fixture, its config rewritten as transformers 5.24 saves it
   (``per_layer_config``, no ``global_head_dim``), loads through the runtime and gives the same prefill logits as the
   fixture in its checkpoint layout.

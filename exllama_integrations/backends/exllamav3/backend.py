@@ -48,17 +48,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-WRONG_UNQUANTIZED = {
-    "GptOssForCausalLM": (
-        "exllamav3 1.6.5 reads GPT-OSS's unquantized experts wrongly: its modules/linear.py splits a plain "
-        "mlp.experts.gate_up_proj in contiguous halves (gate and up columns alternate) and drops gate_up_proj_bias "
-        "and down_proj_bias, so the logits differ from transformers' by 3.28 (tolerance 0.03, on an H200); our "
-        "fix for it (patches.gpt_oss_bf16_experts) is not yet proven on the GPU. Use backend='transformers' for "
-        "bf16 GPT-OSS until it is."
-    ),
-}
-"""Architectures exllamav3 runs but, on unquantized weights, computes wrongly (measured against the oracle)."""
-
 
 class ExLlamaV3Backend(Backend):
     """exllamav3 on CUDA: EXL3 or fp16/bf16 safetensors, dynamic batching, paged cache."""
@@ -105,9 +94,6 @@ class ExLlamaV3Backend(Backend):
         archs = model.architectures
         if not archs or archs[0] not in get_architectures():
             raise unsupported(cls.name, model, f"architecture {archs[:1] or model.model_type!r} is not in exllamav3.")
-        wrong = WRONG_UNQUANTIZED.get(archs[0])
-        if wrong and q is None:
-            raise unsupported(cls.name, model, wrong)
 
     def __init__(self, model: ModelDirectory, tokenizer: NativeTokenizer, options: BackendOptions) -> None:
         import torch

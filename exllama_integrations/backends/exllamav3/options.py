@@ -137,12 +137,12 @@ class ExLlamaV3Options(BackendOptions):
     chunks run side by side in a few forwards (``fast.prefill``; on the H200, 64 prompts of 128 tokens of a 1B EXL3
     model in 94 ms instead of 546, run 14); the cache then holds the same K/V up to the GEMMs' rounding, so greedy
     tokens may part from exllamav3's own where two logits nearly tie."""
-    fast_recurrent: bool = False
-    """With ``decode="fast"`` on a Gated DeltaNet or Mamba-2 hybrid (Qwen3.5 / 3.6 dense, Nemotron-H without MoE):
-    capture its decode steps of more than 8 rows too (below, exllamav3's own graphed layers run), each row's recurrent
-    state addressed through static slot tensors (``fast.graphs``). Off until the GPU proves its greedy tokens are
-    exllamav3's own at 16 and 64 jobs (``tests/gpu/family_matrix.py``'s fast phase); off, such a model's forward runs
-    eagerly and the batched sampler still runs."""
+    fast_recurrent: bool = True
+    """With ``decode="fast"`` on a Gated DeltaNet hybrid (Qwen3.5 / 3.6 dense): capture its decode steps of more than 8
+    rows too (up to 8, exllamav3's own graphed layers run), each row's recurrent state addressed through static slot
+    tensors (``fast.graphs``). Greedy tokens exllamav3's own at 1, 16 and 64 jobs on an H100 (2026-12-07,
+    ``tests/gpu/family_matrix.py``'s fast phase). False: such a model's forward runs eagerly (the batched sampler
+    still runs). Mamba-2 layers (Nemotron-H) are not captured yet: unproven on the GPU."""
     deterministic: bool = False
     """With ``decode="fast"``: a request's tokens do not depend on what runs beside it (the requests decoding with it,
     their number and order). Each row of a decode step runs as a step of its own, as exllamav3 runs a request alone

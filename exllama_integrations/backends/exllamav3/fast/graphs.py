@@ -20,10 +20,11 @@ exllamav3's own logits.
 Where it stands aside (the eager forward runs; :meth:`DecodeGraphs.report` says why and how often):
 
 * the model, for its whole life: tensor-parallel, several devices, a layer that is not a plain transformer
-  block (MoE, sliding-window rings, KDA, hyper-connections, sparse attention indexers, per-layer embeddings), MRoPE;
+  block (MoE, sliding-window rings, Mamba-2, KDA, hyper-connections, sparse attention indexers, per-layer
+  embeddings), MRoPE;
 * a step: more than one position per row (prefill, drafting, healing), image embeddings, a speculative pass over
   recurrent state, draft-model parameters, any parameter the captured forward was not built with;
-* on a model with Gated DeltaNet or Mamba-2 layers, a step of up to ``bc_attn.MAX_BSZ`` (8) rows: exllamav3 runs
+* on a model with Gated DeltaNet layers, a step of up to ``bc_attn.MAX_BSZ`` (8) rows: exllamav3 runs
   those layers through graphs of its own there (their kernels differ from the torch path's, and their second call
   captures, which cannot nest in ours). Above it the whole step is captured, the layers' state pools addressed
   through static per-row slot tensors copied in each step, each row's state advanced after the replay as
@@ -120,7 +121,7 @@ class DecodeGraphs:
 
         ``max_rows``: the largest batch (the static buffers' rows); ``min_rows``: the fewest rows captured (fewer run
         as exllamav3 runs them); ``ahead``: :meth:`launch_ahead` runs (False: it declines, for comparison);
-        ``recurrent``: Gated DeltaNet and Mamba-2 layers are captured (False: such a model stands aside).
+        ``recurrent``: Gated DeltaNet layers are captured (False: such a model stands aside; Mamba-2 always does).
         """
         self.view = ModelView(model, recurrent)
         self.why_not = self.view.why_not

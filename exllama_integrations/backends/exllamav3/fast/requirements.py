@@ -99,9 +99,8 @@ REQUIREMENTS: list[Requirement] = [
     Constant(f"{_MOD}.attn", "_bc_attn_enable"),
     Constant("exllamav3.constants", "PAGE_SIZE", PAGE_SIZE),
     Constant("exllamav3.util.tensor", "get_for_device"),
-    # recurrent layers in a captured step (Gated DeltaNet, Mamba-2): their slot tensors, their own graphed rows
-    *(Member(f"{_MOD}.{m}", c, "forward", ("x", "params")) for m, c in (("gated_delta_net", "GatedDeltaNet"),
-      ("mamba2", "Mamba2"))),
+    # recurrent layers in a captured step (Gated DeltaNet): their slot tensors, their own graphed rows
+    Member(f"{_MOD}.gated_delta_net", "GatedDeltaNet", "forward", ("x", "params")),
     Member(f"{_MOD}.gated_delta_net", "GatedDeltaNet", "kda"),
     Constant(f"{_MOD}.attention_fn.bc_attn", "MAX_BSZ", 8),
     Constant("exllamav3.cache.recurrent_util", "advance_recurrent_states"),

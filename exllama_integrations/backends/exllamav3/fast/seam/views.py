@@ -160,7 +160,7 @@ class ModelView:
         self.layers: list[Any] = []
         self.device: Any = None
         self.recurrent: list[str] = []
-        """The kinds of recurrent layer the model has (Gated DeltaNet, Mamba-2): their state lives in the cache's
+        """The captured kinds of recurrent layer the model has (Gated DeltaNet): their state lives in the cache's
         pools, addressed by per-row slot tensors that a captured step reads from static buffers."""
         self.why_not = self._stands_aside()
         if self.why_not is None:
@@ -183,7 +183,6 @@ class ModelView:
                 GatedMLP,
                 LayerNorm,
                 Linear,
-                Mamba2,
                 RMSNorm,
                 TransformerBlock,
             )
@@ -208,7 +207,8 @@ class ModelView:
                 if getattr(module, "attn_hc", None) or getattr(module, "mlp_hc", None):
                     return "hyper-connections"
                 attn, mlp = module.attn, module.mlp
-                if self.capture_recurrent and type(attn) in (GatedDeltaNet, Mamba2) and not getattr(attn, "kda", False):
+                # Gated DeltaNet proven on the GPU (2026-12-07); Mamba-2 reads its slots the same way, unproven yet
+                if self.capture_recurrent and type(attn) is GatedDeltaNet and not getattr(attn, "kda", False):
                     self.recurrent.append(type(attn).__name__)
                 elif attn is not None and (
                     type(attn) is not Attention or getattr(attn, "qsa_indexer", None) is not None
