@@ -92,6 +92,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=only[1]))
         if "TestChatExLlamaIntegration" not in item.nodeid:
             continue
+        if item.name == "test_stream_time":  # its body skips itself with enable_vcr_tests False (the default), but
+            # its cassette is set up first and, in record mode "none", refuses the served model's own first request
+            # to our server (seen in the Served class: CannotOverwriteExistingCassetteException at setup)
+            item.add_marker(pytest.mark.skip(reason="langchain-tests' VCR benchmark: enable_vcr_tests is False"))
         for prefix, reason in MODEL_QUALITY_XFAILS.items():
             if item.name.startswith(prefix) or item.name == prefix:
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=False, run=False))

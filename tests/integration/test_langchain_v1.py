@@ -194,6 +194,7 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def test_transformers_load_bar_follows_our_rule(tiny, capfd):
+    import ipykernel  # noqa: F401 - a process that imported ipykernel (a run that executed a notebook) is no notebook
     from transformers.utils import logging as hf_logging
 
     from exllama_integrations import ExLlamaRuntime

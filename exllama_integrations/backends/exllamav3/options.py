@@ -337,7 +337,17 @@ def show_progress(option: bool | None) -> bool:
     """Whether to show a progress bar while loading (``None``: when stderr is a terminal, or in a notebook)."""
     if option is not None:
         return option
-    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or "ipykernel" in sys.modules
+    return bool(getattr(sys.stderr, "isatty", lambda: False)()) or _in_notebook()
+
+
+def _in_notebook() -> bool:
+    """Whether this code runs in a Jupyter kernel.
+
+    Not merely in a process that imported ipykernel (a test run that executed a notebook, a tool that vendors it).
+    """
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def generator_parameters(generator_class: Any) -> set[str] | None:
