@@ -118,6 +118,11 @@ LOAD_PLOT = ("gpu_load_run13_batch16.json", "gpu_load_run13_callers.json")
 SPECULATIVE = {
     "gpu_speculative.json": "speculative decoding (`python benchmarks/gpu_speculative.py --reps 5`): each mode "
     "interleaved with plain decoding of the same target (layers 2-31 with zero output projections)",
+    "gpu_mtp_run1_h100.json": "MTP drafting (2026-12-07, H100 80GB HBM3; `bash tests/gpu/run_on_device.sh speed`, "
+    "`draft_window=\"measured\"`): a 4.8B Qwen3.5-shaped fp16 checkpoint whose MTP head drafts right ('perfect') or "
+    "~70% right ('mix'), one stream and 16/64 jobs, 5 interleaved repetitions; drafting steps ran eagerly, and the "
+    "undrafted steps of a drafting runtime too (the MTP head's hidden-state export was not captured); the mix 64-job "
+    "row was cut by the call's time limit",
 }
 
 VISION = {
@@ -243,6 +248,9 @@ FAST_DECODE = {
     "layers, random weights), 16 and 64 jobs enqueued together, 32 new tokens, 5 interleaved repetitions "
     "(`--sections bench --models hybrid --reps 5 --new 32 --batches 16,64 --no-sampler-alone --no-ahead-row "
     "--no-deterministic-row`)",
+    "gpu_fast_decode_run17_hybrid_h100.json": "run 17 (2026-12-07, session 8, H100 80GB HBM3): the same ~1.5B "
+    "Qwen3.5-shaped bf16 hybrid at 1, 16 and 64 jobs, 48 new tokens, 5 interleaved repetitions (`bash "
+    "tests/gpu/run_on_device.sh speed`); up to 8 rows the step is left to exllamav3's own per-layer graphs",
     "gpu_fast_decode_run14_batched_prefill.json": "run 14 (2026-12-04, evening), batched prefill (`--sections "
     "prefill --models exl3 --reps 5 --new 128`): the first step of 64 jobs interleaved with exllamav3's job-by-job "
     "prefill (0.173 of it) and with reconstruct forced, the kernel tables, and greedy tokens against exllamav3's own "
