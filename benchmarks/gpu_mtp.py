@@ -289,6 +289,14 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
                 ratio = RESULTS.data["ratios"][bsec][f"{names[1]} / {names[0]}"]["tok_s"]["median"]
                 note(args.out, f"{bsec}: draft='mtp' / no drafting, median of paired ratios", round(ratio, 3))
                 note(args.out, f"{bsec}: target >= 1.0x met", ratio >= 1.0)
+                if rt.diagnostics().get("draft_window") is not None:
+                    note(args.out, f"{bsec}: draft windows chosen, ours", rt.diagnostics()["draft_window"].report())
+                graphs = rt.diagnostics()["fast_decode"].report().get("graphs", {})
+                note(
+                    args.out,
+                    f"{bsec}: captured steps of the drafting runtime (its undrafted ones)",
+                    {k: graphs.get(k) for k in ("replays", "shapes", "eager_forwards", "capture_failed")},
+                )
                 differ[f"{bsec}: draft='mtp' vs none, rounds whose tokens differ"] = batches.differ > 0
         except Exception as e:  # noqa: BLE001 - recorded; the next level still runs
             errors[level] = f"{type(e).__name__}: {e}"

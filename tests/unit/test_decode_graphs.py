@@ -17,6 +17,8 @@ from exllama_integrations.backends.exllamav3.fast import graphs as decode_graphs
 from exllama_integrations.backends.exllamav3.fast.graphs import (  # noqa: E402
     LEFT_TO_EXLLAMAV3,
     DecodeGraphs,
+    Shape,
+    exported,
     step_stands_aside,
 )
 
@@ -55,6 +57,22 @@ def test_a_draft_models_parameters_run_eagerly_and_are_named() -> None:
     assert step_stands_aside(ids, params, 1) == "parameters ['draft_conf', 'export_states']"
     ids, params = step(16, inv_freq=torch.ones(64))  # a rope the graph was not captured with
     assert step_stands_aside(ids, params, 1) == "parameters ['inv_freq']"
+
+
+def test_a_drafting_targets_undrafted_step_is_replayed_and_hands_its_hidden_state_back() -> None:
+    """An MTP drafter's target exports its final norm's output every step: such a step is captured (the graph writes
+    the output into a tensor of its own) and the replay hands it back as exllamav3's norm does, a copy each time."""
+    ids, params = step(16, export_state_norm_keys={"model.norm"})
+    assert step_stands_aside(ids, params, 9, recurrent=True) is None
+    assert exported(params) == ("model.norm",) and exported(step(16)[1]) == ()
+    shape = Shape(16, 16, exported(params))
+    shape.exported = [torch.arange(6.0).view(2, 1, 3)]  # what the captured norm writes at every replay
+    shape.hand_back(params)
+    shape.hand_back(params)  # (a second norm's output appends, as exllamav3's norms append)
+    assert len(params["export_states"]) == 2 and torch.equal(params["export_states"][0], shape.exported[0])
+    shape.exported[0].zero_()  # the next replay rewrites the graph's tensor: what was handed back keeps this step's
+    assert params["export_states"][0].sum() == 15
+    assert "export_states" not in step(16)[1]
 
 
 def test_images_recurrent_state_and_explicit_positions_run_eagerly() -> None:

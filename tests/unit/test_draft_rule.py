@@ -29,7 +29,7 @@ def _run(rule: DraftRule, rows: int, rate: dict[int, float], steps: int) -> list
 
 
 def test_every_window_is_measured_first_then_the_fastest_runs():
-    rule = DraftRule(max_window=4, warmup=2, explore_every=1000)
+    rule = DraftRule(max_window=4, warmup=2, explore_every=1000, settle=0)
     rate = {0: 1000.0, 1: 1500.0, 2: 1900.0, 3: 2200.0, 4: 2100.0}  # one stream, high acceptance: 3 is best
     chosen = _run(rule, 1, rate, 40)
     assert chosen[:10] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
@@ -38,17 +38,42 @@ def test_every_window_is_measured_first_then_the_fastest_runs():
 
 
 def test_a_batch_where_drafting_costs_more_than_it_gives_drafts_nothing():
-    rule = DraftRule(max_window=4, warmup=2, explore_every=1000)
+    rule = DraftRule(max_window=4, warmup=2, explore_every=1000, settle=0)
     rate = {0: 6400.0, 1: 5600.0, 2: 5000.0, 3: 4500.0, 4: 4100.0}  # 64 rows, GPU-bound: every drafted token loses
     chosen = _run(rule, 64, rate, 40)
-    assert set(chosen[10:]) == {0}
+    # one drafted token lost to none: the longer windows (a 64-row step drafting 4 verifies 320 positions) are not
+    # tried at all, so the batch pays for 2 steps of window 1, not for 8 more of windows 2-4
+    assert chosen[:4] == [0, 0, 1, 1] and set(chosen[4:]) == {0}
     # a bucket of its own: what one stream measured does not decide for 64 rows, nor the other way round
     assert bucket(64) == bucket(100) == 64 and bucket(1) == 1 and bucket(3) == 2
     assert _run(rule, 1, {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}, 12)[:2] == [0, 0]
 
 
+def test_a_window_is_tried_while_the_one_before_still_gained_and_reached_later_by_exploration():
+    rule = DraftRule(max_window=4, warmup=1, explore_every=8, settle=0)
+    chosen = _run(rule, 4, {0: 100.0, 1: 90.0, 2: 80.0, 3: 70.0, 4: 60.0}, 40)  # drafting loses at this load
+    assert chosen[:2] == [0, 1] and set(chosen) == {0, 1}  # windows 2-4 never tried: 1 lost to 0
+    # acceptance rose (or the batch shrank): the neighbour explored every 8 steps wins, then its neighbour
+    chosen = _run(rule, 4, {0: 100.0, 1: 150.0, 2: 200.0, 3: 190.0, 4: 150.0}, 80)
+    assert chosen[-20:].count(2) >= 17
+
+
+def test_a_windows_first_steps_in_a_bucket_are_its_warm_up_not_its_rate():
+    rule = DraftRule(max_window=1, warmup=2, explore_every=1000, settle=3)
+    cold = {0: 100.0, 1: 20.0}  # window 1's first steps: exllamav3 runs the new shape eagerly, then captures it
+    warm = {0: 100.0, 1: 180.0}
+    chosen = []
+    for _ in range(40):
+        k = rule.window(1)
+        chosen.append(k)
+        arm_steps = chosen.count(k)
+        rule.measured(1, k, tokens=int((cold if arm_steps <= 3 else warm)[k]), seconds=1.0)
+    assert chosen[:10] == [0] * 5 + [1] * 5  # each arm: 3 settling steps, then 2 measured
+    assert set(chosen[10:]) == {1} and rule.report()["1 rows"]["tok_s"] == {0: 100.0, 1: 180.0}
+
+
 def test_the_choice_moves_when_what_a_window_gives_changes():
-    rule = DraftRule(max_window=2, warmup=1, explore_every=4)
+    rule = DraftRule(max_window=2, warmup=1, explore_every=4, settle=0)
     _run(rule, 8, {0: 100.0, 1: 150.0, 2: 200.0}, 12)
     assert rule.report()["8 rows"]["window"] in (1, 2)
     chosen = _run(rule, 8, {0: 300.0, 1: 150.0, 2: 100.0}, 120)  # acceptance fell: no drafting is best now
@@ -87,6 +112,7 @@ class _DraftingGenerator:
         import torch
 
         self.windows.append(self.num_draft_tokens)
+        time.sleep(0.003)  # a step's time, much larger than its noise: each window gives (1 + window) tokens in it
         out = []
         for j in self.jobs:
             k = min(1 + self.num_draft_tokens, self.n - j[1])
@@ -104,7 +130,7 @@ def test_the_driver_sets_each_steps_window_and_measures_it():
         forced_ids = None
 
     gen = _DraftingGenerator(n=200)
-    rule = DraftRule(max_window=4, warmup=2, explore_every=1000)
+    rule = DraftRule(max_window=4, warmup=2, explore_every=1000, settle=0)
     d = Driver(gen, Inbox(0.0), lambda req: (Job(), False), lambda req: None, drafts=None, draft_rule=rule)
     d.start()
     steps: list[TokenStep] = []
@@ -125,7 +151,7 @@ def test_the_defaults_are_what_docs_speculative_says():
     from exllama_integrations.backends.exllamav3 import ExLlamaV3Backend
 
     rule = DraftRule(max_window=4)
-    assert (rule.warmup, rule.explore_every) == (3, 32)
+    assert (rule.settle, rule.warmup, rule.explore_every) == (3, 2, 32)
     assert options_for(ExLlamaV3Backend, {"draft": "mtp"}).draft_window == "fixed"  # until the GPU has measured it
     page = (Path(__file__).resolve().parents[2] / "docs" / "speculative.md").read_text()
-    assert "every arm runs 3 times" in page and "every 32 steps" in page
+    assert "first 3 steps" in page and "2 more" in page and "every 32 steps" in page

@@ -156,7 +156,7 @@ OURS = {
     "driver.py": {"deferred"},  # LiveJob
     "draft_rule.py": {"last", "rate", "steps"},  # its buckets and arms
     "fast/decode.py": {"ahead", "kept"},  # DecodeGraphs, JobView
-    "fast/graphs.py": {"graph", "replays"},
+    "fast/graphs.py": {"graph", "replays", "exported"},  # Shape
     "fast/prefill.py": {"length", "table", "shape"},  # the held chunk
     "fast/seam/views.py": {"fast_decode_view"},  # our view, kept on the job
     "patches.py": {"_fused_bf16_patched", "_image_spans_patched"},  # our markers on exllamav3's objects

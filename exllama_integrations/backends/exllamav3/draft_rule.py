@@ -2,26 +2,36 @@
 
 A drafted window pays only where it is accepted, and costs on every row: each drafted position is one more drafter
 forward and one more position in the target's verifying forward. One stream at high acceptance gains most; a large
-batch, whose step is already GPU-bound, may lose (vLLM measured 0.71x at 87% acceptance on a graphed 27B, -32% at 64
-concurrent). So the window is chosen per step, as a bandit over its arms ``0..max_window`` (0: no drafting, a plain
-step), per batch size bucket (1, 2-3, 4-7, ... rows): each arm's tokens per second, measured on the steps it ran
-(tokens every row emitted over the step's wall time, an exponential average), and the best arm runs; every arm is
-tried ``warmup`` times in a bucket before the best is trusted, and a neighbour of the best is tried again every
-``explore_every`` steps of a bucket, so a change of acceptance or load moves the choice. The measure is what the
-step cost and gave, acceptance and rows included: nothing is modelled. ``window`` is None for a step the rule does
-not decide (no row decoding).
+batch, whose step is already GPU-bound (and, with ``decode="fast"``, captured, which a drafted step is not), loses
+(vLLM measured 0.71x at 87% acceptance on a graphed 27B, -32% at 64 concurrent). So the window is chosen per step,
+as a bandit over its arms ``0..max_window`` (0: no drafting, a plain step), per batch size bucket (1, 2-3, 4-7, ...
+rows):
 
-Greedy output does not depend on the window (the target verifies every drafted token); only speed does.
+* an arm's rate is the median tokens per second (tokens every row emitted over the step's wall time) of its last
+  :data:`RECENT` steps, after its first ``settle`` steps in the bucket, which are not counted: exllamav3 runs a new
+  (rows, positions) shape eagerly twice and captures a graph of it on the third call, and the fast path captures its
+  step's shape on the first, so a window's first steps measure its warm-up, not the window;
+* arms are measured in order from 0, each ``warmup`` times; a window is tried only while the one before it still
+  gained on the one before that (a batch where one drafted token loses does not pay for trying four: at 64 rows a
+  step drafting 4 tokens verifies 320 positions), the rest left to exploration;
+* then the best arm runs, and every ``explore_every`` steps of a bucket a neighbour of the best runs once, so a change
+  of acceptance or load moves the choice (and a window left out above is reached one neighbour at a time).
+
+The measure is what the step cost and gave, acceptance and rows included: nothing is modelled. ``window`` is None for
+a step the rule does not decide (no row decoding). Greedy output does not depend on the window (the target verifies
+every drafted token); only speed does.
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-ALPHA = 0.25
-"""Weight of a new step in an arm's average tokens per second."""
+RECENT = 5
+"""Steps of an arm whose median is its rate."""
 
 
 def bucket(rows: int) -> int:
@@ -31,8 +41,12 @@ def bucket(rows: int) -> int:
 
 @dataclass
 class _Arm:
-    steps: int = 0
-    rate: float = 0.0  # tokens per second, averaged
+    steps: int = 0  # measured, the settling ones included
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.recent) if self.recent else 0.0
 
 
 @dataclass
@@ -47,8 +61,9 @@ class DraftRule:
     """The window of each step, chosen from measured steps (see the module docstring)."""
 
     max_window: int
-    warmup: int = 3
+    warmup: int = 2
     explore_every: int = 32
+    settle: int = 3
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -57,11 +72,10 @@ class DraftRule:
         with self._lock:
             b = self._bucket(rows)
             b.steps += 1
-            untried = [k for k, a in b.arms.items() if a.steps < self.warmup]
-            if untried:  # every arm measured first, the shortest windows first
-                choice = untried[0]
-            else:
-                best = max(b.arms, key=lambda k: b.arms[k].rate)
+            choice = self._untried(b)
+            if choice is None:
+                tried = [k for k, a in b.arms.items() if a.recent]
+                best = max(tried, key=lambda k: b.arms[k].rate)
                 choice = best
                 if b.steps % self.explore_every == 0:  # a neighbour again, so the choice can move
                     near = [k for k in (best - 1, best + 1) if k in b.arms]
@@ -69,15 +83,25 @@ class DraftRule:
             b.last = choice
             return choice
 
+    def _untried(self, b: _Bucket) -> int | None:
+        """The next arm still to measure in order (see the module docstring), or None when the best may run."""
+        for k, arm in b.arms.items():
+            if len(arm.recent) >= self.warmup:
+                continue
+            if k >= 2 and b.arms[k - 1].rate <= b.arms[k - 2].rate:
+                return None  # one more drafted token did not pay: the longer windows are left to exploration
+            return k
+        return None
+
     def measured(self, rows: int, window: int, tokens: int, seconds: float) -> None:
         """What a step of ``rows`` rows drafting ``window`` gave: ``tokens`` emitted over all rows in ``seconds``."""
         if seconds <= 0 or window not in range(self.max_window + 1):
             return
         with self._lock:
             arm = self._bucket(rows).arms[window]
-            rate = tokens / seconds
-            arm.rate = rate if arm.steps == 0 else (1 - ALPHA) * arm.rate + ALPHA * rate
             arm.steps += 1
+            if arm.steps > self.settle:
+                arm.recent.append(tokens / seconds)
 
     def _bucket(self, rows: int) -> _Bucket:
         key = bucket(rows)
@@ -92,7 +116,7 @@ class DraftRule:
             return {
                 f"{key} rows": {
                     "window": b.last,
-                    "tok_s": {k: round(a.rate, 1) for k, a in b.arms.items() if a.steps},
+                    "tok_s": {k: round(a.rate, 1) for k, a in b.arms.items() if a.recent},
                     "steps": {k: a.steps for k, a in b.arms.items() if a.steps},
                 }
                 for key, b in sorted(self._buckets.items())

@@ -23,7 +23,9 @@ Where it stands aside (the eager forward runs; :meth:`DecodeGraphs.report` says 
   block (MoE, sliding-window rings, Mamba-2, KDA, hyper-connections, sparse attention indexers, per-layer
   embeddings), MRoPE;
 * a step: more than one position per row (prefill, drafting, healing), image embeddings, a speculative pass over
-  recurrent state, draft-model parameters, any parameter the captured forward was not built with;
+  recurrent state, draft-model parameters, any parameter the captured forward was not built with (a drafting
+  target's undrafted step is captured: the hidden state its drafter reads next, ``export_state_norm_keys``, is written
+  by the graph into tensors of its own and handed back after the replay, as exllamav3's norm hands it back);
 * on a model with Gated DeltaNet layers, a step of up to ``bc_attn.MAX_BSZ`` (8) rows: exllamav3 runs
   those layers through graphs of its own there (their kernels differ from the torch path's, and their second call
   captures, which cannot nest in ours). Above it the whole step is captured, the layers' state pools addressed
@@ -42,13 +44,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .capturable import LEFT_TO_EXLLAMAV3, Shape, exported, step_stands_aside
 from .run_ahead import Ahead, PinnedStaging, ahead_differs, ahead_stands_aside
-from .seam import STEP_PARAMS, TABLE_PAD, ModelView, page_size, qkv_pointers
+from .seam import TABLE_PAD, ModelView, page_size, qkv_pointers
 from .static import Static
 
 logger = logging.getLogger(__name__)
-
-LEFT_TO_EXLLAMAV3 = "(left to exllamav3's own per-layer graphs)"
 
 MAX_GRAPHS = 256
 """Shapes kept at most (rows x block-table widths); past it a new shape runs eagerly."""
@@ -56,30 +57,6 @@ MAX_GRAPHS = 256
 LOAD_WIDTH = TABLE_PAD
 """The block-table width (pages) captured at load: exllamav3 pads a step's table to a multiple of 16 pages
 (:data:`.step.TABLE_PAD`), so every step of jobs under 4,096 tokens has it."""
-
-
-def step_stands_aside(input_ids: Any, params: dict[str, Any], min_rows: int = 1, recurrent: bool = False) -> str | None:
-    """Why a forward of ``input_ids`` with ``params`` is not a capturable decode step, or None when it is.
-
-    ``recurrent``: the model's recurrent layers are captured (their per-row state slots are static inputs), so a step
-    that carries recurrent states is one; a speculative pass over them (``recurrent_history``) never is.
-    """
-    if input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] != 1:
-        return "more than one position per row"
-    if params.get("attn_mode") != "flash_attn" or "block_table" not in params:
-        return "not a paged decode step"
-    extra = set(params) - STEP_PARAMS
-    if extra:
-        return f"parameters {sorted(extra)}"
-    if params.get("indexed_embeddings") or params.get("recurrent_history"):
-        return "image embeddings or a speculative pass"
-    if params.get("recurrent_states") and not recurrent:
-        return "recurrent state"
-    if params.get("positions") is not None or params.get("position_ids") is not None:
-        return "explicit positions"
-    if int(input_ids.shape[0]) < min_rows:
-        return f"up to {min_rows - 1} rows {LEFT_TO_EXLLAMAV3}"
-    return None
 
 
 _CAPTURE_STREAMS: dict[str, Any] = {}
@@ -97,18 +74,6 @@ def capture_stream(device: Any) -> Any:
     if key not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[key] = torch.cuda.Stream(device=device)
     return _CAPTURE_STREAMS[key]
-
-
-class _Shape:
-    """One captured decode forward over the static buffers' first ``rows`` rows."""
-
-    __slots__ = ("graph", "rows", "width", "keep", "replays")
-
-    def __init__(self, rows: int, width: int) -> None:
-        self.graph: Any = None
-        self.rows, self.width = rows, width
-        self.keep: list[Any] = []  # what the graph reads at every replay (host tables, its params)
-        self.replays = 0
 
 
 class DecodeGraphs:
@@ -130,10 +95,10 @@ class DecodeGraphs:
         self.ahead_used = 0
         self.ahead_missed: Counter[str] = Counter()
         self._ahead: Ahead | None = None  # the forward that ran ahead of the coming step
-        self._last: tuple[tuple[int, int], _Shape, Any, Any] | None = None  # the last step: key, shape, host tables
+        self._last: tuple[tuple[int, int], Shape, Any, Any] | None = None  # the last step: key, shape, host tables
         self._staging = PinnedStaging()
         self.static = Static(max_rows)
-        self.shapes: dict[tuple[int, int], _Shape | None] = {}
+        self.shapes: dict[tuple[int, int], Shape | None] = {}
         self.eager: Counter[str] = Counter()
         self.failed: dict[str, str] = {}
         self.replays = 0
@@ -171,21 +136,28 @@ class DecodeGraphs:
             return eager(input_ids, params)
         import torch
 
+        exports = exported(params)
         with torch.inference_mode():
             if ahead is not None:
                 why_not = ahead_differs(ahead, input_ids, params)
+                if why_not is None and ahead.shape.exports != exports:
+                    why_not = "other hidden states exported"
                 if why_not is None:  # its logits are this step's: the same graph ran on the same inputs
                     self.ahead_used += 1
                     self._remember(ahead.key, ahead.shape, params)
+                    ahead.shape.hand_back(params)
                     return self.static.logits[: ahead.key[0]]
                 self.ahead_missed[why_not] += 1
             x = self.view.prepare_inputs(input_ids, params)
             block_table, cache_seqlens = self.view.tables(params)
             key = (int(block_table.shape[0]), int(block_table.shape[1]))
-            if key not in self.shapes:
-                if len(self.shapes) >= MAX_GRAPHS:
+            known = self.shapes.get(key)
+            if key not in self.shapes or (known is not None and known.exports != exports):
+                if key not in self.shapes and len(self.shapes) >= MAX_GRAPHS:
                     self.eager["too many shapes"] += 1
                     return eager(input_ids, params)
+                if known is not None:  # captured exporting other norms' outputs (another drafter): captured again
+                    known.graph.reset()
                 out = eager(input_ids, params)  # this step, by exllamav3's own forward; its shape is captured after
                 self.shapes[key] = self._capture(key, x, params, out)
                 return out
@@ -204,6 +176,7 @@ class DecodeGraphs:
                 st.slots[:rows].copy_(slots, non_blocking=True)
                 st.slots_scan[:rows].copy_(slots_scan, non_blocking=True)
             shape.graph.replay()
+            shape.hand_back(params)
             if self.view.recurrent:
                 self.view.advance(input_ids, params)  # as Model.forward does after its layers
         shape.replays += 1
@@ -250,11 +223,11 @@ class DecodeGraphs:
         logger.info("decode='fast': captured %d decode steps at load in %.1f s", done, time.perf_counter() - t0)
         return done
 
-    def _capture(self, key: tuple[int, int], x: Any, params: dict[str, Any], out: Any) -> _Shape | None:
+    def _capture(self, key: tuple[int, int], x: Any, params: dict[str, Any], out: Any) -> Shape | None:
         import torch
 
         rows, width = key
-        shape = _Shape(rows, width)
+        shape = Shape(rows, width, exported(params))
         t0 = time.perf_counter()
         try:
             # the same ids again, for the embedding's shape and dtype (its pinned staging buffer takes equal bytes)
@@ -273,6 +246,8 @@ class DecodeGraphs:
             }
             if self.view.recurrent:  # the states of the step captured: the graph reads only their cache's pools
                 static["recurrent_states"] = params["recurrent_states"]
+            if shape.exports:  # the norms append their outputs to static["export_states"] inside the capture
+                static["export_state_norm_keys"] = set(shape.exports)
             self.view.prepare_inputs(x, static)
             if self.view.recurrent:  # (after prepare_inputs, which sets the step's own slot tensors)
                 static["recurrent_slots"], static["recurrent_slots_scan"] = st.slots[:rows], st.slots_scan[:rows]
@@ -292,6 +267,10 @@ class DecodeGraphs:
                         st.logits[:rows].copy_(logits)
             finally:
                 self._capturing = None
+            shape.exported = static.pop("export_states", None) or []
+            if len(shape.exported) != len(shape.exports):
+                graph.reset()
+                raise RuntimeError(f"the captured step exported {len(shape.exported)} of the norms {shape.exports}")
             shape.graph = graph
             shape.keep.append(static)
             self.captured.append(f"{rows} rows x {width} pages")
@@ -316,7 +295,7 @@ class DecodeGraphs:
 
     # ------------------------------------------------------------------ running ahead
 
-    def _remember(self, key: tuple[int, int], shape: _Shape, params: dict[str, Any]) -> None:
+    def _remember(self, key: tuple[int, int], shape: Shape, params: dict[str, Any]) -> None:
         """Keep this step's host tables (copies: exllamav3 stages the next step in the same buffers)."""
         bt, sl = params["block_table"], params["cache_seqlens"]
         if self.ahead and bt.device.type == "cpu" and sl.device.type == "cpu":

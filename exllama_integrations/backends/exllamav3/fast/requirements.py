@@ -50,6 +50,12 @@ STEP_PARAMS = frozenset(
 ``_upload_arena`` adds); a step with any other (``inv_freq``, ``position``, a draft model's) runs eagerly, since the
 captured graph was built without it."""
 
+EXPORT_PARAMS = frozenset({"export_state_norm_keys"})
+"""A decode step's parameters a captured step takes too: the norms whose output the step hands back in
+``params["export_states"]`` (a drafting target's step, ``draft_verifier_params`` of an MTP head: the hidden state its
+next draft reads). Captured with them, the graph writes those outputs into tensors of its own, handed back (copied)
+after each replay."""
+
 PREFILL_PARAMS = frozenset(
     {"attn_mode", "block_table", "cache", "cache_seqlens", "recurrent_states", "indexed_embeddings", "inv_freq",
      "mm_span_prefix"}
@@ -106,6 +112,11 @@ REQUIREMENTS: list[Requirement] = [
     Constant("exllamav3.cache.recurrent_util", "advance_recurrent_states"),
     # the measured draft window (draft_rule): set before each iterate(), which reads it when it drafts
     Member(_G, "Generator", "num_draft_tokens"),
+    # a drafting target's step exports the final norm's output (EXPORT_PARAMS): appended to params["export_states"]
+    # by the norm, read back by iterate_gen after the forward
+    Mentions(f"{_MOD}.rmsnorm", "RMSNorm", "forward", "export_state_norm_keys"),
+    Mentions(f"{_MOD}.rmsnorm", "RMSNorm", "forward", "export_states"),
+    Mentions(_G, "Generator", "iterate_gen", "export_states"),
 ]  # fmt: skip
 """What the fast path reads and wraps, checked against the installed exllamav3 before it hooks anything."""
 

@@ -16,13 +16,14 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..deterministic import Pins, refuse_chunks
-from ..requirements import PAGE_SIZE, PREFILL_PARAMS, STEP_PARAMS, VERIFIED, stands_aside
+from ..requirements import EXPORT_PARAMS, PAGE_SIZE, PREFILL_PARAMS, STEP_PARAMS, VERIFIED, stands_aside
 from ..step import TABLE_PAD, Forward, PageCopy
 from .views import GeneratorView, JobView, ModelView, PageView, qkv_pointers, view
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "EXPORT_PARAMS",
     "PREFILL_PARAMS",
     "STEP_PARAMS",
     "TABLE_PAD",
