@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from exllama_integrations.backends.base import BackendRequest, TokenStep
-from exllama_integrations.backends.exllamav3.draft_rule import DraftRule, bucket, decoded_tokens
+from exllama_integrations.backends.exllamav3.draft_rule import DraftRule, bucket, decoding_only
 from exllama_integrations.backends.exllamav3.driver import Driver
 from exllama_integrations.backends.inbox import Inbox
 from exllama_integrations.contract.settings import GenerationSettings
@@ -81,22 +81,15 @@ def test_the_choice_moves_when_what_a_window_gives_changes():
 
 
 def test_only_a_step_of_decoding_alone_is_measured():
-    class Ids:
-        def __init__(self, n: int) -> None:
-            self.n = n
-
-        def numel(self) -> int:
-            return self.n
-
-    assert (
-        decoded_tokens([{"stage": "streaming", "token_ids": Ids(3)}, {"stage": "streaming", "token_ids": Ids(1)}]) == 4
-    )
-    assert decoded_tokens([{"stage": "streaming", "token_ids": Ids(3)}, {"stage": "prefill"}]) is None
-    assert decoded_tokens([]) is None
+    assert decoding_only([{"stage": "streaming", "token_ids": None}, {"stage": "streaming"}])
+    assert not decoding_only([{"stage": "streaming"}, {"stage": "prefill"}])
+    assert not decoding_only([])
 
 
 class _DraftingGenerator:
-    """exllamav3's Generator as the driver sees it while drafting: each row emits 1 + num_draft_tokens tokens a step."""
+    """exllamav3's Generator as the driver sees it while drafting: each row advances 1 + num_draft_tokens tokens a step,
+    and emits them only every third step (as exllamav3 holds tokens back while their text ends in a partial
+    character)."""
 
     def __init__(self, n: int) -> None:
         self.jobs: list[list] = []
@@ -116,9 +109,13 @@ class _DraftingGenerator:
         out = []
         for j in self.jobs:
             k = min(1 + self.num_draft_tokens, self.n - j[1])
-            ids = torch.arange(j[1], j[1] + k).view(1, -1)
             j[1] += k
-            out.append({"job": j[0], "stage": "streaming", "token_ids": ids, "eos": j[1] >= self.n})
+            j[0].new_tokens += k
+            end = j[1] >= self.n
+            emit = end or len(self.windows) % 3 == 0
+            ids = torch.arange(j[0].emitted, j[1]).view(1, -1) if emit else None
+            j[0].emitted = j[1] if emit else j[0].emitted
+            out.append({"job": j[0], "stage": "streaming", "eos": end, **({"token_ids": ids} if emit else {})})
             if j[1] >= self.n:
                 out[-1].update(eos_reason="max_new_tokens")
         self.jobs = [j for j in self.jobs if j[1] < self.n]
@@ -128,6 +125,9 @@ class _DraftingGenerator:
 def test_the_driver_sets_each_steps_window_and_measures_it():
     class Job:
         forced_ids = None
+
+        def __init__(self) -> None:
+            self.new_tokens = self.emitted = 0
 
     gen = _DraftingGenerator(n=200)
     rule = DraftRule(max_window=4, warmup=2, explore_every=1000, settle=0)
@@ -144,6 +144,9 @@ def test_the_driver_sets_each_steps_window_and_measures_it():
     assert gen.windows[:11] == [0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     measured = rule.report()["1 rows"]["steps"]
     assert sum(measured.values()) == len(gen.windows) - 1
+    # each window's rate is what the row advanced in a step (1 + window tokens in ~3 ms), not what it emitted
+    rates = rule.report()["1 rows"]["tok_s"]
+    assert all(rates[k] > 0.5 * (1 + k) / 0.003 for k in rates) and rates[4] > rates[0]
 
 
 def test_the_defaults_are_what_docs_speculative_says():

@@ -123,12 +123,6 @@ class DraftRule:
             }
 
 
-def decoded_tokens(results: list[dict[str, Any]]) -> int | None:
-    """Tokens one ``iterate()`` emitted over all rows, or None when it did other work (read a prompt, failed)."""
-    total = 0
-    for r in results:
-        if r.get("stage") != "streaming":
-            return None
-        ids = r.get("token_ids")
-        total += int(ids.numel()) if ids is not None else 0
-    return total if results else None
+def decoding_only(results: list[dict[str, Any]]) -> bool:
+    """Whether one ``iterate()`` only decoded (False when it read a prompt, failed, or did nothing)."""
+    return bool(results) and all(r.get("stage") == "streaming" for r in results)

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..base import BackendRequest, TokenStep, fail_all
 from ..inbox import Inbox, WorkerTask
-from .draft_rule import DraftRule, decoded_tokens
+from .draft_rule import DraftRule, decoding_only
 from .translate import DraftCounts, LiveJob, finish_of, tokens_of
 
 logger = logging.getLogger(__name__)
@@ -113,16 +113,19 @@ class Driver:
                     continue
                 rows, rule = len(live), self.draft_rule
                 window = rule.window(rows) if rule is not None else None
+                before = None
                 if window is not None:
                     gen.num_draft_tokens = window  # read by iterate() when it drafts (exllamav3's row_limited)
+                    before = [(e.job, e.job.new_tokens) for e in live.values()]
                 try:
                     t0 = time.perf_counter()
                     with self._step_context():
                         results = gen.iterate()
-                    if rule is not None and window is not None and not incoming:
-                        tokens = decoded_tokens(results)
-                        if tokens is not None:  # a step of decoding only (no prompt was read): its measure counts
-                            rule.measured(rows, window, tokens, time.perf_counter() - t0)
+                    if rule is not None and before is not None and not incoming and decoding_only(results):
+                        # a step of decoding only (no prompt was read): what every job advanced, in its time (not
+                        # what it emitted: exllamav3 holds a token back while its text ends in a partial character)
+                        tokens = sum(job.new_tokens - n for job, n in before)
+                        rule.measured(rows, window, tokens, time.perf_counter() - t0)
                 except Exception as e:  # noqa: BLE001 - fail every caller, keep serving
                     logger.exception("exllamav3 iterate() failed")
                     for entry in live.values():
