@@ -121,7 +121,13 @@ class Driver:
                     t0 = time.perf_counter()
                     with self._step_context():
                         results = gen.iterate()
-                    if rule is not None and before is not None and not incoming and decoding_only(results):
+                    if (
+                        rule is not None
+                        and window is not None
+                        and before is not None
+                        and not incoming
+                        and decoding_only(results)
+                    ):
                         # a step of decoding only (no prompt was read): what every job advanced, in its time (not
                         # what it emitted: exllamav3 holds a token back while its text ends in a partial character)
                         tokens = sum(job.new_tokens - n for job, n in before)
