@@ -123,6 +123,15 @@ SPECULATIVE = {
     "~70% right ('mix'), one stream and 16/64 jobs, 5 interleaved repetitions; drafting steps ran eagerly, and the "
     "undrafted steps of a drafting runtime too (the MTP head's hidden-state export was not captured); the mix 64-job "
     "row was cut by the call's time limit",
+    "gpu_mtp_run2_h100.json": "MTP drafting, run 2 (2026-12-07, H100; `bash tests/gpu/run_on_device.sh mtp --levels "
+    "perfect,mix --jobs 16,64 --reps 5 --cache 32768 --no-served --draft-window measured`, at 8f1c170): the drafting "
+    "runtime's undrafted steps captured (1,427 replays, no capture failed), but the rule measured 0 tokens per second "
+    "in every bucket of 16 rows and more (it counted emitted tokens, which exllamav3 held back while the fixture's "
+    "text ended in a partial character): its choices there are ties, not measures; the mix 64-job row was cut",
+    "gpu_mtp_run3_h100.json": "MTP drafting, run 3 (2026-12-07, H100; the same with `--new 48`, at 0b8c0ae: the rule "
+    "measures what each job advanced): one stream 2.89x no drafting (1.06x exllamav3's own MTP loop); at 16 jobs the "
+    "rule measured window 0 (the captured step) at 2,018 tok/s and window 1 at 719, tried no longer window and drafted "
+    "nothing after: 0.885x [0.696..1.013] of the runtime without drafting; the session's device time ended there",
 }
 
 VISION = {
