@@ -85,9 +85,9 @@ from _probe_core import (  # noqa: E402
 from _probe_ops import ATTN_SHAPES, ATTN_SPLIT_LENS, EXL3_HEADS, EXL3_OPS, FP16_OPS, MGEMM_OPS, Ctx  # noqa: E402
 
 SECTIONS = ("attention", "exl3_gemm", "fp16_gemm", "norms", "step")
-SECTION_S = {"attention": 40, "exl3_gemm": 80, "fp16_gemm": 50, "norms": 10, "step": 240}
-CHILDREN = {"exl3_gemm": ("EXL3_INT8_GEMV=0", "none,shape=1,shape=2", 35),
-            "fp16_gemm": ("CUBLAS_WORKSPACE_CONFIG=:0:0", "none,pad16", 30)}  # fmt: skip
+SECTION_S = {"attention": 35, "exl3_gemm": 75, "fp16_gemm": 45, "norms": 8, "step": 240}
+CHILDREN = {"exl3_gemm": ("EXL3_INT8_GEMV=0", "none,shape=1,shape=2", 30),
+            "fp16_gemm": ("CUBLAS_WORKSPACE_CONFIG=:0:0", "none,pad16", 25)}  # fmt: skip
 """A second process per section, for a setting read once a process: (env, pins, seconds)."""
 
 
@@ -208,15 +208,20 @@ def step_pins(ctx: Ctx) -> dict[str, dict[str, dict[str, Any]]]:
     fp16, why_f = held(rows, "fp16_gemm", [("none", None), ("no reduced-precision reduction", "no_reduced"),
                        ("pad16", "pad16"), ("pad64 (one bucket)", "pad64"), ("own fixed-tile Triton GEMM", "own")],
                        "pad64")  # fmt: skip
-    ctx.rec.write(kind="note", section="step", chosen={"attention": [attn, why_a], "fp16": [fp16, why_f]})
+    prefer, why_e = held(
+        rows, "exl3_gemm", [("pad16+shape=2", (2, 1)), ("pad16+shape=1", (1, 2))], ctx.notes["exl3_prefer"]
+    )
+    ctx.notes["exl3_prefer"] = prefer
+    chosen = {"attention": [attn, why_a], "fp16": [fp16, why_f], "exl3 forced shapes": [prefer, why_e]}
+    ctx.rec.write(kind="note", section="step", chosen=chosen)
     a = {"attention": attn}
-    return {
-        "fp16": {"none": {}, f"attention {attn}": a, f"attention {attn}, fp16 {fp16}": {**a, "fp16": fp16}},
+    return {  # the full pin sets first (the price), the attention pin alone last (its share of it)
+        "fp16": {"none": {}, f"attention {attn}, fp16 {fp16}": {**a, "fp16": fp16}, f"attention {attn} only": a},
         "exl3": {
             "none": {},
-            f"attention {attn}": a,
             f"attention {attn}, EXL3 unfused, pad16+forced shape": {**a, "exl3": "unfused", "fp16": fp16},
             f"attention {attn}, EXL3 bundles on a forced mgemm shape": {**a, "exl3": "mgemm_forced", "fp16": fp16},
+            f"attention {attn} only": a,
         },
     }
 
@@ -238,7 +243,7 @@ def run_section(name: str, ctx: Ctx, args: argparse.Namespace) -> None:
 def child(args: argparse.Namespace, section: str, budget: Budget, rec: Recorder) -> None:
     """The section again in a fresh process with one environment setting (read once a process)."""
     env_kv, pins, seconds = CHILDREN[section]
-    seconds = min(seconds, budget.total_left() - 240 if "step" in args.sections else budget.total_left() - 5)
+    seconds = min(seconds, budget.total_left() - 220 if "step" in args.sections else budget.total_left() - 5)
     if seconds < 15:
         rec.write(kind="skipped", section=section, env=env_kv, why="no time left for the second process")
         return
@@ -305,37 +310,43 @@ def summary(out: Path, path: Path) -> dict[str, Any]:
     """The table: per (section, op, pin[, env]) rows equal of rows measured, worst difference, cost at 1/16/64;
     per step pin set, tok/s at 1/16/64 and its ratio to unpinned."""
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    groups: dict[tuple[str, ...], dict[str, Any]] = defaultdict(lambda: {"equal": 0, "of": 0, "worst": 0.0, "cost": {}})
+    groups: dict[tuple[str, ...], dict[str, Any]] = defaultdict(
+        lambda: {"equal": 0, "of": 0, "worst": 0.0, "us": {}, "ratio": {}, "tok_s": {}}
+    )
     for r in lines:
         if r.get("kind") not in ("invariance", "cost"):
             continue
-        key = (r["section"], r["op"], r["pin"], r.get("env", ""))
-        g = groups[key]
+        g = groups[(r["section"], r["op"], r["pin"], r.get("env", ""))]
         if r["kind"] == "invariance" and r.get("rows", 1) > 1:
             g["of"] += 1
             g["equal"] += bool(r.get("bitwise_equal"))
             g["worst"] = max(g["worst"], r.get("max_abs_diff", 0.0))
         elif r["kind"] == "cost":
-            g["cost"][r["rows"]] = r.get("tok_s") if r["section"] == "step" else r.get("cost_vs_unpinned", 1.0)
+            g["us"][r["rows"]] = r.get("median_us")
+            g["ratio"][r["rows"]] = r.get("cost_vs_unpinned")
+            g["tok_s"][r["rows"]] = r.get("tok_s")
+
+    def three(d: dict[int, Any], fmt: str) -> str:
+        return "/".join("-" if d.get(n) is None else format(d[n], fmt) for n in (1, 16, 64))
+
     table = []
-    print("\nsection   op / pin [env]: rows equal of measured, worst |diff|, cost vs unpinned (step: tok/s) @1/16/64")
+    print("\nsection   op | pin [env]: equal/compared, worst |diff|, µs @1/16/64, cost vs unpinned (step: tok/s)")
     for (section, op, pin, env), g in groups.items():
-        cost = [g["cost"].get(n) for n in (1, 16, 64)]
-        shown = "/".join("-" if c is None else f"{c:.4g}" for c in cost)
         row = {"section": section, "op": op, "pin": pin, "env": env, "equal": g["equal"], "of": g["of"],
-               "worst_abs_diff": g["worst"], "cost_at_1_16_64": cost}  # fmt: skip
+               "worst_abs_diff": g["worst"], **{k: g[k] for k in ("us", "ratio", "tok_s")}}  # fmt: skip
         table.append(row)
+        last = three(g["tok_s"], ".0f") if section == "step" else three(g["ratio"], ".3f")
         print(f"{section:9} {op[:58]:58} | {pin[:44]:44} {env[:12]:12} {g['equal']:>2}/{g['of']:<2} "
-              f"{g['worst']:<9.3g} {shown}")  # fmt: skip
-    steps = [r for r in table if r["section"] == "step" and any(c is not None for c in r["cost_at_1_16_64"])]
-    for r in steps:
-        base = next((b for b in steps if b["op"] == r["op"] and b["pin"] == "none"), None)
-        if base is not None and r is not base:
-            ratios = [None if x is None or not y else x / y
-                      for x, y in zip(r["cost_at_1_16_64"], base["cost_at_1_16_64"], strict=True)]  # fmt: skip
-            r["tok_s_ratio_vs_unpinned_at_1_16_64"] = ratios
-            shown = "/".join("-" if x is None else f"{x:.3f}" for x in ratios)
-            print(f"step price: {r['op'][:44]} | {r['pin'][:64]}: tok/s vs unpinned @1/16/64 {shown}", flush=True)
+              f"{g['worst']:<9.3g} {three(g['us'], '.1f'):>22} {last}")  # fmt: skip
+    for r in (r for r in table if r["section"] == "step" and r["tok_s"] and r["pin"] != "none"):
+        base = next((b for b in table if b["section"] == "step" and b["op"] == r["op"] and b["pin"] == "none"), None)
+        if base is None:
+            continue
+        ratios = {
+            n: r["tok_s"][n] / base["tok_s"][n] for n in (1, 16, 64) if r["tok_s"].get(n) and base["tok_s"].get(n)
+        }
+        r["tok_s_vs_unpinned"] = ratios
+        print(f"step price: {r['op'][:44]} | {r['pin'][:70]}: tok/s vs unpinned @1/16/64 {three(ratios, '.3f')}")
     notes = [r for r in lines if r.get("kind") in ("note", "error", "skipped", "env")]
     result = {"table": table, "notes": notes}
     (out / "gpu_invariance_probe_summary.json").write_text(json.dumps(result, indent=1, default=str))
