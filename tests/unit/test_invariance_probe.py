@@ -168,3 +168,90 @@ def test_each_pin_is_compared_at_every_row_count_then_timed_against_unpinned(tmp
         ("none", 1, None), ("none", 64, None), ("pinned", 1, 1.0), ("pinned", 64, 1.0)
     ]  # fmt: skip
     assert len((tmp_path / "gpu_invariance_probe.jsonl").read_text().splitlines()) == len(rec.rows)
+
+
+def _fake_exllamav3(monkeypatch) -> dict[str, object]:
+    """The four exllamav3 modules the step's pins patch, as fakes that record how they are called."""
+    import types
+
+    import torch
+
+    calls: dict[str, list] = {"decode": [], "gemm": [], "mgemm": []}
+    mods = {n: types.ModuleType(n) for n in ("exllamav3", "exllamav3.ext", "exllamav3.modules",
+            "exllamav3.modules.attention_fn", "exllamav3.modules.attention_fn.triton_paged", "exllamav3.modules.quant",
+            "exllamav3.modules.quant.exl3", "exllamav3.modules.quant.fp16")}  # fmt: skip
+    ext = types.ModuleType("exllamav3_ext")
+
+    def exl3_gemm(a, b, c, suh, a_had, svh, shape, mcg, mul1, sms):
+        calls["gemm"].append((tuple(a.shape), shape))
+        c.copy_(a.float() @ b)
+
+    ext.exl3_gemm = exl3_gemm
+    ext.exl3_mgemm = lambda *a, **kw: calls["mgemm"].append(a[9])
+    mods["exllamav3.ext"].exllamav3_ext = ext
+    tp = mods["exllamav3.modules.attention_fn.triton_paged"]
+    tp.paged_attn_triton_decode = lambda **kw: calls["decode"].append(kw)
+    mods["exllamav3.modules.attention_fn"].triton_paged = tp
+
+    class LinearEXL3:
+        out_features, default_out_dtype, bias, mcg, mul1 = 128, torch.float32, None, False, True
+
+        def __init__(self) -> None:
+            self.trellis, self.suh, self.svh = torch.randn(64, 128), None, None
+
+        def forward(self, x, params, out_dtype=None):
+            return "exllamav3's own"
+
+    class LinearFP16:
+        def __init__(self) -> None:
+            self.weight = torch.randn(64, 32)
+
+        def forward(self, x, params, out_dtype=None):
+            calls.setdefault("fp16 rows", []).append(x.shape[0])
+            return x @ self.weight
+
+    mods["exllamav3.modules.quant.exl3"].LinearEXL3 = LinearEXL3
+    mods["exllamav3.modules.quant.exl3"].AUTO_RECONSTRUCT_THRESHOLD = 144
+    mods["exllamav3.modules.quant.fp16"].LinearFP16 = LinearFP16
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    return {"calls": calls, "tp": tp, "ext": ext, "LinearEXL3": LinearEXL3, "LinearFP16": LinearFP16}
+
+
+def test_the_step_pins_patch_exllamav3_as_measured_and_restore_it(tmp_path: Path, monkeypatch) -> None:
+    """What each pin does to exllamav3's calls in the whole step, and that leaving the pins restores every one."""
+    import types
+
+    import _probe_ops as ops
+    import _probe_step as step
+    import torch
+
+    fake = _fake_exllamav3(monkeypatch)
+    calls, tp, ext, LinearEXL3, LinearFP16 = (fake[k] for k in ("calls", "tp", "ext", "LinearEXL3", "LinearFP16"))
+    own = (tp.paged_attn_triton_decode, ext.exl3_mgemm, LinearEXL3.forward, LinearFP16.forward)
+    attn = types.SimpleNamespace(multi_qkv="qkv", multi_kv="kv", multi_qg=None, modules=[])
+    mlp = types.SimpleNamespace(multi_gu=["gu"], modules=[])
+    model = types.SimpleNamespace(modules=[types.SimpleNamespace(modules=[attn, mlp])])
+    ctx = ops.Ctx(torch, core.Recorder(tmp_path), core.Budget(60))
+    pins = {"attention": "split_len=256", "exl3": "unfused", "fp16": "pad64"}
+    with step.patched(ctx, model, pins) as counts:
+        tp.paged_attn_triton_decode(k=torch.zeros(3, 1, 8, 128), block_table=torch.zeros(3, 32), num_splits=None)
+        assert (attn.multi_qkv, attn.multi_kv, mlp.multi_gu) == (None, None, [None])
+        x = torch.randn(3, 1, 64)
+        y = LinearEXL3().forward(x, {})
+        assert y.shape == (3, 1, 128) and calls["gemm"] == [((16, 64), 2)]  # 16 rows, a forced shape
+        w = LinearFP16()
+        assert torch.allclose(LinearFP16.forward(w, x, {}), x @ w.weight, atol=1e-4) and calls["fp16 rows"] == [64]
+        assert LinearEXL3().forward(torch.randn(200, 64), {}) == "exllamav3's own"  # past 144 rows: reconstruct
+    assert calls["decode"][0]["num_splits"] == 32 and calls["decode"][0]["max_kv_len"] == 32 * 256 - 1
+    assert counts == {"attention pinned": 1, "attention passed": 0, "exl3 pinned": 1, "mgemm pinned": 0,
+                      "fp16 pinned": 1}  # fmt: skip
+    assert (tp.paged_attn_triton_decode, ext.exl3_mgemm, LinearEXL3.forward, LinearFP16.forward) == own
+    assert (attn.multi_qkv, attn.multi_kv, mlp.multi_gu) == ("qkv", "kv", ["gu"])
+    with step.patched(ctx, model, {"attention": "splits=1", "exl3": "mgemm_forced"}):
+        ext.exl3_mgemm(torch.zeros(1, 3, 64), None, torch.zeros(2, 3, 128), None, None, None, None, None, 4, -1)
+        ext.exl3_mgemm(torch.zeros(1, 3, 64), None, torch.zeros(2, 3, 128), None, None, None, None, None, 4, 3)
+        tp.paged_attn_triton_decode(k=torch.zeros(1, 1, 8, 128), block_table=torch.zeros(1, 16))
+        assert attn.multi_qkv == "qkv"
+    assert calls["mgemm"] == [2, 3] and calls["decode"][1]["num_splits"] == 1
+    assert ext.exl3_mgemm is own[1]
