@@ -237,7 +237,7 @@ def requirements() -> list[Any]:
     ]  # fmt: skip
 
 
-EXT_FUNCTIONS = ("exl3_gemm", "exl3_mgemm", "hgemm", "rms_norm", "rms_norm_res_in", "silu_mul", "g_get_num_sms")
+EXT_FUNCTIONS = ("exl3_gemm", "exl3_mgemm", "hgemm", "rms_norm", "rms_norm_res_in", "silu_mul")
 """The extension's functions the probe calls (``m.def`` in exllamav3_ext/bindings.cpp)."""
 
 

@@ -347,10 +347,32 @@ def summary(out: Path, path: Path) -> dict[str, Any]:
         }
         r["tok_s_vs_unpinned"] = ratios
         print(f"step price: {r['op'][:44]} | {r['pin'][:70]}: tok/s vs unpinned @1/16/64 {three(ratios, '.3f')}")
+    held_by_pin = _held_by_pin(table)
+    for (section, pin, env), h in held_by_pin.items():
+        cost = "-" if h["mean_cost"] is None else f"{h['mean_cost']:.3f}"
+        print(f"held: {section:9} {pin[:48]:48} {env[:28]:28} every row equal in {h['held']}/{h['ops']} ops; "
+              f"cost vs unpinned (mean) {cost}")  # fmt: skip
     notes = [r for r in lines if r.get("kind") in ("note", "error", "skipped", "env")]
-    result = {"table": table, "notes": notes}
+    held_rows = [{"section": k[0], "pin": k[1], "env": k[2], **v} for k, v in held_by_pin.items()]
+    result = {"table": table, "held": held_rows, "notes": notes}
     (out / "gpu_invariance_probe_summary.json").write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def _held_by_pin(table: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Per (section, pin, env): in how many ops every row was equal, of the ops compared, and its mean cost."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in table:
+        if not r["of"]:
+            continue
+        h = out.setdefault((r["section"], r["pin"], r["env"]), {"held": 0, "ops": 0, "costs": []})
+        h["ops"] += 1
+        h["held"] += r["equal"] == r["of"]
+        h["costs"] += [c for c in r["ratio"].values() if c is not None]
+    for h in out.values():
+        costs = h.pop("costs")
+        h["mean_cost"] = statistics.mean(costs) if costs else None
+    return out
 
 
 if __name__ == "__main__":

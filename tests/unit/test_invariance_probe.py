@@ -103,6 +103,7 @@ def test_the_summary_counts_equal_rows_and_prices_the_pinned_step(tmp_path: Path
     assert rows["exl3_gemm", "pad16+shape=2", ""]["ratio"] == {16: 1.2}
     price = rows["step", "pinned", ""]["tok_s_vs_unpinned"]
     assert price == pytest.approx({1: 0.95, 16: 0.8, 64: 0.7})
+    assert {(h["section"], h["pin"]): (h["held"], h["ops"]) for h in out["held"]} == {("exl3_gemm", "none"): (0, 1)}
     assert (tmp_path / "gpu_invariance_probe_summary.json").is_file()
 
 
