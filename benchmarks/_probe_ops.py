@@ -315,11 +315,12 @@ def exl3(ctx: Ctx) -> None:
     jobs.insert(4, lambda: _exl3_linear_op(ctx, *EXL3_HEADS[0], False, ctx.head_bits))
     jobs.insert(7, lambda: _exl3_linear_op(ctx, *EXL3_HEADS[1], False, ctx.head_bits))
     jobs += [lambda bits=bits: _mgemm_op(ctx, *MGEMM_OPS[1], bits) for bits in ctx.bits]
-    for job in jobs:
+    for i, job in enumerate(jobs):
         if ctx.budget.out(ctx.budget.reserve):
-            ctx.rec.write(kind="skipped", section="exl3_gemm", why="section budget spent before the remaining ops")
+            ctx.rec.write(kind="skipped", section="exl3_gemm", why=f"section budget spent before ops {i}..")
             break
-        job()
+        with guarded(ctx.rec, f"exl3_gemm op {i}"):  # (building its weights, say)
+            job()
 
 
 def _exl3_linear_op(ctx: Ctx, name: str, k: int, n: int, fp32: bool, bits: int) -> None:
@@ -377,53 +378,58 @@ def _mgemm_op(ctx: Ctx, name: str, k: int, n: int, bits: int) -> None:
 def fp16(ctx: Ctx) -> None:
     """The fp16 GEMMs of exllamav3's ``LinearFP16`` (torch.matmul for an fp16 output, its cuBLAS ``hgemm`` for an
     fp32 one), the LM head included."""
+    for i, (name, k, n, fp32) in enumerate(FP16_OPS):
+        with guarded(ctx.rec, f"fp16_gemm {name}"):
+            _fp16_op(ctx, i, name, k, n, fp32)
+
+
+def _fp16_op(ctx: Ctx, i: int, name: str, k: int, n: int, fp32: bool) -> None:
     from exllamav3.ext import exllamav3_ext as ext
 
     torch = ctx.torch
-    for i, (name, k, n, fp32) in enumerate(FP16_OPS):
-        w = (torch.randn((k, n), generator=ctx.gen(200 + i), device=ctx.dev) / math.sqrt(k)).half()
-        x1 = torch.randn((1, k), generator=ctx.gen(300 + i), device=ctx.dev).half()
-        dt = torch.float32 if fp32 else torch.half
+    w = (torch.randn((k, n), generator=ctx.gen(200 + i), device=ctx.dev) / math.sqrt(k)).half()
+    x1 = torch.randn((1, k), generator=ctx.gen(300 + i), device=ctx.dev).half()
+    dt = torch.float32 if fp32 else torch.half
 
-        def gemm(pad: int = 0, reduced: bool | None = None, own: bool = False, w: Any = w, x1: Any = x1,
-                 dt: Any = dt, fp32: bool = fp32) -> Callable[[int], Any]:  # fmt: skip
-            def make(rows: int) -> Callable[[], Any]:
-                m = padded(rows, pad) if pad else rows
-                x = batch(ctx, x1, m, 301)
-                if pad:
-                    x[rows:] = 0
-                    x[rows // 2] = x1[0]
+    def gemm(pad: int = 0, reduced: bool | None = None, own: bool = False, w: Any = w, x1: Any = x1,
+             dt: Any = dt, fp32: bool = fp32) -> Callable[[int], Any]:  # fmt: skip
+        def make(rows: int) -> Callable[[], Any]:
+            m = padded(rows, pad) if pad else rows
+            x = batch(ctx, x1, m, 301)
+            if pad:
+                x[rows:] = 0
+                x[rows // 2] = x1[0]
 
-                if own:
-                    from _probe_triton import fixed_gemm
+            if own:
+                from _probe_triton import fixed_gemm
 
-                    return lambda: fixed_gemm(x, w, dt, ctx.sms)
+                return lambda: fixed_gemm(x, w, dt, ctx.sms)
 
-                def call() -> Any:
-                    y = torch.empty((m, w.shape[1]), dtype=dt, device=ctx.dev)
-                    if fp32:
-                        ext.hgemm(x, w, y)
-                        return y
-                    flag = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
-                    if reduced is not None:
-                        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = reduced
-                    try:
-                        return torch.matmul(x, w, out=y)
-                    finally:
-                        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = flag
+            def call() -> Any:
+                y = torch.empty((m, w.shape[1]), dtype=dt, device=ctx.dev)
+                if fp32:
+                    ext.hgemm(x, w, y)
+                    return y
+                flag = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+                if reduced is not None:
+                    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = reduced
+                try:
+                    return torch.matmul(x, w, out=y)
+                finally:
+                    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = flag
 
-                return call
+            return call
 
-            return make
+        return make
 
-        pins: Pins = {"none": gemm()}
-        if not fp32:
-            pins["no reduced-precision reduction"] = gemm(reduced=False)
-        pins.update({"pad16": gemm(16), "pad64 (one bucket)": gemm(64), "own fixed-tile Triton GEMM": gemm(own=True)})
-        meta = {"dtype": "fp16", "k": k, "n": n, "out": "fp32 (ext.hgemm)" if fp32 else "fp16 (torch.matmul)",
-                "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}  # fmt: skip
-        run_op(ctx, "fp16_gemm", name, meta, pins, lambda o, t: o[t])
-        del w
+    pins: Pins = {"none": gemm()}
+    if not fp32:
+        pins["no reduced-precision reduction"] = gemm(reduced=False)
+    pins.update({"pad16": gemm(16), "pad64 (one bucket)": gemm(64), "own fixed-tile Triton GEMM": gemm(own=True)})
+    meta = {"dtype": "fp16", "k": k, "n": n, "out": "fp32 (ext.hgemm)" if fp32 else "fp16 (torch.matmul)",
+            "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}  # fmt: skip
+    run_op(ctx, "fp16_gemm", name, meta, pins, lambda o, t: o[t])
+    del w
 
 
 def norms(ctx: Ctx) -> None:

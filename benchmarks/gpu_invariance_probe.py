@@ -85,7 +85,7 @@ from _probe_core import (  # noqa: E402
 from _probe_ops import ATTN_SHAPES, ATTN_SPLIT_LENS, EXL3_HEADS, EXL3_OPS, FP16_OPS, MGEMM_OPS, Ctx  # noqa: E402
 
 SECTIONS = ("attention", "exl3_gemm", "fp16_gemm", "norms", "step")
-SECTION_S = {"attention": 35, "exl3_gemm": 75, "fp16_gemm": 45, "norms": 8, "step": 240}
+SECTION_S = {"attention": 40, "exl3_gemm": 80, "fp16_gemm": 40, "norms": 8, "step": 240}
 CHILDREN = {"exl3_gemm": ("EXL3_INT8_GEMV=0", "none,shape=1,shape=2", 30),
             "fp16_gemm": ("CUBLAS_WORKSPACE_CONFIG=:0:0", "none,pad16", 25)}  # fmt: skip
 """A second process per section, for a setting read once a process: (env, pins, seconds)."""
