@@ -4,10 +4,11 @@ Issue 57's probe. For each op of a decode step, at realistic decode shapes (a ~1
 of 128, intermediate 8192, vocab 128256; and the fixtures of ``gpu_fast_decode.py``: the 1B Llama with intermediate
 5632 and vocab 32000, 4-bit EXL3 with a 6-bit head, and the Llama-2-7B shape in fp16), one row's output alone is
 compared bitwise (``torch.equal``) with the same row inside 2, 3, 4, 8, 9, 16, 17, 32 and 64 rows (the others random),
-unpinned and under each pin; each pin's cost is the median of 21 timed launches (CUDA events over CUDA-graph replays)
-against unpinned at the same row count. Then a whole decode step, fp16 and EXL3: one row's logits alone vs in N rows,
-through exllamav3's eager forward and through the fast path's captured step, unpinned and with the pins that held
-(monkeypatched in the probe only), and the step's tok/s at 1, 16 and 64 rows (the price issue 57 asks for).
+unpinned and under each pin; each pin's cost is the median of 21 timed launches (CUDA events around replays of a CUDA
+graph of 8 calls) against unpinned at the same row count. Then a whole decode step, fp16 and EXL3: one row's logits
+alone vs in N rows, through exllamav3's eager forward and through the fast path's captured step, unpinned and with
+the pins that held (monkeypatched in the probe only), and the step's tok/s at 1, 16 and 64 rows (the price issue 57
+asks for).
 
 Where exllamav3 1.6.5 makes each launch choice (paths under its package folder), and the pins measured here:
 
