@@ -9,7 +9,11 @@
 #           (GPT-OSS, Gemma 4: carry .families.tgz from tests/gpu/build_family_fixtures.py), the fast path's
 #           ragged-stop test, Gemma 4's prefix row, the MTP benchmark (MTP_ARGS)
 #   speed:  issue 53's speed rows (the captured step on a Qwen3.5-shaped hybrid, MTP at 1/16/64 jobs)
-# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending|speed [pytest -k / benchmark args]
+#   probe:  issue 57's invariance probe (benchmarks/gpu_invariance_probe.py): per op and for the whole step, one row
+#           alone vs in 2..64 rows, unpinned and pinned, and each pin's cost; JSONL lines in $OUT as they are measured.
+#           Bounded by PROBE_S (default 470 s wall) and its own --budget-s (PROBE_BUDGET_S, default 450); carry the
+#           exllamav3 1.6.5 wheel and its converter's needs (marisa-trie, pyyaml, pillow) and the prebuilt extension
+# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending|speed|probe [pytest -k / benchmark args]
 set -u
 source tests/gpu/device_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -53,6 +57,10 @@ case "${1:-tests}" in
       | grep -E "ratio|note|Error|error" | cut -c1-400 | tail -30
     timeout "${BENCH_S:-250}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect,mix --jobs 16,64 --reps 5 --cache 32768 --no-served} \
       2>&1 | tee "$OUT/gpu_mtp.txt" | grep -vE "^\s*$" | cut -c1-400 | tail -40 ;;
+  probe)
+    shift || true
+    timeout -k 10 "${PROBE_S:-470}" python3 benchmarks/gpu_invariance_probe.py --out "$OUT" \
+      --budget-s "${PROBE_BUDGET_S:-450}" "$@" 2>&1 | tee "$OUT/gpu_invariance_probe.txt" | grep -vE "^\s*$" | cut -c1-300 | tail -120 ;;
   mtp)
     shift || true
     python3 benchmarks/gpu_mtp.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_mtp.txt" | grep -vE "^\s*$" | tail -60 ;;
