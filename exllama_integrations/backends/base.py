@@ -73,6 +73,9 @@ class TokenStep:
     prompt_logprobs: tuple[RawLogprob, ...] | None = None
     """On the first step, with ``settings.prompt_logprobs``: each prompt token's logprob given the ones before it
     (the first token's 0.0, with no alternatives)."""
+    drafted: tuple[int, int] | None = None
+    """On the last step of a request a drafter served (speculative decoding, MTP heads): its drafted tokens the
+    target accepted and rejected (None: nothing was drafted for it, or the backend does not say)."""
 
 
 class CancelSignal(threading.Event):

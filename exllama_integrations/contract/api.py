@@ -232,12 +232,18 @@ class Usage:
 
     ``reasoning_tokens`` are the part of ``completion_tokens`` spent thinking; ``cached_tokens`` the part of
     ``prompt_tokens`` the backend reused from its prefix cache instead of computing (0 where it reuses none).
+    ``accepted_draft_tokens`` / ``rejected_draft_tokens``: where a drafter served the request (speculative
+    decoding, MTP heads), its drafted tokens the model accepted (part of ``completion_tokens``) and rejected (0 where
+    nothing was drafted). The server reports them as OpenAI's ``completion_tokens_details.accepted_prediction_tokens``
+    / ``rejected_prediction_tokens``.
     """
 
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    rejected_draft_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -30,14 +30,19 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
     """Usage in OpenAI's shape, with the details a reasoning model and a prefix cache add.
 
     ``{"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details": {"cached_tokens"},
-    "completion_tokens_details": {"reasoning_tokens"}}``.
+    "completion_tokens_details": {"reasoning_tokens", "accepted_prediction_tokens", "rejected_prediction_tokens"}}``
+    (the last two: drafted tokens the model accepted and rejected, where a drafter served the request).
     """
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "completion_tokens_details": {
+            "reasoning_tokens": usage.reasoning_tokens,
+            "accepted_prediction_tokens": usage.accepted_draft_tokens,
+            "rejected_prediction_tokens": usage.rejected_draft_tokens,
+        },
     }
 
 

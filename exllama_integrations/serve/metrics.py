@@ -113,6 +113,18 @@ class Families:
         self.vllm_hits = Counter(
             "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (vLLM's name).", m, registry=reg
         )
+        self.draft_accepted = Counter(
+            "exllama:spec_decode_accepted_tokens",
+            "Drafted tokens the model accepted (speculative decoding, MTP heads), over finished requests.",
+            m,
+            registry=reg,
+        )
+        self.draft_tokens = Counter(
+            "exllama:spec_decode_draft_tokens",
+            "Tokens drafted (accepted and rejected) for finished requests; accepted / drafted is the acceptance.",
+            m,
+            registry=reg,
+        )
         self.vllm_queries = Counter(
             "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache (vLLM's name).", m, registry=reg
         )
@@ -201,7 +213,15 @@ class Metrics:
         f.vllm_kv.labels(model).set_function(self.kv_usage)
         f.vllm_gpu_kv.labels(model).set_function(self.kv_usage)
         f.vllm_hit_rate.labels(model).set_function(lambda: self.hits / self.queries if self.queries else 0.0)
-        for family in (f.prompt_tokens, f.generation_tokens, f.cached_tokens, f.vllm_hits, f.vllm_queries):
+        for family in (
+            f.prompt_tokens,
+            f.generation_tokens,
+            f.cached_tokens,
+            f.vllm_hits,
+            f.vllm_queries,
+            f.draft_accepted,
+            f.draft_tokens,
+        ):
             family.labels(model)  # present (at 0) before the first request, as gateways expect
 
     def waiting(self) -> float:
@@ -231,6 +251,8 @@ class Metrics:
         f.prompt_tokens.labels(m).inc(usage.prompt_tokens)
         f.generation_tokens.labels(m).inc(usage.completion_tokens)
         f.cached_tokens.labels(m).inc(usage.cached_tokens)
+        f.draft_accepted.labels(m).inc(usage.accepted_draft_tokens)
+        f.draft_tokens.labels(m).inc(usage.accepted_draft_tokens + usage.rejected_draft_tokens)
         f.vllm_hits.labels(m).inc(usage.cached_tokens)
         f.vllm_queries.labels(m).inc(usage.prompt_tokens)
         self.hits += usage.cached_tokens

@@ -61,8 +61,10 @@ def test_mtp_drafting_is_greedy_identical_and_reports_its_acceptance(checkpoints
     rt = ExLlamaRuntime(model, "exllamav3", cache_size=4096, draft="mtp", num_draft_tokens=WINDOW, draft_window="fixed")
     try:
         details = rt.model_info().details
-        first = list(rt.generate(PROMPT, **GREEDY).token_ids)
+        first_result = rt.generate(PROMPT, **GREEDY)
+        first = list(first_result.token_ids)
         alone = rt.diagnostics()["drafting"].report()  # PROMPT's job: the one whose acceptance was predicted
+        usage = first_result.usage  # the request's own counts: what the model-wide report added for it
         t0 = time.perf_counter()
         got = [list(rt.generate(p, **GREEDY).token_ids) for p in prompts]
         t_mtp = time.perf_counter() - t0
@@ -97,6 +99,11 @@ def test_mtp_drafting_is_greedy_identical_and_reports_its_acceptance(checkpoints
     assert details["speculative"] == "MTP heads" and details["drafting"]["num_draft_tokens"] == WINDOW
     assert details["upstream_fixes"]["qwen3_5_text_mtp"] == 1  # text-only Qwen3.5: the head registered for it
     assert alone["jobs"] == 1 and report["jobs"] == 1 + 2 * len(prompts) + 1
+    assert (usage.accepted_draft_tokens, usage.rejected_draft_tokens) == (
+        alone["accepted_draft_tokens"],
+        alone["rejected_draft_tokens"],
+    )
+    assert usage.accepted_draft_tokens > 0
     assert abs(alone["acceptance"] - checkpoints["predicted"][level]) <= 0.1
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from exllama_integrations.backends.base import BackendRequest, TokenStep
 from exllama_integrations.backends.exllamav3.draft_rule import DraftRule, bucket, decoding_only
 from exllama_integrations.backends.exllamav3.driver import Driver
+from exllama_integrations.backends.exllamav3.translate import DraftCounts
 from exllama_integrations.backends.inbox import Inbox
 from exllama_integrations.contract.settings import GenerationSettings
 
@@ -116,8 +117,8 @@ class _DraftingGenerator:
             ids = torch.arange(j[0].emitted, j[1]).view(1, -1) if emit else None
             j[0].emitted = j[1] if emit else j[0].emitted
             out.append({"job": j[0], "stage": "streaming", "eos": end, **({"token_ids": ids} if emit else {})})
-            if j[1] >= self.n:
-                out[-1].update(eos_reason="max_new_tokens")
+            if j[1] >= self.n:  # exllamav3's counts of the finished job: every drafted position one or the other
+                out[-1].update(eos_reason="max_new_tokens", accepted_draft_tokens=j[1] // 2, rejected_draft_tokens=7)
         self.jobs = [j for j in self.jobs if j[1] < self.n]
         return out
 
@@ -131,7 +132,8 @@ def test_the_driver_sets_each_steps_window_and_measures_it():
 
     gen = _DraftingGenerator(n=200)
     rule = DraftRule(max_window=4, warmup=2, explore_every=1000, settle=0)
-    d = Driver(gen, Inbox(0.0), lambda req: (Job(), False), lambda req: None, drafts=None, draft_rule=rule)
+    drafts = DraftCounts("MTP heads", 4)
+    d = Driver(gen, Inbox(0.0), lambda req: (Job(), False), lambda req: None, drafts=drafts, draft_rule=rule)
     d.start()
     steps: list[TokenStep] = []
     assert d.inbox.put([BackendRequest([1], GenerationSettings(), 200, frozenset(), steps.append)])
@@ -140,6 +142,9 @@ def test_the_driver_sets_each_steps_window_and_measures_it():
         time.sleep(0.01)
     d.stop()
     assert [t for s in steps for t in s.token_ids] == list(range(200))  # every token, whatever the windows
+    # the request's own drafted tokens on its last step (its usage), and in the model's counts
+    assert steps[-1].drafted == (100, 7) and all(s.drafted is None for s in steps[:-1])
+    assert drafts.report()["accepted_draft_tokens"] == 100
     # the rule's choice reached the generator; the first step read the prompt, so its measure did not count
     assert gen.windows[:11] == [0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     measured = rule.report()["1 rows"]["steps"]

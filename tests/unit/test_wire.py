@@ -207,6 +207,14 @@ def test_engine_frames_round_trip_and_bad_ones_are_typed():
     )
     rid, back = step_from_wire(unpack(pack({"op": "steps", "steps": [step_to_wire(9, step, "x")]}))["steps"][0])
     assert (rid, back) == (9, step)
+    for last in (
+        TokenStep((7,), finish="length", drafted=(12, 3)),
+        TokenStep((7,), drafted=(0, 0), prompt_logprobs=()),
+    ):
+        assert step_from_wire(unpack(pack({"op": "steps", "steps": [step_to_wire(2, last, "x")]}))["steps"][0]) == (
+            2,
+            last,
+        )
     failed = TokenStep(finish="error", error=ContextLengthError(900, 200, 1024))
     error = step_from_wire(step_to_wire(1, failed, "x"))[1].error
     assert isinstance(error, ContextLengthError) and error.context_length == 1024  # its fields cross too

@@ -195,8 +195,7 @@ class Driver:
             if entry.tokens and (entry.steps >= interval or not entry.sent or req.settings.stop):
                 req.emit(entry.take())  # the first token and stop-string watching never wait for the interval
             return False
-        if self.drafts is not None:
-            self.drafts.add(r)
+        drafted = self.drafts.add(r) if self.drafts is not None else None
         finish = finish_of(r)
         if finish == "stop_token":
             # exllamav3 holds the stop token (and any pieces before it) back; pass them on so that the
@@ -207,7 +206,7 @@ class Driver:
             if entry.tokens[-1:] != [stop]:
                 entry.hold([stop], None, step=False)
         cached = r.get("cached_tokens")
-        req.emit(entry.take(finish, cached if isinstance(cached, int) else None))
+        req.emit(entry.take(finish, cached if isinstance(cached, int) else None, drafted))
         return True
 
     def jobs(self) -> Iterator[tuple[Any, BackendRequest]]:

@@ -222,12 +222,16 @@ class LiveJob:
             self.lps = [*(self.lps or ()), *lps]
         self.steps += step
 
-    def take(self, finish: Any = None, cached: int | None = None) -> TokenStep:
-        """The tokens held so far as one step; the first step says how much of the prompt came from the cache."""
+    def take(self, finish: Any = None, cached: int | None = None, drafted: tuple[int, int] | None = None) -> TokenStep:
+        """The tokens held so far as one step.
+
+        The first step says how much of the prompt came from the cache; the last (``drafted``) how many drafted
+        tokens the target accepted and rejected.
+        """
         if cached is None and not self.sent:
             cached = cached_of(self.job)
         lps = tuple(self.lps) if self.lps is not None else None
-        out = TokenStep(tuple(self.tokens), lps, finish, cached=cached)
+        out = TokenStep(tuple(self.tokens), lps, finish, cached=cached, drafted=drafted)
         self.tokens, self.lps, self.steps, self.sent = [], None, 0, True
         return out
 
@@ -259,6 +263,12 @@ def finish_of(r: dict[str, Any]) -> StepFinish:
     return "length" if reason == "max_new_tokens" else "end"
 
 
+def drafted_of(r: dict[str, Any]) -> tuple[int, int] | None:
+    """A finished job's drafted tokens the target accepted and rejected, from its last result (None: not drafting)."""
+    accepted, rejected = r.get("accepted_draft_tokens"), r.get("rejected_draft_tokens")
+    return (accepted, rejected) if isinstance(accepted, int) and isinstance(rejected, int) else None
+
+
 class DraftCounts:
     """Drafted tokens the target accepted and rejected, over every job that finished (speculative decoding).
 
@@ -271,14 +281,15 @@ class DraftCounts:
         self.jobs = self.accepted = self.rejected = 0
         self._lock = threading.Lock()
 
-    def add(self, r: dict[str, Any]) -> None:
-        """Count a finished job's result (one without draft counts: nothing)."""
-        accepted, rejected = r.get("accepted_draft_tokens"), r.get("rejected_draft_tokens")
-        if isinstance(accepted, int) and isinstance(rejected, int):
+    def add(self, r: dict[str, Any]) -> tuple[int, int] | None:
+        """Count a finished job's result; its (accepted, rejected) drafted tokens (one without draft counts: None)."""
+        drafted = drafted_of(r)
+        if drafted is not None:
             with self._lock:
                 self.jobs += 1
-                self.accepted += accepted
-                self.rejected += rejected
+                self.accepted += drafted[0]
+                self.rejected += drafted[1]
+        return drafted
 
     def report(self) -> dict[str, Any]:
         """The drafter, its window, and the counts so far: ``acceptance`` is accepted / drafted (None before any)."""

@@ -103,10 +103,15 @@ def error_wire(e: BaseException, backend: str) -> dict[str, Any]:
 
 
 def step_to_wire(rid: int, step: TokenStep, backend: str) -> list[Any]:
-    """One step as a row: ``[rid, ids, finish, cached, accepting, logprobs, error, prompt_logprobs]``."""
+    """One step as a row: ``[rid, ids, finish, cached, accepting, logprobs, error, prompt_logprobs, drafted]``.
+
+    The last two only where set.
+    """
     logprobs = _raw_rows(step.logprobs)
     error = None if step.error is None else error_wire(step.error, backend)
     row = [rid, list(step.token_ids), step.finish, step.cached, step.accepting, logprobs, error]
+    if step.drafted is not None:
+        return [*row, _raw_rows(step.prompt_logprobs), list(step.drafted)]
     return row if step.prompt_logprobs is None else [*row, _raw_rows(step.prompt_logprobs)]
 
 
@@ -127,7 +132,8 @@ def step_from_wire(row: Any) -> tuple[int, TokenStep]:
         ProtocolError: a row of another shape.
     """
     try:
-        rid, ids, finish, cached, accepting, logprobs, error, *scored = row
+        rid, ids, finish, cached, accepting, logprobs, error, *rest = row
+        drafted = None if len(rest) < 2 else (int(rest[1][0]), int(rest[1][1]))
         return int(rid), TokenStep(
             tuple(int(t) for t in ids),
             _raw_from_rows(logprobs),
@@ -135,7 +141,8 @@ def step_from_wire(row: Any) -> tuple[int, TokenStep]:
             None if error is None else error_from_wire(error),
             cached,
             accepting,
-            _raw_from_rows(scored[0]) if scored else None,
+            _raw_from_rows(rest[0]) if rest else None,
+            drafted,
         )
     except (TypeError, ValueError) as e:
         raise ProtocolError(f"an engine step this side cannot read: {e}") from None

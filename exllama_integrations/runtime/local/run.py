@@ -56,6 +56,7 @@ class Run:
         self._stops = StopStringMatcher(settings.stop)
         self._split = ReasoningSplitter(control.reasoning) if control is not None else None
         self._cached: int | None = None
+        self._drafted = (0, 0)  # drafted tokens accepted and rejected (the backend says on the last step)
         self._accepting: bool | None = None
         self._t0 = time.perf_counter()
         self._t_first: float | None = None
@@ -135,6 +136,8 @@ class Run:
             self._prompt_lps = self._logprobs(step.prompt_logprobs)
         if step.accepting is not None:
             self._accepting = step.accepting
+        if step.drafted is not None:
+            self._drafted = step.drafted
         lps = self._logprobs(step.logprobs[: len(visible)]) if step.logprobs else None
         text = self._stops.push(self._detok.add(visible)) if visible else ""
         stop_string = self._stops.stopped
@@ -203,7 +206,7 @@ class Run:
             (),
             None,
             finish,
-            Usage(self.prompt_len, self._n, min(thought, self._n), self._cached or 0),
+            Usage(self.prompt_len, self._n, min(thought, self._n), self._cached or 0, *self._drafted),
             Timings(None if t_first is None else t_first - self._t0, now - self._t0, tps),
             stop_string,
             complete,
@@ -226,7 +229,7 @@ def _joined(steps: list[tuple[TokenStep, float]]) -> tuple[TokenStep, float]:
     raw = [lp for s, _ in steps for lp in (s.logprobs or ())] if any(s.logprobs for s, _ in steps) else None
     last = steps[-1][0]
     ids = tuple(t for s, _ in steps for t in s.token_ids)
-    joined = TokenStep(ids, tuple(raw) if raw else None, last.finish, last.error, last.cached, last.accepting)
+    joined = dataclasses.replace(last, token_ids=ids, logprobs=tuple(raw) if raw else None)
     return joined, steps[-1][1]
 
 

@@ -50,6 +50,8 @@ def summed_usage(usages: Sequence[Usage], per_prompt: int) -> Usage:
         completion_tokens=sum(u.completion_tokens for u in usages),
         reasoning_tokens=sum(u.reasoning_tokens for u in usages),
         cached_tokens=sum(u.cached_tokens for u in firsts),
+        accepted_draft_tokens=sum(u.accepted_draft_tokens for u in usages),
+        rejected_draft_tokens=sum(u.rejected_draft_tokens for u in usages),
     )
 
 
