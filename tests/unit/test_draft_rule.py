@@ -73,6 +73,25 @@ def test_a_windows_first_steps_in_a_bucket_are_its_warm_up_not_its_rate():
     assert set(chosen[10:]) == {1} and rule.report()["1 rows"]["tok_s"] == {0: 100.0, 1: 180.0}
 
 
+def test_exploring_a_much_slower_neighbour_costs_at_most_its_share_of_the_time():
+    rule = DraftRule(max_window=4, warmup=2, explore_every=32, settle=0, explore_share=0.01)
+    rate = {0: 2000.0, 1: 700.0, 2: 600.0, 3: 500.0, 4: 400.0}  # 16 rows on the GPU: window 1 at a third of none
+    chosen = _run(rule, 16, rate, 2000)
+    explored = chosen[4:].count(1)  # after window 1's 2 measured steps
+    assert 1 <= explored <= 2000 // 180 + 1  # every ~186 steps (1.86 steps' time lost each), not every 32
+    near = _run(DraftRule(max_window=4, warmup=2, explore_every=32, settle=0), 16, {0: 1000.0, 1: 990.0}, 400)
+    assert near[4:].count(1) >= 400 // 32 - 2  # a neighbour that costs little is explored every 32 steps
+
+
+def test_a_larger_batch_starts_without_drafting_where_a_smaller_one_measured_it_losing():
+    rule = DraftRule(max_window=4, warmup=2, explore_every=32, settle=0)
+    _run(rule, 16, {0: 2000.0, 1: 700.0, 2: 600.0, 3: 500.0, 4: 400.0}, 10)  # 16 rows: a drafted token loses
+    assert set(_run(rule, 64, {0: 5000.0, 1: 1000.0, 2: 900.0, 3: 800.0, 4: 700.0}, 30)) == {0}
+    one = DraftRule(max_window=4, warmup=2, explore_every=32, settle=0)
+    _run(one, 1, {0: 70.0, 1: 120.0, 2: 160.0, 3: 180.0, 4: 190.0}, 12)  # one stream: drafting wins
+    assert _run(one, 2, {0: 130.0, 1: 220.0, 2: 300.0, 3: 340.0, 4: 350.0}, 4) == [0, 0, 1, 1]  # measured again
+
+
 def test_the_choice_moves_when_what_a_window_gives_changes():
     rule = DraftRule(max_window=2, warmup=1, explore_every=4, settle=0)
     _run(rule, 8, {0: 100.0, 1: 150.0, 2: 200.0}, 12)

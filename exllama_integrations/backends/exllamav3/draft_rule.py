@@ -14,8 +14,12 @@ rows):
 * arms are measured in order from 0, each ``warmup`` times; a window is tried only while the one before it still
   gained on the one before that (a batch where one drafted token loses does not pay for trying four: at 64 rows a
   step drafting 4 tokens verifies 320 positions), the rest left to exploration;
-* then the best arm runs, and every ``explore_every`` steps of a bucket a neighbour of the best runs once, so a change
-  of acceptance or load moves the choice (and a window left out above is reached one neighbour at a time).
+* a new bucket above one where drafting a token already lost (a larger batch, whose step is even more GPU-bound)
+  starts without drafting: its drafted windows are left to exploration too;
+* then the best arm runs, and a neighbour of the best runs once every ``explore_every`` steps of a bucket, or
+  seldomer where the neighbour measured slower, so that exploring costs at most ``explore_share`` of the bucket's
+  time (a neighbour at a third of the best's rate costs two steps' time: explored every 200 steps at 1%); a change of
+  acceptance or load still moves the choice (and a window left out above is reached one neighbour at a time).
 
 The measure is what the step cost and gave, acceptance and rows included: nothing is modelled. ``window`` is None for
 a step the rule does not decide (no row decoding). Greedy output does not depend on the window (the target verifies
@@ -54,6 +58,9 @@ class _Bucket:
     arms: dict[int, _Arm]
     steps: int = 0
     last: int | None = None
+    explore_at: int = 0  # the step of the next exploration
+    explored: int = 0  # explorations so far (the neighbours take turns)
+    drafting_lost_below: bool = False  # a smaller bucket measured a drafted token losing: start without drafting
 
 
 @dataclass
@@ -64,6 +71,7 @@ class DraftRule:
     warmup: int = 2
     explore_every: int = 32
     settle: int = 3
+    explore_share: float = 0.01
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -77,17 +85,30 @@ class DraftRule:
                 tried = [k for k, a in b.arms.items() if a.recent]
                 best = max(tried, key=lambda k: b.arms[k].rate)
                 choice = best
-                if b.steps % self.explore_every == 0:  # a neighbour again, so the choice can move
+                if not b.explore_at:
+                    b.explore_at = b.steps + self.explore_every
+                elif b.steps >= b.explore_at:  # a neighbour again, so the choice can move
                     near = [k for k in (best - 1, best + 1) if k in b.arms]
-                    choice = near[(b.steps // self.explore_every) % len(near)]
+                    choice = near[b.explored % len(near)]
+                    b.explored += 1
+                    b.explore_at = b.steps + self._interval(b.arms[best], b.arms[near[b.explored % len(near)]])
             b.last = choice
             return choice
+
+    def _interval(self, best: _Arm, near: _Arm) -> int:
+        """Steps until a neighbour runs again: ``explore_every``, or more where it costs more than its share."""
+        if not near.recent or near.rate <= 0:
+            return self.explore_every
+        lost = max(0.0, best.rate / near.rate - 1)  # of a step's time, against the best arm's rate
+        return max(self.explore_every, int(lost / self.explore_share))
 
     def _untried(self, b: _Bucket) -> int | None:
         """The next arm still to measure in order (see the module docstring), or None when the best may run."""
         for k, arm in b.arms.items():
             if len(arm.recent) >= self.warmup:
                 continue
+            if k >= 1 and b.drafting_lost_below:
+                return None
             if k >= 2 and b.arms[k - 1].rate <= b.arms[k - 2].rate:
                 return None  # one more drafted token did not pay: the longer windows are left to exploration
             return k
@@ -108,7 +129,14 @@ class DraftRule:
         b = self._buckets.get(key)
         if b is None:
             b = self._buckets[key] = _Bucket({k: _Arm() for k in range(self.max_window + 1)})
+            below = [v for k, v in sorted(self._buckets.items()) if k < key and self._trusted(v, 1)]
+            if below:  # the largest smaller bucket that measured one drafted token against none
+                b.drafting_lost_below = below[-1].arms[1].rate < below[-1].arms[0].rate
         return b
+
+    def _trusted(self, b: _Bucket, k: int) -> bool:
+        """Whether arms 0..k of ``b`` have each been measured ``warmup`` times."""
+        return all(len(b.arms[i].recent) >= self.warmup for i in range(min(k, self.max_window) + 1))
 
     def report(self) -> dict[str, Any]:
         """Per batch size bucket: the window chosen last and each window's measured tokens per second and steps."""
