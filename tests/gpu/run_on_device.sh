@@ -4,10 +4,8 @@
 #   bench:  benchmarks/gpu_load.py, JSON in $OUT
 #   spec:   benchmarks/gpu_speculative.py, JSON in $OUT
 #   mtp:    benchmarks/gpu_mtp.py (MTP drafting at known acceptance), JSON in $OUT
-#   pending: what the CPU side built that no GPU has proven yet (issue 53), each step bounded in time, its results in
-#           $OUT as they come (a machine taken back keeps what ran): the captured step on Qwen3.5 (Gated DeltaNet), MTP tests on bf16 fixtures, the upstream fixes
-#           (GPT-OSS, Gemma 4: carry .families.tgz from tests/gpu/build_family_fixtures.py), the fast path's
-#           ragged-stop test, Gemma 4's prefix row, the MTP benchmark (MTP_ARGS)
+#   pending: what the CPU side built that no GPU has proven yet (see the mode below), each step bounded in time, its
+#           results in $OUT as they come (a machine taken back keeps what ran)
 #   speed:  issue 53's speed rows (the captured step on a Qwen3.5-shaped hybrid, MTP at 1/16/64 jobs)
 #   probe:  issue 57's invariance probe (benchmarks/gpu_invariance_probe.py): per op and for the whole step, one row
 #           alone vs in 2..64 rows, unpinned and pinned, and each pin's cost; JSONL lines in $OUT as they are measured.
@@ -31,25 +29,18 @@ case "${1:-tests}" in
     shift || true
     python3 benchmarks/gpu_speculative.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_speculative.txt" | grep -vE "^\s*$" | tail -40 ;;
   pending)
-    # What the CPU side built that no GPU has proven yet (2026-12-07, issue 53): MTP on bf16 fixtures, the GPT-OSS fix
-    # test holding its cache, the fast path's ragged-stop test, Gemma 4's prefix row, then the MTP benchmark
-    mkdir -p /tmp/fam && [ -f .families.tgz ] && tar xzf .families.tgz -C /tmp/fam
-    export EXLLAMA_FAMILY_FIXTURES=/tmp/fam/.families
-    for f in ${FAST_FAMILIES:-qwen3_5}; do  # the captured step over Gated DeltaNet / Mamba-2 layers at 1, 16, 64 jobs
-      timeout "${FAMILY_S:-120}" python3 tests/gpu/family_matrix.py --fixtures /tmp/fam/.families --families "$f" \
-        --phases load,fast >> "$OUT/family_matrix.txt" 2>&1
-      tail -1 "$OUT/family_matrix.jsonl" 2>/dev/null | cut -c1-900
-    done
-    timeout "${TEST_S:-240}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_mtp.py \
-      tests/gpu/test_gpu_upstream_fixes.py tests/gpu/test_gpu_decisions.py 2>&1 | tee "$OUT/gpu_tests_pending.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|MTP drafting" | cut -c1-600
-    timeout 120 python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_fast_decode.py \
-      -k "jobs_end_at_different_steps" 2>&1 | tee "$OUT/gpu_tests_fast_jobs_end.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed"
-    for f in ${FAMILIES:-gemma4}; do
-      timeout "${FAMILY_S:-120}" python3 tests/gpu/family_matrix.py --fixtures /tmp/fam/.families --families "$f" >> "$OUT/family_matrix.txt" 2>&1
-      tail -1 "$OUT/family_matrix.jsonl" 2>/dev/null | cut -c1-400
-    done
-    timeout "${BENCH_S:-200}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect --jobs 16,64 --reps 5 --cache 32768 --no-served} \
-      2>&1 | tee "$OUT/gpu_mtp.txt" | grep -vE "^\s*$" | tail -40 ;;
+    # What the CPU side built that no GPU has proven yet (session 8, 2026-12-07; issue 53 and 55), each step bounded,
+    # its results in $OUT as they come: MTP at 16 and 64 jobs with the rule's exploration capped and the larger
+    # buckets starting undrafted (the 64-job row never ran), a request's own drafted counts in its usage
+    # (test_gpu_mtp), exllamav3's label scoring with the prefix read once per request (test_gpu_decisions), then the
+    # hybrid's EXL3 row if time is left. The invariance probe (issue 57) is a call of its own: `probe`.
+    timeout "${TEST_S:-200}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_mtp.py \
+      tests/gpu/test_gpu_decisions.py 2>&1 | tee "$OUT/gpu_tests_pending.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|MTP drafting|label" | cut -c1-600
+    timeout "${BENCH_S:-330}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect,mix --jobs 16,64 --reps 5 --new 64 --cache 32768 --no-served --draft-window measured} \
+      2>&1 | tee "$OUT/gpu_mtp.txt" | grep -E "ratio|met|chosen|captured steps|error|Error|differ" | cut -c1-500
+    timeout "${HYBRID_S:-60}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench --models hybrid-exl3 \
+      --reps 5 --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row > "$OUT/gpu_fast_decode_exl3.txt" 2>&1
+    grep -E "ratio|note" "$OUT/gpu_fast_decode_exl3.txt" | cut -c1-300 | tail -12 ;;
   speed)
     # issue 53's speed rows: the captured step on a ~1.5B Qwen3.5-shaped hybrid (raw vs fast at 1/16/64 jobs), then MTP
     timeout "${HYBRID_S:-300}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench \
