@@ -84,6 +84,13 @@ def is_decoder(model: ModelDirectory) -> bool:
     return bool(archs) and (archs[0].endswith("ForCausalLM") or model.config.get("is_decoder") is True)
 
 
+TASK_OF_KIND = {"chat": "generate", "embedding": "embed", "rerank": "rerank"}
+"""Each kind of model (the one word for what a directory is: a server's entries, ``EmbeddingRuntime(kind=)``) and the
+task its pooling config names."""
+KIND_OF_TASK = {task: kind for kind, task in TASK_OF_KIND.items()}
+"""The kind of model each task word names (``serve --task`` and ``model_task=`` take these words, vLLM's)."""
+
+
 def detect_task(model: ModelDirectory) -> str:
     """What the directory is for: ``embed``, ``rerank`` or ``generate``.
 
@@ -180,4 +187,13 @@ def read_pooling(model: ModelDirectory, task: str | None = None) -> PoolingConfi
     )
 
 
-__all__ = ["DEFAULT_RERANK_INSTRUCTION", "POOLING_MODES", "PoolingConfig", "detect_task", "is_decoder", "read_pooling"]
+__all__ = [
+    "DEFAULT_RERANK_INSTRUCTION",
+    "KIND_OF_TASK",
+    "POOLING_MODES",
+    "TASK_OF_KIND",
+    "PoolingConfig",
+    "detect_task",
+    "is_decoder",
+    "read_pooling",
+]

@@ -15,14 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidSettingsError
+from ..model.pooling import KIND_OF_TASK
+from ..model.pooling import TASK_OF_KIND as TASKS
 from .footprint import Footprint, estimate, estimate_weights
 from .model_config import ModelSpec
-
-TASKS = {"chat": "generate", "embedding": "embed", "rerank": "rerank"}
-"""Each kind's task, as the model layer's pooling config names it (:func:`~..model.pooling.detect_task`); ``serve
---task`` takes these words (vLLM's) and is read as the kind once, on the command line (:data:`KIND_OF_TASK`)."""
-KIND_OF_TASK = {task: kind for kind, task in TASKS.items()}
-"""The kind of model each ``serve --task`` names."""
 
 
 @dataclass(frozen=True)
