@@ -16,7 +16,6 @@ import logging
 import os
 import threading
 import time
-import warnings
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -38,7 +37,7 @@ from ...contract.settings import GenerationSettings
 from ...errors import InvalidSettingsError, RuntimeClosedError, UnsupportedTaskError
 from ...model.directory import ModelDirectory
 from ...model.hub import resolve_model_dir
-from ...model.pooling import KIND_OF_TASK, TASK_OF_KIND, read_pooling
+from ...model.pooling import KIND_OF_TASK, read_pooling, task_of
 from ...model.tokenizer import NativeTokenizer
 from ..base import RuntimeBase
 from .embed_inputs import InputEncoder, check
@@ -51,34 +50,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 _registry: Registry[EmbeddingRuntime] = Registry(lambda rt: not rt.closed)
-
-
-def task_of(kind: str | None, task: str | None) -> str | None:
-    """The pooling task an ``EmbeddingRuntime`` is asked for: its ``kind``, or the deprecated ``task=`` (warned).
-
-    Raises:
-        InvalidSettingsError: both given, or a kind that is not ``"embedding"`` or ``"rerank"``.
-    """
-    if task is not None:
-        instead = f"kind={KIND_OF_TASK[task]!r}" if task in ("embed", "rerank") else "kind='embedding' or 'rerank'"
-        warnings.warn(
-            f"EmbeddingRuntime(task={task!r}) is deprecated: write {instead} (a model's kind is the one word for what "
-            "it is, as a server's entries say it).",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        if kind is not None:
-            raise InvalidSettingsError("give kind= alone (task= is its old name).", param="task")
-        return task
-    if kind is None:
-        return None
-    if kind not in ("embedding", "rerank"):
-        raise InvalidSettingsError(
-            f"kind={kind!r}: an EmbeddingRuntime loads an 'embedding' or 'rerank' model (a chat model loads with "
-            "ExLlamaRuntime).",
-            param="kind",
-        )
-    return TASK_OF_KIND[kind]
 
 
 class PoolingPlan(NamedTuple):
