@@ -2,17 +2,17 @@
 
 ``create_front(registry)`` is the one app every way of serving builds (``serve DIR``, ``serve DIR DIR ...``,
 ``serve --config``, Ray's ingress); ``create_app(runtime)``, a runtime loaded in this process, is the same app over a
-registry of that one model (:meth:`~.models.ModelRegistry.of_loaded`), its id the served name (default: the model's
-own). In front, the :class:`~.guard.Guard` (key, body limits, the log line); then for every endpoint a model serves
-(:func:`~.model_app.model_routers`: chat, completions, embeddings, rerank, Messages, Responses, tokenize, decisions,
-the native endpoints) the model named by the query's ``model`` or else the JSON body's (the first model when neither
-names one) is leased from the :class:`~.models.ModelRegistry` (loaded first if it is not; the request waits) and the
-request handed to that model's own app (:func:`~.model_app.model_app` over its runtime) until its response has
-ended. An Ollama-style ``keep_alive`` (query or body) is taken out of the body there and applies to that model. What
-the front answers itself: ``/v1/models`` (every model, with its state), ``/health``, ``/metrics`` and ``/v1/loads``
-(every model's series, labelled ``model_name``), and what no model's endpoint takes (404, or 405 for a method an
-endpoint does not take). A model that cannot be had is refused before anything else runs, in the error shape of the
-API asked (404 unknown, 400 wrong kind, 503 no room or a failed load).
+registry of that one model (:meth:`~.registry.models.ModelRegistry.of_loaded`), its id the served name (default:
+the model's own). In front, the :class:`~.guard.Guard` (key, body limits, the log line); then for every endpoint a
+model serves (:func:`~.model_app.model_routers`: chat, completions, embeddings, rerank, Messages, Responses,
+tokenize, decisions, the native endpoints) the model named by the query's ``model`` or else the JSON body's (the
+first model when neither names one) is leased from the :class:`~.registry.models.ModelRegistry` (loaded first if it
+is not; the request waits) and the request handed to that model's own app (:func:`~.model_app.model_app` over its
+runtime) until its response has ended. An Ollama-style ``keep_alive`` (query or body) is taken out of the body there
+and applies to that model. What the app answers itself: ``/v1/models`` (every model, with its state), ``/health``,
+``/metrics`` and ``/v1/loads`` (every model's series, labelled ``model_name``), and what no model's endpoint takes
+(404, or 405 for a method an endpoint does not take). A model that cannot be had is refused before anything else
+runs, in the error shape of the API asked (404 unknown, 400 wrong kind, 503 no room or a failed load).
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from .anthropic import errors as anthropic_errors
 from .guard import Guard, error_response
 from .metrics import exposition_response
 from .model_app import GUARD_SHAPES, add_error_answers, model_app, model_routers
-from .model_config import parse_duration
-from .model_entry import Entry
-from .models import ModelRegistry
 from .openai.protocol.models import ServedModelCard, ServedModelList
+from .registry.config import parse_duration
+from .registry.entry import Entry
+from .registry.models import ModelRegistry
 from .state import ServeLimits
 
 logger = logging.getLogger("exllama_integrations.serve")

@@ -1,12 +1,12 @@
 """``exllama-integrations serve`` run: what its flags name to serve, checked, then served on uvicorn or Ray Serve.
 
 Every way of serving starts the same: the flags (or the ``--config`` file) become the models served, a
-:class:`~.model_config.ServerModels` of one model or several, each a :class:`~.model_config.ModelSpec` (its kind
+:class:`~.registry.config.ServerModels` of one model or several, each a :class:`~.registry.config.ModelSpec` (its kind
 ``chat``, ``embedding`` or ``rerank``: ``--task`` is read as a kind here, once); a flag the mode does not read is
-refused first (:data:`UNREAD`). Each model is then planned once (:func:`~.model_kinds.planned`: its directory
+refused first (:data:`UNREAD`). Each model is then planned once (:func:`~.registry.kinds.planned`: its directory
 inspected, its kind found, its backend and options resolved) and loaded from that plan as it is. Every server is a
-:class:`~.models.ModelRegistry` behind the one front (:func:`~.front.create_front`): ``serve DIR`` (or none: the demo
-model) is a registry of that one model, pinned, loaded before it listens, with no budget (its cache takes the free
+:class:`~.registry.models.ModelRegistry` behind the one app (:func:`~.app.create_front`): ``serve DIR`` (or none: the
+demo model) is a registry of that one model, pinned, loaded before it listens, with no budget (its cache takes the free
 memory); several directories or a config file, each model loaded on its first request (pinned ones before it
 listens) within the memory budget. With ``--ray`` the same models become Ray Serve deployments behind the same front
 (:func:`~.ray.deployment.run_ray`).
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from .footprint import Footprint
-from .model_config import ServerModels, parse_duration, parse_size, read_config, server_models
+from .registry.config import ServerModels, parse_duration, parse_size, read_config, server_models
+from .registry.footprint import Footprint
 
 logger = logging.getLogger("exllama_integrations.serve")
 
@@ -185,7 +185,7 @@ def models_of(args: argparse.Namespace) -> ServerModels:
 
 def one_model(args: argparse.Namespace) -> dict[str, Any]:
     """The entry keys only a model served alone takes from flags (its name, kind, engines, template, tool format)."""
-    from .model_kinds import KIND_OF_TASK
+    from .registry.kinds import KIND_OF_TASK
 
     if args.tool_format is not None:
         from ..chat.formats import find_format
@@ -221,8 +221,8 @@ def serve_models(config: ServerModels, args: argparse.Namespace, api_key: str | 
     memory, with no budget (it has the machine); several are loaded on demand within the budget, pinned ones now.
     """
     from .app import create_front
-    from .model_kinds import LOADERS
-    from .models import ModelRegistry, budget_text
+    from .registry.kinds import LOADERS
+    from .registry.models import ModelRegistry, budget_text
 
     logger.setLevel(logging.INFO)  # loads and unloads, and one line per request
     one = alone(args)

@@ -7,7 +7,7 @@ and the decisions endpoint, each from :func:`model_routers` (the front answers `
 ``/metrics`` over every model). Every error is an OpenAI-shaped error object with the
 status of the one error table (on the native endpoints, the contract's wire form); a client that disconnects cancels
 its generation at the next step. It has no guard, no ``/health`` and no lifespan of its own: every server, of one
-model or several, is the front (:mod:`.front`) over a registry (:mod:`.models`), which owns those.
+model or several, is the app of :mod:`.app` over a registry (:mod:`.registry.models`), which owns those.
 """
 
 from __future__ import annotations

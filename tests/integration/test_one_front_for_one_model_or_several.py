@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from exllama_integrations import cli
 from exllama_integrations.serve import launch
 from exllama_integrations.serve.app import create_app
-from exllama_integrations.serve.models import ModelRegistry
+from exllama_integrations.serve.registry.models import ModelRegistry
 
 pytestmark = pytest.mark.slow
 

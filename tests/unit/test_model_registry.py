@@ -21,10 +21,10 @@ from exllama_integrations.errors import (
     ModelUnavailableError,
     UnsupportedTaskError,
 )
-from exllama_integrations.serve.footprint import Footprint
-from exllama_integrations.serve.model_config import KINDS, ServerModels, model_spec
-from exllama_integrations.serve.model_kinds import Plan
-from exllama_integrations.serve.models import ModelRegistry
+from exllama_integrations.serve.registry.config import KINDS, ServerModels, model_spec
+from exllama_integrations.serve.registry.footprint import Footprint
+from exllama_integrations.serve.registry.kinds import Plan
+from exllama_integrations.serve.registry.models import ModelRegistry
 
 GIB = 2**30
 

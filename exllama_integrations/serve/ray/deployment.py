@@ -219,7 +219,7 @@ def _build_models(serve: Any, args: dict[str, Any], entries: list[dict[str, Any]
 
 
 def ray_entry(spec: Any, replicas: int) -> dict[str, Any]:
-    """A served model (a :class:`~..model_config.ModelSpec`) as ``build_app`` takes it (its ``models`` entries)."""
+    """A served model (a :class:`~..registry.config.ModelSpec`) as ``build_app`` takes it (its ``models`` entries)."""
     return {
         "name": spec.name,
         "model_dir": spec.model_dir,
@@ -233,18 +233,21 @@ def ray_entry(spec: Any, replicas: int) -> dict[str, Any]:
 
 
 def run_ray(config: Any, args: Any, api_key: str | None) -> int:
-    """``serve --ray``: the models ``serve`` would serve (a :class:`~..model_config.ServerModels`) as Ray deployments.
+    """``serve --ray``: what ``serve`` would serve (a :class:`~..registry.config.ServerModels`) as Ray deployments.
 
-    One model or several, each a deployment behind the one ingress (``build_app(models=[...])``), the front of
-    ``serve`` over them; a model served alone keeps the name it has without ``--ray`` (``--served-model-name``, else
-    the model's own). Each model's replicas stay loaded (Ray places them by their ``num_gpus``; scaling is Ray's
-    ``autoscaling_config``). Ray is started (or joined) here, serving on the flags' host and port until interrupted.
+    One model or several, each a deployment behind the one ingress, the app of ``serve`` over them: a model served
+    alone as ``build_app(model_dir=...)`` (its name ``--served-model-name``, else the model's own, as without
+    ``--ray``), several (or a config file) as ``build_app(models=[...])``. Each model's replicas stay loaded (Ray
+    places them by their ``num_gpus``; scaling is Ray's ``autoscaling_config``). Ray is started (or joined) here,
+    serving on the flags' host and port until interrupted.
     """
     common = {"num_gpus": args.num_gpus, "api_key": api_key, "limits": limits_of_flags(args)}
     entries = [ray_entry(m, args.replicas) for m in config.models]
-    if len(entries) == 1 and not args.config:
-        entries[0]["name"] = args.served_model_name or ""
     what = f"{', '.join(config.names)} on {args.replicas} Ray replica(s) each"
+    if len(entries) == 1 and not args.config:
+        (entry,) = entries
+        del entry["name"]
+        return _run({**entry, "served_model_name": args.served_model_name, **common}, args.host, args.port, what)
     return _run({"models": entries, **common}, args.host, args.port, what)
 
 

@@ -138,7 +138,7 @@ class _HandleStream:
 
 
 class ExLlamaIngress:
-    """The ingress deployment: the front of ``exllama-integrations serve`` (:mod:`..front`) over the model deployments.
+    """The ingress deployment: the front of ``exllama-integrations serve`` (:mod:`..app`) over the model deployments.
 
     One model or several, each a deployment reached through its handle, served from the same registry as ``serve DIR
     ...``, pinned: its replicas are Ray's to place and scale, so the ingress never unloads one.
@@ -172,7 +172,7 @@ def front_over(runtimes: dict[str, Any], c: dict[str, Any], freeze_gc: bool) -> 
     """
     from ...chat.formats import find_format
     from ..app import create_front
-    from ..models import ModelRegistry
+    from ..registry.models import ModelRegistry
 
     models = []
     for name, runtime in runtimes.items():

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..metrics import Families, Metrics
+from .config import ModelSpec
 from .footprint import Footprint
-from .metrics import Families, Metrics
-from .model_config import ModelSpec
-from .model_kinds import Plan
+from .kinds import Plan
 
 
 @dataclass(eq=False)

@@ -1,6 +1,6 @@
 """Several models behind one server: a registry that loads each on its first request, within a memory budget.
 
-Each model (a :class:`~.model_config.ModelSpec`) is ``unloaded``, ``loading``, ``loaded`` or ``unloading``; pinned
+Each model (a :class:`~.config.ModelSpec`) is ``unloaded``, ``loading``, ``loaded`` or ``unloading``; pinned
 ones load when the server starts and stay. A request takes a :class:`Lease` on its model (:meth:`ModelRegistry.acquire`)
 and gives it back when its response has ended: a model with a lease is never unloaded. A model that is not loaded
 loads for the request that needs it (the request waits; the load's progress goes to the log), in a worker thread,
@@ -13,7 +13,7 @@ leaves nothing loaded and fails its requests with the same error, its cause in t
 the model's, else the server's); 0 unloads it as soon as its last request has ended, a negative value never. Every
 decision is taken on the event loop, so there are no locks; loads and unloads run in threads.
 
-What each kind of model loads as, and which endpoints need which kind, is :mod:`.model_kinds`.
+What each kind of model loads as, and which endpoints need which kind, is :mod:`.kinds`.
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     ExLlamaIntegrationsError,
     InvalidSettingsError,
     ModelNotFoundError,
     ModelUnavailableError,
     UnsupportedTaskError,
 )
+from ..metrics import Families
+from .config import ModelSpec, ServerModels
+from .entry import Entry, metrics_of
 from .footprint import Footprint, default_budget, gib, measure
-from .metrics import Families
-from .model_config import ModelSpec, ServerModels
-from .model_entry import Entry, metrics_of
-from .model_kinds import ENDPOINT_KINDS, KIND_OF_TASK, LOADERS, Loader, Plan, Planner, planned
+from .kinds import ENDPOINT_KINDS, KIND_OF_TASK, LOADERS, Loader, Plan, Planner, planned
 
 logger = logging.getLogger("exllama_integrations.serve")
 
@@ -112,7 +112,7 @@ class ModelRegistry:
         """A registry of models loaded already, each ``(runtime, name, entry)``, pinned.
 
         What ``create_app(runtime)`` serves, and Ray's ingress over its deployments.
-        ``name``: the served name (None: the model's own); ``entry``: its other :class:`~.model_config.ModelSpec`
+        ``name``: the served name (None: the model's own); ``entry``: its other :class:`~.config.ModelSpec`
         keys (``chat_template``, ``tool_format``, ``model_dir``). Each kind is what its runtime says it does.
         ``keep_open``: the caller closes the runtimes (the registry never does).
         """

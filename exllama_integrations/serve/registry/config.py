@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidSettingsError, MissingDependencyError
-from ..model.directory import model_name
+from ...errors import InvalidSettingsError, MissingDependencyError
+from ...model.directory import model_name
 
 KINDS = ("chat", "embedding", "rerank")
 """What a model serves: chat (and completions), embeddings, or rerank scores."""
