@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-from ..errors import ExLlamaIntegrationsError, InvalidSettingsError, MissingDependencyError
+from ..errors import ExLlamaIntegrationsError, MissingDependencyError
 
 try:
     from fastapi import FastAPI, Request
@@ -122,10 +122,6 @@ class Dispatch:
         except ExLlamaIntegrationsError as e:  # no such model, the wrong kind, no room, a bad keep_alive
             await typed_answer(path, e)(scope, receive, send)
             return
-        except (ValueError, RecursionError) as e:  # not JSON
-            bad = InvalidSettingsError(f"the body is not valid JSON: {e}", reason="invalid_json")
-            await typed_answer(path, bad)(scope, receive, send)
-            return
         try:
             await lease.app(scope, _replayed(body, receive), send)
         finally:
@@ -135,10 +131,12 @@ class Dispatch:
 def _read_body(body: bytes) -> tuple[str | None, Any, bytes]:
     """A JSON body's ``model`` and ``keep_alive``, and the body without ``keep_alive`` (the model's app knows none).
 
-    Raises:
-        ValueError: the body is not JSON.
+    A body that is not JSON names nothing: the model's app answers it, as it answers any bad body.
     """
-    data = json.loads(body)
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None, None, body
     if not isinstance(data, dict):
         return None, None, body
     model = None if data.get("model") is None else str(data["model"])
