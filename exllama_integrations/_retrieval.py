@@ -112,7 +112,11 @@ class RetrievalConfig(BaseModel):
         options: dict[str, Any] = {"max_seq_len": self.max_seq_len, "dtype": self.dtype, "device": self.device}
         options = {k: v for k, v in options.items() if v is not None}
         assert self.model_dir is not None
-        return factory(self.model_dir, self.backend, task=self.model_task, **options, **self.backend_options)
+        if self.model_task in ("embed", "rerank"):
+            options["kind"] = {"embed": "embedding", "rerank": "rerank"}[self.model_task]
+        elif self.model_task is not None:  # refused by name where the task is read
+            options["task"] = self.model_task
+        return factory(self.model_dir, self.backend, **options, **self.backend_options)
 
     @property
     def exllama_runtime(self) -> Any:

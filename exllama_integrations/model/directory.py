@@ -30,6 +30,14 @@ _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def model_name(path: str | os.PathLike[str]) -> str:
+    """A model directory's name, as its model is named (the repository's, for a Hub snapshot), without reading it."""
+    p = Path(path)
+    if p.parent.name == "snapshots" and p.parent.parent.name.startswith("models--"):
+        return p.parent.parent.name.split("--")[-1]
+    return p.name
+
+
 @dataclass(frozen=True)
 class ModelDirectory:
     """What a model directory holds, checked. Built with :meth:`inspect`."""
@@ -48,9 +56,7 @@ class ModelDirectory:
     @property
     def name(self) -> str:
         """The directory's name, used as the model name in metadata (the repository's, for a hub snapshot)."""
-        if self.path.parent.name == "snapshots" and self.path.parent.parent.name.startswith("models--"):
-            return self.path.parent.parent.name.split("--")[-1]
-        return self.path.name
+        return model_name(self.path)
 
     @property
     def text_config(self) -> dict[str, Any]:

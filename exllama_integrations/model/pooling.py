@@ -11,6 +11,7 @@ No torch here: the backends pool (:mod:`exllama_integrations.backends.pooling`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,41 @@ def is_decoder(model: ModelDirectory) -> bool:
     """Whether the model is a causal LM (its architecture ends in ``ForCausalLM``, or it is one of those bare)."""
     archs = model.architectures
     return bool(archs) and (archs[0].endswith("ForCausalLM") or model.config.get("is_decoder") is True)
+
+
+TASK_OF_KIND = {"chat": "generate", "embedding": "embed", "rerank": "rerank"}
+"""Each kind of model (the one word for what a directory is: a server's entries, ``EmbeddingRuntime(kind=)``) and the
+task its pooling config names."""
+KIND_OF_TASK = {task: kind for kind, task in TASK_OF_KIND.items()}
+"""The kind of model each task word names (``serve --task`` and ``model_task=`` take these words, vLLM's)."""
+
+
+def task_of(kind: str | None, task: str | None) -> str | None:
+    """The pooling task an ``EmbeddingRuntime`` is asked for: its ``kind``, or the deprecated ``task=`` (warned).
+
+    Raises:
+        InvalidSettingsError: both given, or a kind that is not ``"embedding"`` or ``"rerank"``.
+    """
+    if task is not None:
+        instead = f"kind={KIND_OF_TASK[task]!r}" if task in ("embed", "rerank") else "kind='embedding' or 'rerank'"
+        warnings.warn(
+            f"EmbeddingRuntime(task={task!r}) is deprecated: write {instead} (a model's kind is the one word for what "
+            "it is, as a server's entries say it).",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if kind is not None:
+            raise InvalidSettingsError("give kind= alone (task= is its old name).", param="task")
+        return task
+    if kind is None:
+        return None
+    if kind not in ("embedding", "rerank"):
+        raise InvalidSettingsError(
+            f"kind={kind!r}: an EmbeddingRuntime loads an 'embedding' or 'rerank' model (a chat model loads with "
+            "ExLlamaRuntime).",
+            param="kind",
+        )
+    return TASK_OF_KIND[kind]
 
 
 def detect_task(model: ModelDirectory) -> str:
@@ -180,4 +216,14 @@ def read_pooling(model: ModelDirectory, task: str | None = None) -> PoolingConfi
     )
 
 
-__all__ = ["DEFAULT_RERANK_INSTRUCTION", "POOLING_MODES", "PoolingConfig", "detect_task", "is_decoder", "read_pooling"]
+__all__ = [
+    "DEFAULT_RERANK_INSTRUCTION",
+    "KIND_OF_TASK",
+    "POOLING_MODES",
+    "TASK_OF_KIND",
+    "PoolingConfig",
+    "detect_task",
+    "is_decoder",
+    "read_pooling",
+    "task_of",
+]

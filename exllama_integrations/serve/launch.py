@@ -1,14 +1,15 @@
 """``exllama-integrations serve`` run: what its flags name to serve, checked, then served on uvicorn or Ray Serve.
 
 Every way of serving starts the same: the flags (or the ``--config`` file) become the models served, a
-:class:`~.model_config.ServerModels` of one model or several, each a :class:`~.model_config.ModelSpec` (its kind
+:class:`~.registry.config.ServerModels` of one model or several, each a :class:`~.registry.config.ModelSpec` (its kind
 ``chat``, ``embedding`` or ``rerank``: ``--task`` is read as a kind here, once); a flag the mode does not read is
-refused first (:data:`UNREAD`). Each model is then planned once (:func:`~.model_kinds.planned`: its directory
-inspected, its kind found, its backend and options resolved) and loaded from that plan as it is. ``serve DIR`` (or
-none: the demo model) is a server of that one model, loaded at startup: :func:`~.app.create_app` over its runtime.
-Several directories or a config file are a :class:`~.models.ModelRegistry` behind :mod:`.front`, each model loaded
-on its first request (pinned ones at startup) within the memory budget. With ``--ray`` the same models become Ray
-Serve deployments (:func:`~.ray.deployment.run_ray`).
+refused first (:data:`UNREAD`). Each model is then planned once (:func:`~.registry.kinds.planned`: its directory
+inspected, its kind found, its backend and options resolved) and loaded from that plan as it is. Every server is a
+:class:`~.registry.models.ModelRegistry` behind the one app (:func:`~.app.create_front`): ``serve DIR`` (or none: the
+demo model) is a registry of that one model, pinned, loaded before it listens, with no budget (its cache takes the free
+memory); several directories or a config file, each model loaded on its first request (pinned ones before it
+listens) within the memory budget. With ``--ray`` the same models become Ray Serve deployments behind the same front
+(:func:`~.ray.deployment.run_ray`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,17 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
-from .model_config import ModelSpec, ServerModels, parse_duration, parse_size, read_config, server_models
+from .registry.config import ServerModels, parse_duration, parse_size, read_config, server_models
+from .registry.footprint import Footprint
 
 logger = logging.getLogger("exllama_integrations.serve")
 
+
+UNBOUNDED = Footprint(sys.maxsize, sys.maxsize)
+"""The budget of a model served alone: none (it has the machine; its cache is sized from the free memory)."""
 
 CONNECTIONS = {"timeout_keep_alive": 5.0, "max_connections": 1024, "header_timeout": 10.0}
 """The connection limits of the server ``serve`` runs (uvicorn), by flag, with their defaults (the flags' help says
@@ -179,7 +185,7 @@ def models_of(args: argparse.Namespace) -> ServerModels:
 
 def one_model(args: argparse.Namespace) -> dict[str, Any]:
     """The entry keys only a model served alone takes from flags (its name, kind, engines, template, tool format)."""
-    from .model_kinds import KIND_OF_TASK
+    from .registry.kinds import KIND_OF_TASK
 
     if args.tool_format is not None:
         from ..chat.formats import find_format
@@ -195,6 +201,7 @@ def one_model(args: argparse.Namespace) -> dict[str, Any]:
         "engines": args.engines,
         "chat_template": template,
         "tool_format": args.tool_format,
+        "pinned": True,  # loaded at startup and kept: a server of one model
     }
     if args.served_model_name is not None:
         keys["name"] = args.served_model_name
@@ -207,54 +214,54 @@ def _demo_dir() -> str:
     return str(demo_model_dir())
 
 
-def serve_one(spec: ModelSpec, args: argparse.Namespace, api_key: str | None) -> int:
-    """Serve one model (see the module docstring): planned, loaded now, then its app on uvicorn."""
-    from .app import create_app
-    from .model_kinds import LOADERS, planned
+def serve_models(config: ServerModels, args: argparse.Namespace, api_key: str | None) -> int:
+    """Serve the models (see the module docstring): a registry of them behind the front, on uvicorn.
 
-    logger.setLevel(logging.INFO)  # one line per request, always
-    spec, plan = planned(spec, alone=True)  # its cache, where it has one, sized from the free memory
-    assert spec.kind is not None
+    A model served alone (``serve DIR``) is a registry of one: pinned and loaded now, its cache sized from the free
+    memory, with no budget (it has the machine); several are loaded on demand within the budget, pinned ones now.
+    """
+    from .app import create_front
+    from .registry.kinds import LOADERS
+    from .registry.models import ModelRegistry, budget_text
+
+    logger.setLevel(logging.INFO)  # loads and unloads, and one line per request
+    one = alone(args)
+    loaders = {
+        kind: (partial(plan, alone=one), partial(load, engine=args.engine)) for kind, (plan, load) in LOADERS.items()
+    }
+    registry = ModelRegistry(config, loaders=loaders, budget=UNBOUNDED if one else None)
+    if one:
+        refuse_engine_flags(registry.entries[config.names[0]].kind, args)
+    app = create_front(registry, api_key=api_key, limits=limits_of(args), freeze_gc=True)
+    registry.load_pinned_now()
+    where = f"http://{args.host}:{args.port}/v1"
+    if one:
+        e = registry.entries[config.names[0]]
+        print(f"serving {e.name} ({e.runtime.backend_name}) on {where}", file=sys.stderr)
+    else:
+        logger.info(
+            "serving %s on %s (budget: %s; a model loads on its first request, pinned ones are loaded)",
+            ", ".join(config.names),
+            where,
+            budget_text(registry.budget),
+        )
+    return run_http(app, args)
+
+
+def refuse_engine_flags(kind: str, args: argparse.Namespace) -> None:
+    """Refuse ``--engine``/``--engines`` for one model that is not a chat model (known once its files are read).
+
+    Raises:
+        InvalidSettingsError: naming the flags and why.
+    """
     given = ["--" + name for name in ("engine", "engines") if _given(args, name)]
-    if spec.kind != "chat" and given:  # known once its files are read
+    if kind != "chat" and given:
         from ..errors import InvalidSettingsError
 
         raise InvalidSettingsError(
-            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not read with one {spec.kind} model: its "
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not read with one {kind} model: its "
             "batches run on a worker thread of the server, in no engine process; leave it out."
         )
-    runtime = LOADERS[spec.kind][1](spec, plan, engine=args.engine)  # embedding models run in this process
-    app = create_app(
-        runtime,
-        served_model_name=args.served_model_name,
-        api_key=api_key,
-        limits=limits_of(args),
-        on_shutdown=runtime.close,
-        freeze_gc=True,
-        chat_template=spec.chat_template,
-        tool_format=spec.tool_format,
-    )
-    where = f"http://{args.host}:{args.port}/v1"
-    print(f"serving {runtime.model.name} ({runtime.backend_name}) on {where}", file=sys.stderr)
-    return run_http(app, args)
-
-
-def serve_models(config: ServerModels, args: argparse.Namespace, api_key: str | None) -> int:
-    """Serve several models behind one endpoint (see the module docstring)."""
-    from .front import create_front
-    from .models import ModelRegistry, budget_text
-
-    logger.setLevel(logging.INFO)  # loads and unloads, and one line per request
-    registry = ModelRegistry(config)
-    app = create_front(registry, api_key=api_key, limits=limits_of(args), freeze_gc=True)
-    logger.info(
-        "serving %s on http://%s:%d/v1 (budget: %s; a model loads on its first request, pinned ones now)",
-        ", ".join(config.names),
-        args.host,
-        args.port,
-        budget_text(registry.budget),
-    )
-    return run_http(app, args)
 
 
 def _options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -301,9 +308,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.ray:
         from .ray.deployment import run_ray
 
-        return run_ray(config, args, key, alone=alone(args))
-    if alone(args):
-        return serve_one(config.models[0], args, key)
+        return run_ray(config, args, key)
     return serve_models(config, args, key)
 
 
@@ -316,5 +321,4 @@ __all__ = [
     "run_http",
     "serve_command",
     "serve_models",
-    "serve_one",
 ]

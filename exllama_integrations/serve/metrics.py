@@ -24,10 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
-
-router = APIRouter(tags=["server"])
+from fastapi.responses import Response
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 PER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
@@ -278,16 +275,4 @@ def exposition_response(families: Families) -> Response:
     return Response(families.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/metrics", include_in_schema=False)
-async def metrics(request: Request) -> Response:
-    """The server's metrics in Prometheus' text format."""
-    return exposition_response(request.app.state.serve.metrics.families)  # the app's ServeState (a floor above)
-
-
-@router.get("/v1/loads", include_in_schema=False)
-async def loads(request: Request) -> JSONResponse:
-    """SGLang's load report (requests running and waiting, KV-cache tokens used and held), which SMG reads."""
-    return JSONResponse(request.app.state.serve.metrics.families.loads())
-
-
-__all__ = ["Families", "Metrics", "exposition_response", "router"]
+__all__ = ["Families", "Metrics", "exposition_response"]

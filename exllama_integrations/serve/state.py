@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -81,8 +80,6 @@ class ServeState:
     created: int = 0
     """When the model was loaded (``/v1/models``'s ``created``)."""
     pending: int = 0
-    instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    """A random name of this server instance (which replica answered), never the pid or a host name."""
     metrics: Any = None
     """The server's Prometheus metrics (:class:`~.metrics.Metrics`), made with the state."""
 

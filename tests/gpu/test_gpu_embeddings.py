@@ -63,9 +63,9 @@ def test_yes_no_reranking_on_exllamav3_matches_the_oracle(tmp_path):
 
     path = with_yes_no(make_arch("qwen3", tmp_path / "qwen3-rerank", size="gpu", seed=12, device="cuda"))
     request = RerankRequest("where is the station", TEXTS)
-    with EmbeddingRuntime(path, "transformers", task="rerank", device="cuda", dtype="float32") as oracle:
+    with EmbeddingRuntime(path, "transformers", kind="rerank", device="cuda", dtype="float32") as oracle:
         want = oracle.rerank(request).hits
-    with EmbeddingRuntime(path, "exllamav3", task="rerank") as rt:
+    with EmbeddingRuntime(path, "exllamav3", kind="rerank") as rt:
         got = rt.rerank(request).hits
     by_index = {h.index: h.score for h in got}
     diff = max(abs(by_index[h.index] - h.score) for h in want)

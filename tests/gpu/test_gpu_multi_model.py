@@ -29,9 +29,9 @@ def smi_used_mib() -> int:
 
 def test_two_exllamav3_models_under_a_budget_that_holds_one(tmp_path_factory: pytest.TempPathFactory) -> None:
     from exllama_integrations import GenerationSettings
-    from exllama_integrations.serve.footprint import Footprint
-    from exllama_integrations.serve.model_config import ServerModels, model_spec
-    from exllama_integrations.serve.models import ModelRegistry
+    from exllama_integrations.serve.registry.config import ServerModels, model_spec
+    from exllama_integrations.serve.registry.footprint import Footprint
+    from exllama_integrations.serve.registry.models import ModelRegistry
 
     root = tmp_path_factory.mktemp("multi")
     dirs = [make_llama(root / "a", SMALL_GQA, seed=31), make_llama(root / "b", SMALL_MHA, seed=32)]

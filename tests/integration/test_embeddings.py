@@ -156,7 +156,7 @@ def test_a_chat_model_reranks_by_its_yes_no_logits(demo_dir):
     from exllama_integrations.runtime.local.embed_inputs import JUDGE
 
     docs = ["Paris is the capital of France.", "Bananas are yellow.", "The capital of France is Paris, on the Seine."]
-    with EmbeddingRuntime(demo_dir, task="rerank") as rt:
+    with EmbeddingRuntime(demo_dir, kind="rerank") as rt:
         assert rt.embedding_info().pooling == "yes_no"
         result = rt.rerank(RerankRequest("What is the capital of France?", docs, instruction="Answer the question"))
         yes, no = rt.tokenizer.token_to_id("yes"), rt.tokenizer.token_to_id("no")
@@ -183,3 +183,16 @@ def test_a_chat_model_reranks_by_its_yes_no_logits(demo_dir):
     got = {h.index: h.score for h in result.hits}
     assert np.allclose([got[i] for i in range(3)], want, atol=1e-4)
     assert [h.index for h in result.hits] == sorted(range(3), key=lambda i: -want[i])
+
+
+def test_task_is_the_old_name_of_kind_and_says_what_to_write(demo_dir):
+    said = r"EmbeddingRuntime\(task='rerank'\) is deprecated: write kind='rerank'"
+    with pytest.warns(DeprecationWarning, match=said):
+        old = EmbeddingRuntime(demo_dir, task="rerank")
+    with old, EmbeddingRuntime(demo_dir, kind="rerank") as new:
+        assert old.embedding_info() == new.embedding_info() and new.embedding_info().task == "rerank"
+    with pytest.raises(InvalidSettingsError, match="loads an 'embedding' or 'rerank' model") as e:
+        EmbeddingRuntime(demo_dir, kind="chat")
+    assert e.value.param == "kind"
+    with pytest.raises(InvalidSettingsError, match="give kind= alone"), pytest.warns(DeprecationWarning):
+        EmbeddingRuntime(demo_dir, kind="embedding", task="embed")

@@ -117,7 +117,7 @@ def _free_port() -> int:
 def test_an_unknown_tool_format_is_refused_at_start_with_the_names(capsys, tmp_path, hermes_dir):
     from exllama_integrations.cli import main
     from exllama_integrations.serve.app import create_app
-    from exllama_integrations.serve.ray.ingress import app_over
+    from exllama_integrations.serve.ray.ingress import front_over
 
     t0 = time.perf_counter()
     assert main(["serve", "--model-dir", str(tmp_path / "absent"), "--tool-format", "hermez"]) == 2
@@ -129,9 +129,10 @@ def test_an_unknown_tool_format_is_refused_at_start_with_the_names(capsys, tmp_p
         with pytest.raises(InvalidSettingsError, match="hermes"):
             create_app(rt, tool_format="hermez")
         with pytest.raises(InvalidSettingsError):
-            app_over(rt, {"tool_format": "hermez"}, freeze_gc=False)  # what each Ray ingress replica builds
+            front_over({"": rt}, {"models": {"": {"tool_format": "hermez"}}}, freeze_gc=False)  # each Ray ingress
         template = "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"
-        app = app_over(rt, {"tool_format": "mistral", "chat_template": template}, freeze_gc=False)
+        config = {"models": {"": {"tool_format": "mistral", "chat_template": template}}}
+        app = front_over({"": rt}, config, freeze_gc=False)
         assert app.state.serve.tool_format == "mistral" and app.state.serve.info.tool_format == "mistral"
         # serve --ray --chat-template: each ingress replica renders chats with the operator's template
         from fastapi.testclient import TestClient

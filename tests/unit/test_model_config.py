@@ -7,7 +7,7 @@ import json
 import pytest
 
 from exllama_integrations.errors import InvalidSettingsError
-from exllama_integrations.serve.model_config import parse_duration, parse_size, read_config
+from exllama_integrations.serve.registry.config import parse_duration, parse_size, read_config
 
 TOML = """
 gpu_memory = "20GiB"

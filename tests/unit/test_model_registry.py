@@ -19,11 +19,12 @@ from exllama_integrations.errors import (
     InvalidSettingsError,
     ModelNotFoundError,
     ModelUnavailableError,
+    UnsupportedTaskError,
 )
-from exllama_integrations.serve.footprint import Footprint
-from exllama_integrations.serve.model_config import KINDS, ServerModels, model_spec
-from exllama_integrations.serve.model_kinds import Plan
-from exllama_integrations.serve.models import ModelRegistry
+from exllama_integrations.serve.registry.config import KINDS, ServerModels, model_spec
+from exllama_integrations.serve.registry.footprint import Footprint
+from exllama_integrations.serve.registry.kinds import Plan
+from exllama_integrations.serve.registry.models import ModelRegistry
 
 GIB = 2**30
 
@@ -217,8 +218,9 @@ def test_refusals_before_anything_loads():
         reg.entry("nope")
     assert type(missing.value).status == 404
     assert reg.entry(None).name == "a", "a request that names no model gets the first"
-    with pytest.raises(InvalidSettingsError, match="serves chat models; 'e' is of kind 'embedding'"):
-        reg.check_kind(reg.entry("e"), "/v1/chat/completions")
+    with pytest.raises(UnsupportedTaskError, match="serves chat models; 'e' is of kind 'embedding'") as wrong:
+        reg.check_kind(reg.entry("e"), "/v1/chat/completions")  # the error a model alone raises when asked to chat
+    assert type(wrong.value).status == 400 and "send it to /v1/embeddings" in str(wrong.value)
     assert loader.loads == []
 
 

@@ -106,8 +106,8 @@ def test_a_pipeline_module_not_computed_here_is_refused_by_name(tmp_path, minilm
 def test_serve_finds_what_a_directory_is_for(minilm_dir, demo_dir, tmp_path):
     import shutil
 
-    from exllama_integrations.serve.model_config import ModelSpec
-    from exllama_integrations.serve.model_kinds import kind_of
+    from exllama_integrations.serve.registry.config import ModelSpec
+    from exllama_integrations.serve.registry.kinds import kind_of
 
     def task_of(path: str) -> str:  # what serve finds a directory is for: its kind
         return kind_of(ModelSpec("m", path))

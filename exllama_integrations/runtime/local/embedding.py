@@ -37,7 +37,7 @@ from ...contract.settings import GenerationSettings
 from ...errors import InvalidSettingsError, RuntimeClosedError, UnsupportedTaskError
 from ...model.directory import ModelDirectory
 from ...model.hub import resolve_model_dir
-from ...model.pooling import read_pooling
+from ...model.pooling import KIND_OF_TASK, read_pooling, task_of
 from ...model.tokenizer import NativeTokenizer
 from ..base import RuntimeBase
 from .embed_inputs import InputEncoder, check
@@ -103,6 +103,7 @@ class EmbeddingRuntime(RuntimeBase):
         model_dir: str | os.PathLike[str],
         backend: str = "auto",
         *,
+        kind: str | None = None,
         task: str | None = None,
         max_seq_len: int | None = None,
         dtype: str | None = None,
@@ -110,7 +111,9 @@ class EmbeddingRuntime(RuntimeBase):
         plan: PoolingPlan | None = None,
         **backend_options: Any,
     ) -> None:
-        """Load ``model_dir`` to embed or rerank (``task``: found from its files unless given).
+        """Load ``model_dir`` to embed or rerank (``kind``: ``"embedding"`` or ``"rerank"``; else its files say).
+
+        ``task=`` is ``kind``'s old, deprecated name (``"embed"``, ``"rerank"``).
 
         ``max_seq_len``: read at most this many tokens of an input (default: the model's limit).
         ``plan``: the load resolved already (:func:`plan_pooling`, a server's plan): loaded as it is, the directory
@@ -120,8 +123,9 @@ class EmbeddingRuntime(RuntimeBase):
             UnsupportedTaskError: the directory holds a text-generation model and no task was given.
             ModelLoadError: the directory cannot be loaded (nothing stays loaded).
             MissingDependencyError / BackendUnavailableError: the backend cannot run here.
-            InvalidSettingsError: an unknown or invalid load option.
+            InvalidSettingsError: an unknown or invalid load option, or ``kind``.
         """
+        task = task_of(kind, task)
         if plan is not None:
             if backend_options or max_seq_len or dtype or device:
                 raise InvalidSettingsError("a runtime loaded from a plan takes the plan's load options, not others.")
@@ -160,15 +164,22 @@ class EmbeddingRuntime(RuntimeBase):
 
     @classmethod
     def shared(
-        cls, model_dir: str | os.PathLike[str], backend: str = "auto", *, task: str | None = None, **options: Any
+        cls,
+        model_dir: str | os.PathLike[str],
+        backend: str = "auto",
+        *,
+        kind: str | None = None,
+        task: str | None = None,
+        **options: Any,
     ) -> EmbeddingRuntime:
-        """The loaded runtime for this directory, backend, task and options, loading it on first use."""
+        """The loaded runtime for this directory, backend, kind and options, loading it on first use."""
+        task = task_of(kind, task)
         values = {k: v for k, v in options.items() if k != "max_seq_len"}
         model, pooling, backend_cls, resolved = plan_pooling(model_dir, backend, task, values)
         key = (str(model.path), backend_cls.name, pooling.task, resolved.key(), options.get("max_seq_len"))
 
         def load() -> EmbeddingRuntime:
-            rt = cls(model.path, backend_cls.name, task=pooling.task, **options)
+            rt = cls(model.path, backend_cls.name, kind=KIND_OF_TASK[pooling.task], **options)
             rt._key = key
             return rt
 
@@ -377,7 +388,7 @@ class EmbeddingRuntime(RuntimeBase):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "loaded"
-        return f"EmbeddingRuntime({str(self.model.path)!r}, task={self.pooling.task!r}, {state})"
+        return f"EmbeddingRuntime({str(self.model.path)!r}, kind={KIND_OF_TASK[self.pooling.task]!r}, {state})"
 
 
 __all__ = ["EmbeddingRuntime"]

@@ -174,3 +174,12 @@ def plan_serving(
     model = model or ModelDirectory.inspect(resolve_model_dir(model_dir))
     backend_cls = resolve_backend(backend, model)
     return LoadPlan(model, backend_cls, options_for(backend_cls, serving_options(backend_cls, options, gpu_share)))
+
+
+def engine_choice(engine: str, engines: int) -> tuple[str, int]:
+    """``engine`` and ``engines`` checked (``engines`` > 1 means engine processes)."""
+    if engine not in ("thread", "process"):
+        raise InvalidSettingsError(f"engine must be 'thread' or 'process', got {engine!r}.")
+    if not isinstance(engines, int) or isinstance(engines, bool) or not 1 <= engines <= 64:
+        raise InvalidSettingsError(f"engines must be an integer from 1 to 64, got {engines!r}.")
+    return ("process" if engines > 1 else engine), engines

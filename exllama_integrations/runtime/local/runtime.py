@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import queue
@@ -11,23 +10,19 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ...backends import BackendRequest
-from ...chat.formats import find_format, response_template_of, template_details
-from ...chat.reasoning import find_reasoning
 from ...contract.api import GenerationRequest, ModelInfo, StreamChunk
 from ...contract.settings import GenerationSettings
-from ...errors import InvalidSettingsError, MediaError, RuntimeClosedError
+from ...errors import RuntimeClosedError
 from ...model.directory import ModelDirectory
-from ...model.grammar_worker import GrammarCompiler
-from ...model.media import MediaLimits, image_key, open_images
+from ...model.media import MediaLimits
 from ...model.tokenizer import NativeTokenizer
-from ..base import RuntimeBase, check_request
-from .prompt import fit_to_context, prompt_ids
-from .reasoning import ReasoningControl
-from .registry import LoadPlan, Registry, close_at_exit, plan_load
+from ..base import RuntimeBase
+from .facts import model_facts
+from .registry import LoadPlan, Registry, close_at_exit, engine_choice, plan_load
+from .requests import RequestMaker
 from .run import LocalStream, Run, aiter_run, async_queue
 
 if TYPE_CHECKING:
@@ -40,15 +35,6 @@ _registry: Registry[ExLlamaRuntime] = Registry(lambda rt: not rt.closed)
 INLINE_PROMPT_CHARS = 8192
 """Prompts up to this long are tokenized on the event loop by ``aopen`` (about a millisecond of work, less
 than a hand-off to a thread costs once a decoding thread keeps the GIL busy)."""
-
-
-def _engine_choice(engine: str, engines: int) -> tuple[str, int]:
-    """``engine`` and ``engines`` checked (``engines`` > 1 means engine processes)."""
-    if engine not in ("thread", "process"):
-        raise InvalidSettingsError(f"engine must be 'thread' or 'process', got {engine!r}.")
-    if not isinstance(engines, int) or isinstance(engines, bool) or not 1 <= engines <= 64:
-        raise InvalidSettingsError(f"engines must be an integer from 1 to 64, got {engines!r}.")
-    return ("process" if engines > 1 else engine), engines
 
 
 class ExLlamaRuntime(RuntimeBase):
@@ -108,7 +94,7 @@ class ExLlamaRuntime(RuntimeBase):
         self._refused = dict(backend_cls.unsupported_settings)
         self.media_limits = MediaLimits()
         """Bounds on a request's images (bytes, pixels, count), checked before any is decoded."""
-        engine, engines = _engine_choice(engine, engines)
+        engine, engines = engine_choice(engine, engines)
         self.engine = engine
         """Where the backend's driver runs: ``thread`` (this process) or ``process`` (engine processes)."""
         t0 = time.perf_counter()
@@ -126,8 +112,7 @@ class ExLlamaRuntime(RuntimeBase):
         self._lock = threading.Lock()
         self._active: set[BackendRequest] = set()
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="exllama-aio")
-        self._grammars = GrammarCompiler(self.tokenizer)
-        self._piece = lru_cache(maxsize=1 << 16)(self._token_text)
+        self._requests = RequestMaker(model, self.tokenizer, self.backend_name, self.rendered_prompt)
         try:
             self._info = self._model_info()
         except BaseException:
@@ -159,7 +144,7 @@ class ExLlamaRuntime(RuntimeBase):
         LlamaIndex LLM on one directory load the weights once.
         """
         model, backend_cls, options = plan_load(model_dir, backend, max_seq_len, dtype, device, backend_options)
-        engine, engines = _engine_choice(engine, engines)
+        engine, engines = engine_choice(engine, engines)
         settings_key = (settings or GenerationSettings()).model_dump_json()
         key = (str(model.path), backend_cls.name, options.key(), settings_key, engine, engines)
 
@@ -218,7 +203,7 @@ class ExLlamaRuntime(RuntimeBase):
         if backend is not None:
             backend.close()
         self._executor.shutdown(wait=False)
-        self._grammars.close()
+        self._requests.close()
         logger.info("closed %s (%s)", self.model.name, self.backend_name)
 
     def __enter__(self) -> ExLlamaRuntime:
@@ -235,28 +220,7 @@ class ExLlamaRuntime(RuntimeBase):
 
     def _model_info(self) -> ModelInfo:
         backend = self._require_backend()
-        template = self.tokenizer.chat_template
-        return ModelInfo(
-            name=self.model.name,
-            backend=self.backend_name,
-            context_length=backend.context_length,
-            vocab_size=self.tokenizer.vocab_size,
-            eos_token_ids=tuple(self.tokenizer.eos_token_ids),
-            bos_token_id=self.tokenizer.bos_token_id,
-            has_chat_template=template is not None,
-            renders_tools="tools" in (template or ""),
-            tool_format=find_format(template).name,
-            max_batch_size=backend.max_batch_size,
-            unsupported_settings=self._refused,
-            reasoning=find_reasoning(template),
-            accepts_images=backend.vision is None,
-            details={
-                "model_dir": str(self.model.path),
-                "load_seconds": round(self.load_seconds, 3),
-                **template_details(response_template_of(self.model.tokenizer_config)),  # the model's own call parser
-                **backend.info(),
-            },
-        )
+        return model_facts(self.model, self.tokenizer, backend, self.backend_name, self.load_seconds, self._refused)
 
     def model_info(self) -> ModelInfo:
         """Facts about the loaded model (name, backend, context, tokens, template, reasoning, batching, refusals)."""
@@ -302,68 +266,11 @@ class ExLlamaRuntime(RuntimeBase):
             )
         return backend
 
-    # ----------------------------------------------------------------- tokens and templates
-
-    def _token_text(self, tid: int) -> str:
-        return self.tokenizer.decode([tid], skip_special_tokens=False)
-
     # ----------------------------------------------------------------- requests
 
-    def _shown(self, request: GenerationRequest) -> dict[int, str]:
-        """The special tokens a request shows as text (a family's tool-call markup), by id."""
-        out = {}
-        for text in request.show_tokens:
-            tid = self.tokenizer.token_to_id(text)
-            if tid is not None and tid in self.tokenizer.special_ids:
-                out[tid] = text
-        return out
-
     def _prepare(self, request: GenerationRequest, put: Any) -> tuple[Run, BackendRequest]:
-        """Check and tokenize one request (raising typed errors before anything runs)."""
-        backend = self._require_backend()
-        check_request(request, self._info)
-        s = request.settings
-        ids, embeddings = self._prompt(backend, request)
-        s_fit = s.model_copy(update={"truncate_prompt": False}) if request.media else s  # an image is never cut
-        ids, max_new = fit_to_context(ids, s_fit, backend.context_length)
-        matcher = self._grammars.compile(request.grammar).matcher() if request.grammar is not None else None
-        control = None
-        if request.reasoning is not None:
-            r = request.reasoning
-            if s.max_reasoning_tokens is not None and r.budget is None:
-                r = dataclasses.replace(r, budget=s.max_reasoning_tokens)
-            end_ids = self.tokenizer.encode(r.end, add_special_tokens=False)
-            if not end_ids:
-                raise InvalidSettingsError(f"the reasoning end delimiter {r.end!r} encodes to no tokens.")
-            control = ReasoningControl(r, self._piece, end_ids)
-        stop_ids = frozenset(s.stop_token_ids) | (
-            frozenset() if s.ignore_eos else frozenset(self.tokenizer.eos_token_ids)
-        )
-        run = Run(self.tokenizer, s, ids, stop_ids, matcher, self.backend_name, control, self._shown(request))
-        backend_request = BackendRequest(
-            ids,
-            s,
-            max_new,
-            stop_ids,
-            run.emit_to(put, request.incremental),
-            constraint=matcher,
-            steering=control,
-            embeddings=embeddings,
-            grammar=request.grammar,
-        )
-        return run, backend_request
-
-    def _prompt(self, backend: Backend, request: GenerationRequest) -> tuple[list[int], Any]:
-        """The ids the model reads (each image as its tokens, in its place) and the backend's embeddings."""
-        prompt, add_special = self.rendered_prompt(request)
-        if not request.media:
-            return prompt_ids(self.tokenizer, prompt, add_special), None
-        if backend.vision is not None:
-            raise MediaError(f"{self.model.name!r} takes no images: {backend.vision}; send text only.")
-        if not isinstance(prompt, str):
-            raise MediaError("a request with images needs its prompt as text or messages (the images' places).")
-        images = open_images(request.media, self.media_limits)
-        return backend.encode_media(prompt, images, add_special, [image_key(m) for m in request.media])
+        """Check and tokenize one request (raising typed errors before anything runs): :mod:`.requests`."""
+        return self._requests.prepare(self._require_backend(), self._info, request, put, self.media_limits)
 
     def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
         """The token ids the model reads for ``request``, each image counted as the tokens it is read as.
@@ -374,7 +281,7 @@ class ExLlamaRuntime(RuntimeBase):
         Raises:
             MediaError: images the model does not take, or cannot read.
         """
-        return list(self._prompt(self._require_backend(), request)[0])
+        return list(self._requests.prompt(self._require_backend(), request, self.media_limits)[0])
 
     def expect(self, n: int) -> None:
         """``n`` requests of one batch are about to arrive one by one (see :meth:`RuntimeBase.expect`)."""

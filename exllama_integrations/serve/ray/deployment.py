@@ -119,16 +119,14 @@ def build_app(args: dict[str, Any]) -> Any:
     """
     serve = ray_serve()
     if args.get("models"):
-        return _build_models(serve, args)
+        return _build_models(serve, args, list(args["models"]))
     if not args.get("model_dir"):
         from ...errors import InvalidSettingsError
 
         raise InvalidSettingsError("build_app needs model_dir (a model directory or Hub id), or models (a list).")
-    model, config = _model(serve, args, "ExLlamaModel")
-    from .ingress import ExLlamaIngress
-
-    ingress = serve.deployment(serve.ingress()(ExLlamaIngress), **_ingress_options(args))
-    return ingress.bind(model, {**config, **_server_keys(args)})
+    keys = ("served_model_name", "api_key", "limits", "models", "ingress_replicas")
+    one = {k: v for k, v in args.items() if k not in keys}
+    return _build_models(serve, args, [{**one, "name": args.get("served_model_name") or ""}])  # "": its own name
 
 
 def _model(serve: Any, args: dict[str, Any], name: str) -> tuple[Any, dict[str, Any]]:
@@ -188,13 +186,17 @@ def _ingress_options(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _build_models(serve: Any, args: dict[str, Any]) -> Any:
-    """Several models: a deployment each (``ExLlamaModel-<i>``) behind one ingress that routes by ``model``."""
+def _build_models(serve: Any, args: dict[str, Any], entries: list[dict[str, Any]]) -> Any:
+    """A deployment each (``ExLlamaModel``, or ``ExLlamaModel-<i>`` for several) behind the one ingress.
+
+    An entry named "" is served under the model's own name (``build_app(model_dir=...)`` without
+    ``served_model_name``).
+    """
     from ...errors import InvalidSettingsError
-    from .ingress import ExLlamaModelsIngress
+    from .ingress import ExLlamaIngress
 
     handles, configs = {}, {}
-    for i, entry in enumerate(args["models"]):
+    for i, entry in enumerate(entries):
         entry = dict(entry)
         if not entry.get("model_dir"):
             raise InvalidSettingsError(f"models[{i}] needs model_dir (a model directory or Hub id).")
@@ -203,19 +205,21 @@ def _build_models(serve: Any, args: dict[str, Any]) -> Any:
                 f"models[{i}] is of kind {entry['kind']!r}: Ray's deployments serve chat models here; serve an "
                 "embedding or rerank model with `exllama-integrations serve`."
             )
-        name = str(entry.get("name") or os.path.basename(str(entry["model_dir"]).rstrip("/")))
+        name = entry.get("name")
+        name = str(os.path.basename(str(entry["model_dir"]).rstrip("/")) if name is None else name)
         if name in handles:
             raise InvalidSettingsError(f"two models are named {name!r}; give each its own 'name'.")
         for key in ("num_gpus", "num_cpus"):  # the app's, unless the entry sets its own
             if entry.get(key) is None and args.get(key) is not None:
                 entry[key] = args[key]
-        handles[name], configs[name] = _model(serve, entry, f"ExLlamaModel-{i}")
-    ingress = serve.deployment(serve.ingress()(ExLlamaModelsIngress), **_ingress_options(args))
+        deployment = "ExLlamaModel" if len(entries) == 1 else f"ExLlamaModel-{i}"
+        handles[name], configs[name] = _model(serve, entry, deployment)
+    ingress = serve.deployment(serve.ingress()(ExLlamaIngress), **_ingress_options(args))
     return ingress.bind(handles, {"models": configs, **_server_keys(args)})
 
 
 def ray_entry(spec: Any, replicas: int) -> dict[str, Any]:
-    """A served model (a :class:`~..model_config.ModelSpec`) as ``build_app`` takes it (its ``models`` entries)."""
+    """A served model (a :class:`~..registry.config.ModelSpec`) as ``build_app`` takes it (its ``models`` entries)."""
     return {
         "name": spec.name,
         "model_dir": spec.model_dir,
@@ -228,23 +232,23 @@ def ray_entry(spec: Any, replicas: int) -> dict[str, Any]:
     }
 
 
-def run_ray(config: Any, args: Any, api_key: str | None, alone: bool) -> int:
-    """``serve --ray``: the models ``serve`` would serve (a :class:`~..model_config.ServerModels`) as Ray deployments.
+def run_ray(config: Any, args: Any, api_key: str | None) -> int:
+    """``serve --ray``: what ``serve`` would serve (a :class:`~..registry.config.ServerModels`) as Ray deployments.
 
-    One model ``alone`` is one deployment behind the ingress of one model (``build_app(model_dir=...)``); several (or a
-    config file) a deployment each behind one ingress (``build_app(models=[...])``). Each model's replicas stay loaded
-    (Ray places them by their ``num_gpus``; scaling is Ray's ``autoscaling_config``). Ray is started (or joined) here,
+    One model or several, each a deployment behind the one ingress, the app of ``serve`` over them: a model served
+    alone as ``build_app(model_dir=...)`` (its name ``--served-model-name``, else the model's own, as without
+    ``--ray``), several (or a config file) as ``build_app(models=[...])``. Each model's replicas stay loaded (Ray
+    places them by their ``num_gpus``; scaling is Ray's ``autoscaling_config``). Ray is started (or joined) here,
     serving on the flags' host and port until interrupted.
     """
     common = {"num_gpus": args.num_gpus, "api_key": api_key, "limits": limits_of_flags(args)}
     entries = [ray_entry(m, args.replicas) for m in config.models]
-    if alone:
+    what = f"{', '.join(config.names)} on {args.replicas} Ray replica(s) each"
+    if len(entries) == 1 and not args.config:
         (entry,) = entries
-        app_args = {**entry, "served_model_name": args.served_model_name, **common}
-        del app_args["name"]
-        return _run(app_args, args.host, args.port, f"{entry['model_dir']} on {args.replicas} Ray replica(s)")
-    app_args = {"models": entries, **common}
-    return _run(app_args, args.host, args.port, f"{', '.join(config.names)} as Ray deployments")
+        del entry["name"]
+        return _run({**entry, "served_model_name": args.served_model_name, **common}, args.host, args.port, what)
+    return _run({"models": entries, **common}, args.host, args.port, what)
 
 
 def limits_of_flags(args: Any) -> dict[str, Any]:

@@ -138,74 +138,58 @@ class _HandleStream:
 
 
 class ExLlamaIngress:
-    """The ingress deployment: the same OpenAI app as ``exllama-integrations serve``, over the model replicas."""
+    """The ingress deployment: the front of ``exllama-integrations serve`` (:mod:`..app`) over the model deployments.
 
-    async def __init__(self, model: Any, config: dict[str, Any]) -> None:  # type: ignore[misc]
-        """Read the model's facts and tokenizer from a replica (Ray runs an async constructor on the replica's loop)."""
-        bind_replica_grpc_to_node_address()
-        self.config = config
-        self.runtime = HandleRuntime(model, await model.info.remote(), await model.tokenizer_files.remote())
-
-    def __serve_build_asgi_app__(self) -> Any:
-        """The OpenAI-compatible app over the model replicas."""
-        return app_over(self.runtime, self.config, freeze_gc=True)
-
-
-class ExLlamaModelsIngress:
-    """The ingress of several models: the front of a server of several models (:mod:`..front`), each model a deployment.
-
-    Every model is leased through the same registry as ``exllama-integrations serve DIR DIR ...``, pinned: its
-    replicas are Ray's to place and scale, so the ingress never unloads one.
+    One model or several, each a deployment reached through its handle, served from the same registry as ``serve DIR
+    ...``, pinned: its replicas are Ray's to place and scale, so the ingress never unloads one.
     """
 
     async def __init__(self, models: dict[str, Any], config: dict[str, Any]) -> None:  # type: ignore[misc]
-        """Keep each model's handle; each model's facts and tokenizer are read as the app starts."""
+        """Read each model's facts and tokenizer from a replica (Ray runs an async constructor on the replica's loop).
+
+        ``models``: each model's deployment handle by its served name ("": the model's own name).
+        """
         bind_replica_grpc_to_node_address()
-        self.models, self.config = models, config
+        self.config = config
+        self.runtimes = {
+            name: HandleRuntime(handle, await handle.info.remote(), await handle.tokenizer_files.remote())
+            for name, handle in models.items()
+        }
 
     def __serve_build_asgi_app__(self) -> Any:
-        """The front of several models over the model deployments."""
-        return front_over(self.models, self.config, freeze_gc=True)
+        """The front over the model deployments."""
+        return front_over(self.runtimes, self.config, freeze_gc=True)
 
 
-def front_over(handles: dict[str, Any], c: dict[str, Any], freeze_gc: bool) -> Any:
-    """The front of several models, each a :class:`HandleRuntime` over its deployment's handle."""
-    from ..footprint import Footprint
-    from ..front import create_front
-    from ..model_config import KINDS, ModelSpec, ServerModels
-    from ..model_kinds import Plan
-    from ..models import ModelRegistry
+def front_over(runtimes: dict[str, Any], c: dict[str, Any], freeze_gc: bool) -> Any:
+    """The front of ``serve`` over loaded runtimes by served name ("": the model's own), with the configured options.
 
-    specs = tuple(
-        ModelSpec(
-            name,
-            str(m.get("model_dir") or name),
-            pinned=True,
-            kind=str(m.get("kind") or "chat"),
-            chat_template=m.get("chat_template"),
-            tool_format=m.get("tool_format"),
-        )
-        for name, m in c["models"].items()
-    )
+    ``c``: ``models`` (each model's ``model_dir``, ``tool_format`` and ``chat_template`` by the same name),
+    ``api_key`` and ``limits``. What each Ray ingress replica builds, over :class:`HandleRuntime` s.
 
-    def plan(spec: ModelSpec, model: Any = None) -> Plan:
-        return Plan(None, "ray", None, Footprint(), 0)
+    Raises:
+        InvalidSettingsError: a ``tool_format`` that names no format (before anything is served).
+    """
+    from ...chat.formats import find_format
+    from ..app import create_front
+    from ..registry.models import ModelRegistry
 
-    def load(spec: ModelSpec, plan: Plan) -> HandleRuntime:  # on a worker thread: blocking calls are allowed
-        handle = handles[spec.name]
-        return HandleRuntime(handle, handle.info.remote().result(), handle.tokenizer_files.remote().result())
-
-    registry = ModelRegistry(
-        ServerModels(specs, gpu_memory=0, ram=0, keep_alive=-1.0),
-        budget=Footprint(),
-        loaders={kind: (plan, load) for kind in KINDS},
-    )
-    return create_front(registry, api_key=c.get("api_key"), limits=limits_from(c), freeze_gc=freeze_gc)
+    models = []
+    for name, runtime in runtimes.items():
+        m = c["models"][name]
+        if m.get("tool_format") is not None:
+            find_format(None, m["tool_format"])  # refused before any runtime is taken
+        entry = {k: m.get(k) for k in ("chat_template", "tool_format")}
+        models.append((runtime, name or None, {**entry, "model_dir": str(m.get("model_dir") or name)}))
+    registry = ModelRegistry.of_loaded(*models, keep_open=False)
+    app = create_front(registry, api_key=c.get("api_key"), limits=limits_from(c), freeze_gc=freeze_gc)
+    registry.load_pinned_now()  # the runtimes are there: each model's app made now, a bad tool_format refused
+    return app
 
 
 def limits_from(c: dict[str, Any]) -> Any:
     """The server limits of an app's configuration (``limits``)."""
-    from ..app import ServeLimits
+    from ..state import ServeLimits
 
     given = {k: v for k, v in (c.get("limits") or {}).items() if v is not None}
     allow = tuple(given.pop("image_url_allow", None) or ())  # hosts and networks a fetch may reach though not global
@@ -214,19 +198,3 @@ def limits_from(c: dict[str, Any]) -> Any:
 
         given["media"] = MediaLimits(fetch_urls=True, fetch_allow=allow)
     return ServeLimits(**given)
-
-
-def app_over(runtime: Any, c: dict[str, Any], freeze_gc: bool) -> Any:
-    """The same HTTP app as ``exllama-integrations serve``, over ``runtime``, with the configured options."""
-    from ..app import create_app
-
-    return create_app(
-        runtime,
-        served_model_name=c.get("served_model_name"),
-        api_key=c.get("api_key"),
-        limits=limits_from(c),
-        on_shutdown=runtime.close,
-        freeze_gc=freeze_gc,
-        tool_format=c.get("tool_format"),
-        chat_template=c.get("chat_template"),
-    )

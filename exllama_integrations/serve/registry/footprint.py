@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..backends.base import BackendOptions
-    from ..model.directory import ModelDirectory
+    from ...backends.base import BackendOptions
+    from ...model.directory import ModelDirectory
 
 PROCESS_RAM = 512 * 2**20
 """An engine process before its weights: Python, torch, transformers and the backend (measured on the CPU backend with

@@ -1,6 +1,6 @@
 """Several models behind one server: a registry that loads each on its first request, within a memory budget.
 
-Each model (a :class:`~.model_config.ModelSpec`) is ``unloaded``, ``loading``, ``loaded`` or ``unloading``; pinned
+Each model (a :class:`~.config.ModelSpec`) is ``unloaded``, ``loading``, ``loaded`` or ``unloading``; pinned
 ones load when the server starts and stay. A request takes a :class:`Lease` on its model (:meth:`ModelRegistry.acquire`)
 and gives it back when its response has ended: a model with a lease is never unloaded. A model that is not loaded
 loads for the request that needs it (the request waits; the load's progress goes to the log), in a worker thread,
@@ -13,7 +13,7 @@ leaves nothing loaded and fails its requests with the same error, its cause in t
 the model's, else the server's); 0 unloads it as soon as its last request has ended, a negative value never. Every
 decision is taken on the event loop, so there are no locks; loads and unloads run in threads.
 
-What each kind of model loads as, and which endpoints need which kind, is :mod:`.model_kinds`.
+What each kind of model loads as, and which endpoints need which kind, is :mod:`.kinds`.
 """
 
 from __future__ import annotations
@@ -22,64 +22,25 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ExLlamaIntegrationsError, InvalidSettingsError, ModelNotFoundError, ModelUnavailableError
+from ...errors import (
+    ExLlamaIntegrationsError,
+    InvalidSettingsError,
+    ModelNotFoundError,
+    ModelUnavailableError,
+    UnsupportedTaskError,
+)
+from ..metrics import Families
+from .config import ModelSpec, ServerModels
+from .entry import Entry, metrics_of
 from .footprint import Footprint, default_budget, gib, measure
-from .metrics import Families, Metrics
-from .model_config import ModelSpec, ServerModels
-from .model_kinds import ENDPOINT_KINDS, LOADERS, Loader, Plan, Planner, planned
+from .kinds import ENDPOINT_KINDS, KIND_OF_TASK, LOADERS, Loader, Plan, Planner, planned
 
 logger = logging.getLogger("exllama_integrations.serve")
 
 PROGRESS_EVERY = 10.0
 """Seconds between log lines while a model loads."""
-
-
-@dataclass(eq=False)
-class Entry:
-    """One served model and what the registry knows of it."""
-
-    spec: ModelSpec
-    plan: Plan
-    metrics: Metrics | None = None
-    state: str = "unloaded"
-    runtime: Any = None
-    app: Any = None
-    leases: int = 0
-    """Requests holding it: waiting for its load, or in flight."""
-    last_used: float = 0.0
-    measured: Footprint | None = None
-    error: str | None = None
-    """Why its last load failed (None once one succeeds)."""
-    expires: float | None = None
-    """When (``time.monotonic()``) it is unloaded for idleness, if no request comes first."""
-    busy: asyncio.Future[None] | None = None
-    """Its load or unload in progress."""
-    timer: asyncio.TimerHandle | None = None
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def kind(self) -> str:
-        """What it serves (its entry's kind, or what its files say)."""
-        return self.spec.kind or "chat"
-
-    @property
-    def held(self) -> Footprint:
-        """The memory counted for it: its entry's own figures, else the larger of the estimate and the measurement."""
-        counted = self.plan.estimate if self.measured is None else self.plan.estimate.larger(self.measured)
-        return Footprint(
-            counted.gpu if self.spec.gpu_memory is None else self.spec.gpu_memory,
-            counted.ram if self.spec.ram is None else self.spec.ram,
-        )
-
-    def server_state(self) -> Any:
-        """The loaded model's server state (its app's), or None."""
-        return None if self.app is None else self.app.state.serve
 
 
 class Lease:
@@ -137,7 +98,7 @@ class ModelRegistry:
                     f"model {spec.name!r} needs about {entry.held.describe()}, more than the whole budget "
                     f"({budget.describe()}); raise the budget (gpu_memory, ram) or give the model less context."
                 )
-            entry.metrics = self._metrics(entry)
+            entry.metrics = metrics_of(entry, self.families)
             self.entries[spec.name] = entry
         pinned = sum((e.held for e in self.entries.values() if e.spec.pinned), Footprint())
         if not pinned.within(budget):
@@ -146,35 +107,65 @@ class ModelRegistry:
                 f"({budget.describe()})."
             )
 
-    def _metrics(self, e: Entry) -> Metrics:
-        def healthy() -> int:
-            if e.state != "loaded":
-                return 0 if e.error else 1
-            check = getattr(e.runtime, "health", None)
-            return 0 if callable(check) and check() is not None else 1
+    @classmethod
+    def of_loaded(cls, *models: tuple[Any, str | None, Mapping[str, Any]], keep_open: bool = True) -> ModelRegistry:
+        """A registry of models loaded already, each ``(runtime, name, entry)``, pinned.
 
-        def running() -> int:
-            state = e.server_state()
-            return 0 if state is None else min(int(state.running()), e.leases)
+        What ``create_app(runtime)`` serves, and Ray's ingress over its deployments.
+        ``name``: the served name (None: the model's own); ``entry``: its other :class:`~.config.ModelSpec`
+        keys (``chat_template``, ``tool_format``, ``model_dir``). Each kind is what its runtime says it does.
+        ``keep_open``: the caller closes the runtimes (the registry never does).
+        """
+        specs, runtimes = [], {}
+        for runtime, name, entry in models:
+            info = runtime.model_info()
+            kind = KIND_OF_TASK.get(str(info.details.get("task") or "generate"), "chat")
+            keys = {"model_dir": info.name, **entry}
+            spec = ModelSpec(name or info.name, kind=kind, pinned=True, **keys)
+            specs.append(spec)
+            runtimes[spec.name] = (runtime, Plan(None, info.backend, None, Footprint(), info.context_length))
 
-        def cache_use() -> tuple[int, int]:
-            state = e.server_state()
-            return (0, 0) if state is None else state.cache_use()  # type: ignore[no-any-return]
+        def plan(spec: ModelSpec, model: Any = None) -> Plan:
+            return runtimes[spec.name][1]
 
-        def restarts() -> int:
-            state = e.server_state()
-            return 0 if state is None else state._restarts()  # type: ignore[no-any-return]
+        def load(spec: ModelSpec, plan: Plan) -> Any:
+            return runtimes[spec.name][0]
 
-        return Metrics(
-            e.name,
-            lambda: e.leases,
-            healthy,
-            restarts,
-            running=running,
-            cache_use=cache_use,
-            loaded=lambda: int(e.state == "loaded"),
-            families=self.families,
+        registry = cls(
+            ServerModels(tuple(specs), gpu_memory=0, ram=0, keep_alive=-1.0),
+            budget=Footprint(),
+            loaders={kind: (plan, load) for kind in {s.kind or "chat" for s in specs}},
         )
+        for e in registry.entries.values():
+            e.keep_open = keep_open
+        return registry
+
+    def load_pinned_now(self) -> None:
+        """Load the pinned models here, one after another, before a server's loop runs.
+
+        ``serve`` does, so that a model that does not load stops it with its own typed error before it listens.
+
+        Raises:
+            the load's own errors (ModelLoadError, BackendUnavailableError ...).
+        """
+        for e in self.entries.values():
+            if e.spec.pinned and e.state == "unloaded":
+                runtime = self.loaders[e.kind][1](e.spec, e.plan)
+                self._loaded(e, runtime, *self._served(e, runtime))
+
+    def _served(self, e: Entry, runtime: Any) -> tuple[Any, Footprint | None]:
+        """A loaded runtime's app and the memory it holds (closed again if either fails); off the event loop."""
+        try:
+            return (None if self.app_for is None else self.app_for(e, runtime)), _measured(runtime)
+        except BaseException:
+            if not e.keep_open:
+                runtime.close()
+            raise
+
+    @staticmethod
+    def _loaded(e: Entry, runtime: Any, app: Any, measured: Footprint | None) -> None:
+        e.runtime, e.app, e.measured, e.error, e.state = runtime, app, measured, None, "loaded"
+        e.last_used = time.monotonic()
 
     # ----------------------------------------------------------------- requests
 
@@ -184,27 +175,32 @@ class ModelRegistry:
         return self.config.models[0].name
 
     def entry(self, name: str | None) -> Entry:
-        """The entry of ``name`` (None: the default model).
+        """The entry of ``name`` (None: the default model; a loaded model also answers to its own name).
 
         Raises:
             ModelNotFoundError: (404) naming the models served.
         """
         e = self.entries.get(self.default if name is None else name)
         if e is None:
+            e = next((x for x in self.entries.values() if x.answers_to(str(name))), None)
+        if e is None:
             names = ", ".join(repr(n) for n in self.entries)
-            raise ModelNotFoundError(f"model {name!r} is not served here; this server serves {names}.")
+            missing = ModelNotFoundError(f"model {name!r} is not served here; this server serves {names}.")
+            missing.param = "model"
+            raise missing
         return e
 
     def check_kind(self, e: Entry, path: str) -> None:
         """Refuse a request for an endpoint that ``e``'s kind does not serve (before it loads).
 
         Raises:
-            InvalidSettingsError: (400) naming the endpoint and the model's kind.
+            UnsupportedTaskError: (400) naming the endpoint, the model's kind and where to send it.
         """
         need = ENDPOINT_KINDS.get(path)
         if need is not None and need != e.kind:
-            why = f"{path} serves {need} models; {e.name!r} is of kind {e.kind!r}."
-            raise InvalidSettingsError(why, param="model", reason="wrong_kind")
+            to = {"chat": "/v1/chat/completions", "embedding": "/v1/embeddings", "rerank": "/v1/rerank"}[e.kind]
+            why = f"{path} serves {need} models; {e.name!r} is of kind {e.kind!r}: send it to {to}."
+            raise UnsupportedTaskError(why)
 
     async def acquire(self, name: str | None, keep_alive: float | None = None) -> Lease:
         """A lease on the model, loading it first if it is not loaded (see the module docstring).
@@ -284,12 +280,7 @@ class ModelRegistry:
         try:
             await asyncio.gather(*(self._unload(v, f"to make room for {e.name!r}") for v in victims))
             runtime = await asyncio.to_thread(self.loaders[e.kind][1], e.spec, e.plan)
-            try:
-                app = None if self.app_for is None else self.app_for(e, runtime)
-                e.measured = await asyncio.to_thread(_measured, runtime)
-            except BaseException:
-                await asyncio.to_thread(runtime.close)
-                raise
+            app, measured = await asyncio.to_thread(self._served, e, runtime)
         except BaseException as exc:  # noqa: BLE001 - every waiter gets it, typed; nothing stays loaded
             busy, e.busy = e.busy, None
             e.state, e.error = "unloaded", f"{type(exc).__name__}: {exc}"[:2000]
@@ -305,8 +296,7 @@ class ModelRegistry:
             return
         finally:
             ticker.cancel()
-        e.runtime, e.app, e.error, e.state = runtime, app, None, "loaded"
-        e.last_used = time.monotonic()
+        self._loaded(e, runtime, app, measured)
         held = "" if e.measured is None else f": it holds {e.measured.describe()}"
         logger.info("loaded %r in %.1f s%s", e.name, time.monotonic() - t0, held)
         busy, e.busy = e.busy, None
@@ -325,7 +315,7 @@ class ModelRegistry:
 
     async def _unload(self, e: Entry, why: str) -> None:
         """Close a model (its state is ``unloading`` and it has no lease); in a thread."""
-        runtime, e.runtime, e.app = e.runtime, None, None
+        runtime, e.runtime, e.app = (None if e.keep_open else e.runtime), None, None
         e.state, e.expires = "unloading", None
         if e.busy is None:
             e.busy = asyncio.get_running_loop().create_future()
@@ -390,30 +380,7 @@ class ModelRegistry:
 
     def cards(self) -> list[dict[str, Any]]:
         """Every model as ``/v1/models`` lists it: its state, kind, pinning, keep_alive and memory."""
-        out = []
-        now = time.monotonic()
-        for e in self.entries.values():
-            keep = e.spec.keep_alive if e.spec.keep_alive is not None else self.config.keep_alive
-            out.append(
-                {
-                    "id": e.name,
-                    "state": e.state,
-                    "pinned": e.spec.pinned,
-                    "kind": e.kind,
-                    "keep_alive": -1.0 if keep < 0 or e.spec.pinned else keep,
-                    "expires_in": None if e.expires is None else max(0.0, round(e.expires - now, 1)),
-                    "in_flight": e.leases,
-                    "backend": e.plan.backend,
-                    "context_length": e.plan.context_length,
-                    "memory": {
-                        "estimate": e.plan.estimate.as_dict(),
-                        "counted": e.held.as_dict(),
-                        "measured": None if e.measured is None else e.measured.as_dict(),
-                    },  # fmt: skip
-                    "error": e.error,
-                }
-            )
-        return out
+        return [e.row(self.config.keep_alive) for e in self.entries.values()]
 
 
 def _measured(runtime: Any) -> Footprint | None:

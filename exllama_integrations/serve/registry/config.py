@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidSettingsError, MissingDependencyError
+from ...errors import InvalidSettingsError, MissingDependencyError
+from ...model.directory import model_name
 
 KINDS = ("chat", "embedding", "rerank")
 """What a model serves: chat (and completions), embeddings, or rerank scores."""
@@ -170,7 +171,7 @@ def model_spec(entry: Mapping[str, Any], where: str, base: Path | None = None) -
     path = os.path.expanduser(raw)
     if base is not None and not os.path.isabs(path) and (base / path).exists():
         path = str(base / path)
-    name = entry.get("name") or Path(path).name or path
+    name = entry.get("name") or model_name(path) or path  # the model's own name (a Hub snapshot's: its repository's)
     kind = entry.get("kind")
     if kind is not None and kind not in KINDS:
         raise InvalidSettingsError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}.")

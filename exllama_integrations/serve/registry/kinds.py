@@ -1,8 +1,8 @@
 """What each kind of served model loads as, and which endpoints need which kind.
 
 A kind is checked before it loads (:class:`Plan`: its directory, backend, options and estimated memory) and then
-loaded (a runtime with ``close()``). ``chat`` loads as an :class:`~..runtime.local.ExLlamaRuntime` whose driver runs
-in an engine process of its own; ``embedding`` and ``rerank`` as an :class:`~..runtime.local.EmbeddingRuntime`, whose
+loaded (a runtime with ``close()``). ``chat`` loads as an :class:`~...runtime.local.ExLlamaRuntime` whose driver runs
+in an engine process of its own; ``embedding`` and ``rerank`` as an :class:`~...runtime.local.EmbeddingRuntime`, whose
 batches run on a worker thread of the server. A model's kind is its entry's, else what its files say
 (:func:`kind_of`); the endpoints that need a kind are :data:`ENDPOINT_KINDS`.
 """
@@ -14,23 +14,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidSettingsError
+from ...errors import InvalidSettingsError
+from ...model.pooling import KIND_OF_TASK
+from ...model.pooling import TASK_OF_KIND as TASKS
+from .config import ModelSpec
 from .footprint import Footprint, estimate, estimate_weights
-from .model_config import ModelSpec
-
-TASKS = {"chat": "generate", "embedding": "embed", "rerank": "rerank"}
-"""Each kind's task, as the model layer's pooling config names it (:func:`~..model.pooling.detect_task`); ``serve
---task`` takes these words (vLLM's) and is read as the kind once, on the command line (:data:`KIND_OF_TASK`)."""
-KIND_OF_TASK = {task: kind for kind, task in TASKS.items()}
-"""The kind of model each ``serve --task`` names."""
 
 
 @dataclass(frozen=True)
 class Plan:
     """A model checked before it loads: its directory, resolved backend and options, and its estimated memory.
 
-    ``load``: the resolved load itself (:class:`~..runtime.local.registry.LoadPlan`, or an embedding model's
-    :class:`~..runtime.local.embedding.PoolingPlan`), handed to the runtime as it is: the directory is inspected once.
+    ``load``: the resolved load itself (:class:`~...runtime.local.registry.LoadPlan`, or an embedding model's
+    :class:`~...runtime.local.embedding.PoolingPlan`), handed to the runtime as it is: the directory is inspected once.
     """
 
     model: Any
@@ -48,7 +44,7 @@ def plan_chat(spec: ModelSpec, model: Any = None, *, alone: bool = False) -> Pla
     given, else the model's context (whole pages). A model served ``alone`` (``serve DIR``) keeps ``"auto"``: its
     cache takes the free memory.
     """
-    from ..runtime.local.registry import plan_serving
+    from ...runtime.local.registry import plan_serving
 
     load = plan_serving(spec.model_dir, spec.backend, spec.options, model=model)
     model, opts = load.model, load.options
@@ -62,14 +58,14 @@ def plan_chat(spec: ModelSpec, model: Any = None, *, alone: bool = False) -> Pla
 
 def load_chat(spec: ModelSpec, plan: Plan, *, engine: str = "process") -> Any:
     """A chat model loaded from its plan in its own engine process(es) (``engine="thread"``: in this one)."""
-    from ..runtime.local import ExLlamaRuntime
+    from ...runtime.local import ExLlamaRuntime
 
     return ExLlamaRuntime(plan.model.path, plan.backend, engine=engine, engines=spec.engines, plan=plan.load)
 
 
 def plan_pooling(spec: ModelSpec, model: Any = None, *, alone: bool = False) -> Plan:
     """An embedding or rerank model's plan: its directory (``model``: inspected already), pooling, backend, options."""
-    from ..runtime.local.embedding import plan_pooling as plan
+    from ...runtime.local.embedding import plan_pooling as plan
 
     load = plan(spec.model_dir, spec.backend, TASKS[kind_of(spec, model)], spec.options, model=model)
     model, name, opts = load.model, load.backend.name, load.options
@@ -80,7 +76,7 @@ def plan_pooling(spec: ModelSpec, model: Any = None, *, alone: bool = False) -> 
 
 def load_pooling(spec: ModelSpec, plan: Plan, *, engine: str = "process") -> Any:
     """An embedding or rerank model loaded from its plan, in the server's process (its batches on a worker thread)."""
-    from ..runtime.local import EmbeddingRuntime
+    from ...runtime.local import EmbeddingRuntime
 
     return EmbeddingRuntime(plan.model.path, plan.backend, plan=plan.load)
 
@@ -89,7 +85,7 @@ def kind_of(spec: ModelSpec, model: Any = None) -> str:
     """A model's kind: its entry's, else what its directory's files say (``model``: the inspected directory)."""
     if spec.kind is not None:
         return spec.kind
-    from ..model.pooling import detect_task
+    from ...model.pooling import detect_task
 
     task = detect_task(model or inspect(spec))
     return KIND_OF_TASK[task]
@@ -97,8 +93,8 @@ def kind_of(spec: ModelSpec, model: Any = None) -> str:
 
 def inspect(spec: ModelSpec) -> Any:
     """The model's directory, inspected (a Hub id fetched first)."""
-    from ..model.directory import ModelDirectory
-    from ..model.hub import resolve_model_dir
+    from ...model.directory import ModelDirectory
+    from ...model.hub import resolve_model_dir
 
     return ModelDirectory.inspect(resolve_model_dir(spec.model_dir))
 

@@ -1,0 +1,1 @@
+"""The models a server serves: their entries (config), kinds and plans, memory, and the registry that loads them."""
