@@ -362,3 +362,25 @@ def test_the_llama_index_selector_picks_by_the_same_scores(demo_runtime, decide)
     ranked = sorted(range(3), key=lambda i: -want.answers[0].probabilities[i][1])
     assert out.inds == ranked[:2] and f"{want.answers[0].probabilities[ranked[0]][1]:.4f}" in out.reasons[0]
     assert asyncio.run(selector.aselect(choices, STATE)).inds == out.inds
+
+
+def test_the_prefix_is_read_once_and_each_question_is_one_forward(decide, demo_runtime):
+    """The shared prefix is one forward for the request; each question, its labels included, one more (the labels
+    packed as a tree after it), however many labels of several tokens it has."""
+    model = demo_runtime.diagnostics()["model"]
+    plan = decide.plan(DecisionRequest(STATE, QUESTIONS))
+    assert len(plan.jobs) == 1 and any(len(lab) > 1 for b in plan.jobs[0].branches for lab in b.labels)
+    calls: list[int] = []
+    forward = model.forward
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape[1])
+        return forward(*args, **kwargs)
+
+    model.forward = counted
+    try:
+        result = decide.decide(DecisionRequest(STATE, QUESTIONS))
+    finally:
+        del model.forward
+    assert len(calls) == 1 + len(QUESTIONS)
+    assert sum(calls) == result.prompt_tokens  # every position computed once
