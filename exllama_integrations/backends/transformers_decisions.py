@@ -75,23 +75,26 @@ def _branch_packed(session: _Session, branch: LabelBranch, past: int, after_pref
     if not tokens:  # no question tokens and single-token labels: the prefix's logits answer it
         first = torch.log_softmax(after_prefix[0].double(), dim=-1)
         return tuple(float(first[label[0]]) for label in branch.labels)
+    n_suffix = len(branch.suffix)
+    # the head only where a label is scored: the question's last position and each label token's (the head is a
+    # fifth of a small model: over every question token it would cost more than the rest of the forward)
+    keep = ([n_suffix - 1] if n_suffix else []) + list(range(n_suffix, len(tokens)))
     x = torch.tensor([tokens], dtype=torch.long, device=b.device)
     out = b.model(
         input_ids=x,
         position_ids=positions,
         attention_mask=mask,
         use_cache=True,
+        logits_to_keep=torch.tensor(keep, device=b.device),
         **{b._cache_kw: session.cache},
     )
-    logits = out.logits[0]
-    n_suffix = len(branch.suffix)
-    first_row = logits[n_suffix - 1] if n_suffix else after_prefix[0]
-    first = torch.log_softmax(first_row.double(), dim=-1)
-    scores, at = [], n_suffix
+    lp = torch.log_softmax(out.logits[0].double(), dim=-1)  # row r: position keep[r]
+    first = lp[0] if n_suffix else torch.log_softmax(after_prefix[0].double(), dim=-1)
+    scores, at = [], 1 if n_suffix else 0
     for label in branch.labels:
         total = float(first[label[0]])
         if len(label) > 1:
-            rest = torch.log_softmax(logits[at : at + len(label) - 1].double(), dim=-1)
+            rest = lp[at : at + len(label) - 1]
             total += float(rest[torch.arange(len(label) - 1), torch.tensor(label[1:])].sum())
             at += len(label) - 1
         scores.append(total)
