@@ -1,18 +1,22 @@
-"""Label scoring on the transformers backend (decision questions): the prefix once, then one forward per question.
+"""Label scoring on the transformers backend (decision questions): the prefix read once, the labels in one forward.
 
-The job's prefix is read once into a KV cache. Each question (a branch) is then one forward on a copy of that
-cache over its own tokens followed by every label's tokens but its last, packed as a tree: a 4D attention mask
-lets each label's tokens see the prefix, the question and that label's own earlier tokens only, at the positions
-they would have in the reply. One forward gives the logits after the question (every label's first token) and
-after each label token (the rest), so a question costs one forward however many labels it has; no label is read
-again and nothing is re-tokenized.
+A request (a job: a prefix, then each question's own tokens, then each label's) is packed as a tree: the prefix,
+every question after it and every label's tokens but its last after its question, with a 4D attention mask that
+lets a question's tokens see the prefix and themselves only, and a label's tokens the prefix, their question and
+that label's earlier tokens only, each at the position it has in the reply. One forward of the tree computes the
+prefix once and gives the logits after each question (every label's first token) and after each label token (the
+rest); the LM head runs only at those positions. A request whose tree is longer than ``PREFILL_CHUNK`` tokens reads
+its prefix into a KV cache first (chunked, as a prompt is), then its questions in groups of that size, each group on
+a copy of the prefix's cache. No label is read twice and nothing is re-tokenized.
 
-What a question computes depends only on the prefix and the question itself (never on the request's other
-questions or on what else the worker runs), so its answer is the same alone, beside others and in a burst.
+What a request computes depends only on the request: the same request twice is bitwise the same, and so is a
+request inside a burst of others (the worker runs one forward at a time, of this request's tokens only). A question
+beside other questions of its request shares their forward, so it agrees with itself asked alone to rounding
+(within 1e-6 on the demo model, tested), not bitwise.
 
 Models the tree cannot be packed for (recurrent layers: Gated DeltaNet, Mamba; sliding-window layers; 3-D rope
-positions; attention other than sdpa or eager) take the plain path: the question on a copy of the prefix's
-cache, then each label of more than one token on a copy of the question's.
+positions; attention other than sdpa or eager) take the plain path: the prefix into a cache, each question on a copy
+of it, then each label of more than one token on a copy of the question's.
 """
 
 from __future__ import annotations
@@ -39,66 +43,83 @@ def packable(session: _Session) -> bool:
     return kinds == {"full_attention"} and b._rope_holder is None and impl in PACKED_ATTENTION
 
 
-def _tree(branch: LabelBranch, past: int, dtype: Any, device: Any, boolean: bool) -> tuple[list[int], Any, Any]:
-    """The branch's packed tokens, their positions and the mask [1, 1, tokens, past + tokens]."""
+def _tree(
+    root: tuple[int, ...], branches: tuple[LabelBranch, ...], past: int
+) -> tuple[list[int], list[int], Any, list[list[int]]]:
+    """The packed tree: its tokens, their positions, what each may see ([tokens, past + tokens]) and its reads.
+
+    The reads are, per branch, the rows whose logits score its labels: the question's last position (or the root's
+    last; -1: the cached prefix's), then each label token's.
+    """
     import torch
 
-    tokens = list(branch.suffix)
-    n_suffix = len(tokens)
-    positions = list(range(past, past + n_suffix))
-    owner = [-1] * n_suffix  # -1: the question's own tokens; j: label j's
-    for j, label in enumerate(branch.labels):
-        tokens.extend(label[:-1])
-        positions.extend(range(past + n_suffix, past + n_suffix + len(label) - 1))
-        owner.extend([j] * (len(label) - 1))
+    tokens, positions = list(root), list(range(past, past + len(root)))
+    owner: list[tuple[int, int]] = [(-1, -1)] * len(root)  # (branch, label): -1 the root, or the question's own
+    reads: list[list[int]] = []
+    for b, branch in enumerate(branches):
+        at = past + len(root)
+        tokens.extend(branch.suffix)
+        positions.extend(range(at, at + len(branch.suffix)))
+        owner.extend([(b, -1)] * len(branch.suffix))
+        rows = [len(tokens) - 1 if branch.suffix else len(root) - 1 if root else -1]
+        at += len(branch.suffix)
+        for j, label in enumerate(branch.labels):
+            rows.extend(range(len(tokens), len(tokens) + len(label) - 1))
+            tokens.extend(label[:-1])
+            positions.extend(range(at, at + len(label) - 1))
+            owner.extend([(b, j)] * (len(label) - 1))
+        reads.append(rows)
     n = len(tokens)
-    see = torch.zeros((n, past + n), dtype=torch.bool)
-    see[:, :past] = True
-    own = torch.tensor(owner)
+    of_branch = torch.tensor([o[0] for o in owner])
+    of_label = torch.tensor([o[1] for o in owner])
     idx = torch.arange(n)
-    causal = idx[None, :] <= idx[:, None]
-    same = (own[None, :] == -1) | (own[None, :] == own[:, None])
-    see[:, past:] = causal & same
-    if boolean:
-        mask = see
-    else:
-        mask = torch.zeros(see.shape, dtype=dtype).masked_fill(~see, torch.finfo(dtype).min)
-    return tokens, torch.tensor([positions], device=device), mask[None, None].to(device)
+    same_branch = of_branch[None, :] == of_branch[:, None]
+    own_label = (of_label[None, :] == -1) | (of_label[None, :] == of_label[:, None])
+    see = (idx[None, :] <= idx[:, None]) & ((of_branch[None, :] == -1) | (same_branch & own_label))
+    mask = torch.ones((n, past + n), dtype=torch.bool)
+    mask[:, past:] = see
+    return tokens, positions, mask, reads
 
 
-def _branch_packed(session: _Session, branch: LabelBranch, past: int, after_prefix: torch.Tensor) -> tuple[float, ...]:
+def _packed(
+    session: _Session, root: tuple[int, ...], branches: tuple[LabelBranch, ...], past: int, after: Any
+) -> list[tuple[float, ...]]:
+    """One forward over ``root`` and ``branches`` packed as a tree after ``past`` cached positions."""
     import torch
 
     b = session.backend
-    boolean = b.model.config._attn_implementation == "sdpa"
-    tokens, positions, mask = _tree(branch, past, b.dtype, b.device, boolean)
-    if not tokens:  # no question tokens and single-token labels: the prefix's logits answer it
-        first = torch.log_softmax(after_prefix[0].double(), dim=-1)
-        return tuple(float(first[label[0]]) for label in branch.labels)
-    n_suffix = len(branch.suffix)
-    # the head only where a label is scored: the question's last position and each label token's (the head is a
-    # fifth of a small model: over every question token it would cost more than the rest of the forward)
-    keep = ([n_suffix - 1] if n_suffix else []) + list(range(n_suffix, len(tokens)))
-    x = torch.tensor([tokens], dtype=torch.long, device=b.device)
-    out = b.model(
-        input_ids=x,
-        position_ids=positions,
-        attention_mask=mask,
-        use_cache=True,
-        logits_to_keep=torch.tensor(keep, device=b.device),
-        **{b._cache_kw: session.cache},
-    )
-    lp = torch.log_softmax(out.logits[0].double(), dim=-1)  # row r: position keep[r]
-    first = lp[0] if n_suffix else torch.log_softmax(after_prefix[0].double(), dim=-1)
-    scores, at = [], 1 if n_suffix else 0
-    for label in branch.labels:
-        total = float(first[label[0]])
-        if len(label) > 1:
-            rest = lp[at : at + len(label) - 1]
-            total += float(rest[torch.arange(len(label) - 1), torch.tensor(label[1:])].sum())
-            at += len(label) - 1
-        scores.append(total)
-    return tuple(scores)
+    tokens, positions, see, reads = _tree(root, branches, past)
+    if b.model.config._attn_implementation == "sdpa":
+        mask = see
+    else:  # eager adds the mask to the scores
+        mask = torch.zeros(see.shape, dtype=b.dtype).masked_fill(~see, torch.finfo(b.dtype).min)
+    keep = sorted({r for rows in reads for r in rows if r >= 0})
+    lp: Any = None
+    if keep:
+        out = b.model(
+            input_ids=torch.tensor([tokens], dtype=torch.long, device=b.device),
+            position_ids=torch.tensor([positions], device=b.device),
+            attention_mask=mask[None, None].to(b.device),
+            use_cache=True,
+            # the head only where a label is scored (on a small model it is a fifth of the weights)
+            logits_to_keep=torch.tensor(keep, device=b.device),
+            **{b._cache_kw: session.cache},
+        )
+        lp = torch.log_softmax(out.logits[0].double(), dim=-1)
+    row_of = {r: i for i, r in enumerate(keep)}
+    out_scores = []
+    for branch, rows in zip(branches, reads):
+        first = lp[row_of[rows[0]]] if rows[0] >= 0 else torch.log_softmax(after[0].double(), dim=-1)
+        scores, at = [], 1
+        for label in branch.labels:
+            total = float(first[label[0]])
+            if len(label) > 1:
+                picked = lp[[row_of[r] for r in rows[at : at + len(label) - 1]], list(label[1:])]
+                total += float(picked.sum())
+                at += len(label) - 1
+            scores.append(total)
+        out_scores.append(tuple(scores))
+    return out_scores
 
 
 def _branch_plain(session: _Session, branch: LabelBranch, after_prefix: torch.Tensor) -> tuple[float, ...]:
@@ -118,19 +139,42 @@ def _branch_plain(session: _Session, branch: LabelBranch, after_prefix: torch.Te
     return tuple(scores)
 
 
+def _groups(branches: tuple[LabelBranch, ...], room: int) -> list[tuple[LabelBranch, ...]]:
+    """Consecutive branches packed while their tokens fit ``room`` (a larger one alone)."""
+    groups: list[list[LabelBranch]] = [[]]
+    used = 0
+    for branch in branches:
+        size = len(branch.suffix) + sum(len(lab) - 1 for lab in branch.labels)
+        if groups[-1] and used + size > room:
+            groups.append([])
+            used = 0
+        groups[-1].append(branch)
+        used += size
+    return [tuple(g) for g in groups]
+
+
 def score_labels(session: _Session, job: LabelScoring) -> LabelLogprobs:
     """Each branch's labels' log-probabilities (see the module docstring); runs on the backend's worker."""
-    after_prefix = session.prefill(list(job.prefix))
-    prefix_cache, prefix_rope = session.cache, session.rope_deltas
-    packed = packable(session)
-    out = []
-    for branch in job.branches:
-        session.cache, session.rope_deltas = copy.deepcopy(prefix_cache), prefix_rope
-        if packed:
-            out.append(_branch_packed(session, branch, len(job.prefix), after_prefix))
-        else:
+    from .transformers import PREFILL_CHUNK
+
+    if not packable(session):
+        after_prefix = session.prefill(list(job.prefix))
+        prefix_cache, prefix_rope = session.cache, session.rope_deltas
+        out = []
+        for branch in job.branches:
+            session.cache, session.rope_deltas = copy.deepcopy(prefix_cache), prefix_rope
             out.append(_branch_plain(session, branch, after_prefix))
-    return tuple(out)
+        return tuple(out)
+    groups = _groups(job.branches, PREFILL_CHUNK)
+    if len(groups) == 1 and len(job.prefix) + sum(len(b.suffix) for b in job.branches) <= PREFILL_CHUNK:
+        return tuple(_packed(session, job.prefix, job.branches, 0, None))  # the whole request: one forward
+    after_prefix = session.prefill(list(job.prefix))
+    prefix_cache = session.cache
+    scores: list[tuple[float, ...]] = []
+    for group in groups:
+        session.cache = copy.deepcopy(prefix_cache)
+        scores.extend(_packed(session, (), group, len(job.prefix), after_prefix))
+    return tuple(scores)
 
 
 __all__ = ["packable", "score_labels"]
