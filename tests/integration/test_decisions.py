@@ -52,7 +52,7 @@ def decide(demo_runtime):
     return decider(demo_runtime)
 
 
-LONG_STATE = " ".join(f"Line {i}: the invoice batch {i} failed and the dashboard shows error {i * 7}." for i in range(40))
+LONG_STATE = " ".join(f"Line {i}: invoice batch {i} failed, the dashboard shows error {i * 7}." for i in range(40))
 """Over ``PREFILL_CHUNK`` tokens: the prefix is read into a cache first, then the questions after it."""
 
 
