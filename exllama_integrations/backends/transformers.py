@@ -365,7 +365,7 @@ class _Session:
         from .transformers_decisions import score_labels
 
         try:
-            return score_labels(self, job)
+            return score_labels(self, job, PREFILL_CHUNK)
         finally:
             self.close()
 

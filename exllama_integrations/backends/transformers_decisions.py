@@ -29,7 +29,9 @@ from ..contract.decisions import LabelBranch, LabelLogprobs, LabelScoring
 if TYPE_CHECKING:
     import torch
 
-    from .transformers import _Session
+_Session = Any
+"""The transformers backend's per-request session (its ``prefill``, ``_forward``, ``cache``, ``backend``): taken as
+a value, so this module does not import the backend's (which imports this one)."""
 
 PACKED_ATTENTION = ("sdpa", "eager")
 
@@ -153,10 +155,11 @@ def _groups(branches: tuple[LabelBranch, ...], room: int) -> list[tuple[LabelBra
     return [tuple(g) for g in groups]
 
 
-def score_labels(session: _Session, job: LabelScoring) -> LabelLogprobs:
-    """Each branch's labels' log-probabilities (see the module docstring); runs on the backend's worker."""
-    from .transformers import PREFILL_CHUNK
+def score_labels(session: _Session, job: LabelScoring, chunk: int) -> LabelLogprobs:
+    """Each branch's labels' log-probabilities (see the module docstring); runs on the backend's worker.
 
+    ``chunk``: the most tokens one forward packs (the backend's prefill chunk).
+    """
     if not packable(session):
         after_prefix = session.prefill(list(job.prefix))
         prefix_cache, prefix_rope = session.cache, session.rope_deltas
@@ -165,8 +168,8 @@ def score_labels(session: _Session, job: LabelScoring) -> LabelLogprobs:
             session.cache, session.rope_deltas = copy.deepcopy(prefix_cache), prefix_rope
             out.append(_branch_plain(session, branch, after_prefix))
         return tuple(out)
-    groups = _groups(job.branches, PREFILL_CHUNK)
-    if len(groups) == 1 and len(job.prefix) + sum(len(b.suffix) for b in job.branches) <= PREFILL_CHUNK:
+    groups = _groups(job.branches, chunk)
+    if len(groups) == 1 and len(job.prefix) + sum(len(b.suffix) for b in job.branches) <= chunk:
         return tuple(_packed(session, job.prefix, job.branches, 0, None))  # the whole request: one forward
     after_prefix = session.prefill(list(job.prefix))
     prefix_cache = session.cache
