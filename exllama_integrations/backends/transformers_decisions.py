@@ -7,7 +7,8 @@ that label's earlier tokens only, each at the position it has in the reply. One 
 prefix once and gives the logits after each question (every label's first token) and after each label token (the
 rest); the LM head runs only at those positions. A request whose tree is longer than ``PREFILL_CHUNK`` tokens reads
 its prefix into a KV cache first (chunked, as a prompt is), then its questions in groups of that size, each group on
-a copy of the prefix's cache. No label is read twice and nothing is re-tokenized.
+a copy of the prefix's cache (a question larger than that alone, label by label: the mask grows as the square of a
+forward's tokens). No label is read twice and nothing is re-tokenized.
 
 What a request computes depends only on the request: the same request twice is bitwise the same, and so is a
 request inside a burst of others (the worker runs one forward at a time, of this request's tokens only). A question
@@ -141,12 +142,17 @@ def _branch_plain(session: _Session, branch: LabelBranch, after_prefix: torch.Te
     return tuple(scores)
 
 
+def _size(branch: LabelBranch) -> int:
+    """Tokens a branch adds to a packed forward."""
+    return len(branch.suffix) + sum(len(lab) - 1 for lab in branch.labels)
+
+
 def _groups(branches: tuple[LabelBranch, ...], room: int) -> list[tuple[LabelBranch, ...]]:
     """Consecutive branches packed while their tokens fit ``room`` (a larger one alone)."""
     groups: list[list[LabelBranch]] = [[]]
     used = 0
     for branch in branches:
-        size = len(branch.suffix) + sum(len(lab) - 1 for lab in branch.labels)
+        size = _size(branch)
         if groups[-1] and used + size > room:
             groups.append([])
             used = 0
@@ -160,23 +166,18 @@ def score_labels(session: _Session, job: LabelScoring, chunk: int) -> LabelLogpr
 
     ``chunk``: the most tokens one forward packs (the backend's prefill chunk).
     """
-    if not packable(session):
-        after_prefix = session.prefill(list(job.prefix))
-        prefix_cache, prefix_rope = session.cache, session.rope_deltas
-        out = []
-        for branch in job.branches:
-            session.cache, session.rope_deltas = copy.deepcopy(prefix_cache), prefix_rope
-            out.append(_branch_plain(session, branch, after_prefix))
-        return tuple(out)
-    groups = _groups(job.branches, chunk)
-    if len(groups) == 1 and len(job.prefix) + sum(len(b.suffix) for b in job.branches) <= chunk:
+    packed = packable(session)
+    if packed and len(job.prefix) + sum(_size(b) for b in job.branches) <= chunk:
         return tuple(_packed(session, job.prefix, job.branches, 0, None))  # the whole request: one forward
     after_prefix = session.prefill(list(job.prefix))
-    prefix_cache = session.cache
+    prefix_cache, prefix_rope = session.cache, session.rope_deltas
     scores: list[tuple[float, ...]] = []
-    for group in groups:
-        session.cache = copy.deepcopy(prefix_cache)
-        scores.extend(_packed(session, (), group, len(job.prefix), after_prefix))
+    for group in _groups(job.branches, chunk) if packed else [(b,) for b in job.branches]:
+        session.cache, session.rope_deltas = copy.deepcopy(prefix_cache), prefix_rope
+        if packed and sum(_size(b) for b in group) <= chunk:
+            scores.extend(_packed(session, (), group, len(job.prefix), after_prefix))
+        else:  # a question whose labels alone are over a forward's size (the mask grows as its square): label by label
+            scores.extend(_branch_plain(session, b, after_prefix) for b in group)
     return tuple(scores)
 
 

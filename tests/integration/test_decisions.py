@@ -391,3 +391,27 @@ def test_a_request_is_one_forward_the_prefix_read_once(decide, demo_runtime):
         del model.forward
     assert len(calls) == 1
     assert sum(calls) == result.prompt_tokens  # every position computed once
+
+
+def test_a_question_over_a_forwards_size_is_scored_label_by_label_alike(decide, demo_runtime):
+    """A question whose labels alone are over 512 tokens is read label by label (a packed mask would grow as the
+    square of its tokens): its scores agree with the packed tree's, two independent paths, to rounding."""
+    from exllama_integrations.backends.transformers import _Session
+    from exllama_integrations.backends.transformers_decisions import score_labels
+
+    many = Choice(
+        "topic",
+        "Which topic is it?",
+        labels(*(f"topic number {i} about invoices, refunds and outages" for i in range(60))),
+    )
+    (job,) = decide.plan(DecisionRequest(STATE, (many,))).jobs
+    assert sum(len(lab) - 1 for lab in job.branches[0].labels) > 512
+    backend = demo_runtime._require_backend()
+    import torch
+
+    with torch.inference_mode():
+        by_label = score_labels(_Session(backend), job, 512)
+        packed = score_labels(_Session(backend), job, 1 << 20)
+    assert max(abs(a - b) for a, b in zip(by_label[0], packed[0])) < 1e-4
+    result = decide.decide(DecisionRequest(STATE, (many,)))  # through the runtime: the label-by-label path
+    assert abs(math.fsum(p for _, p in result.answers[0].probabilities) - 1) < 1e-6
