@@ -3,8 +3,13 @@
 Both paths ask the same question about the same support message through the model's chat template: the decision
 scores the labels from one prefill (``decider(runtime).decide``); the JSON path generates ``{"team": ...}`` (or
 all three answers) greedily under a JSON schema whose values are the labels (llguidance), as a provider without
-logits must. Every call gets a message no call saw before; paths interleaved (each round starts one path later);
-medians with min and max, and the paired ratio per round.
+logits must. A third path, ``one_token_generation``, reads the JSON path's prompt and generates one token (no
+grammar): the floor any generation of that prompt costs, so the rows say how much of the JSON path is reading the
+prompt (which the decision must do too) and how much is decoding. Neither path has a prefix cache across requests
+(the transformers backend keeps none), and each reads its state once per request: the decision shares its prefix
+across questions, the JSON generation asks every question in one prompt. Every call gets a message no call saw
+before; paths interleaved (each round starts one path later); medians with min and max, and the paired ratio per
+round.
 
     python benchmarks/cpu_decisions.py --reps 7
 """
@@ -85,6 +90,15 @@ def main() -> None:
         json.loads(r.text)  # a whole answer, or the comparison is unfair
         return {"seconds": took, "prompt_tokens": r.usage.prompt_tokens, "new_tokens": r.usage.completion_tokens}
 
+    def by_one_token(questions: tuple) -> dict[str, float]:
+        parts = "\n\n".join(question_text(q) for q in questions)
+        ask = parts + "\n\nReply with a JSON object of the answers, keyed " + ", ".join(q.name for q in questions)
+        prompt = rt.chat_prompt(decision_messages(state(), ask))
+        t0 = time.perf_counter()
+        r = rt.generate(prompt, add_special_tokens=False, temperature=0, max_new_tokens=1)
+        took = time.perf_counter() - t0
+        return {"seconds": took, "prompt_tokens": r.usage.prompt_tokens, "new_tokens": r.usage.completion_tokens}
+
     results = Results("cpu_decisions.json")
     results.note(args.out, "model", rt.model_info().name)
     results.note(args.out, "threads", rt.model_info().details.get("threads"))
@@ -94,10 +108,15 @@ def main() -> None:
             results,
             args.out,
             section,
-            {"decision": lambda qs=qs: by_decision(qs), "json_generation": lambda qs=qs: by_json(qs)},
+            {
+                "decision": lambda qs=qs: by_decision(qs),
+                "json_generation": lambda qs=qs: by_json(qs),
+                "one_token_generation": lambda qs=qs: by_one_token(qs),
+            },
             args.reps,
         )
-        results.ratios(args.out, section, [("json_generation", "decision")], key="seconds")
+        pairs = [("json_generation", "decision"), ("one_token_generation", "decision")]
+        results.ratios(args.out, section, pairs, key="seconds")
         results.note(args.out, f"load_average_after_{section}", os.getloadavg())
     rt.close()
 

@@ -234,10 +234,9 @@ class TransformersBackend(LogitsBackend):
     def score_labels(self, job: LabelScoring) -> Future[LabelLogprobs]:
         """Each branch's labels' log-probabilities (:class:`~..contract.decisions.ScoresLabels`), on the worker.
 
-        The prefix is read once (``PREFILL_CHUNK`` tokens a forward, as a prompt is); each branch reads its suffix
-        on a copy of that cache, and each label of more than one token its tokens but the last on a copy of the
-        branch's. Every forward is one row, the same whatever else the worker runs, so an answer is the same alone
-        and in a burst.
+        The prefix is read once; each question is then one forward over its tokens and every label's, packed as a
+        tree on a copy of the prefix's cache (:mod:`.transformers_decisions`). What a question computes depends on
+        it alone, so an answer is the same alone and in a burst.
         """
         task = WorkerTask(lambda: _Session(self).score_labels(job))
         if not self.inbox.put([task]):
@@ -363,29 +362,10 @@ class _Session:
 
     def score_labels(self, job: LabelScoring) -> LabelLogprobs:
         """See :meth:`TransformersBackend.score_labels` (runs on the worker; this session is used once)."""
-        import copy
-
-        import torch
+        from .transformers_decisions import score_labels
 
         try:
-            after_prefix = self.prefill(list(job.prefix))
-            prefix_cache, prefix_rope = self.cache, self.rope_deltas
-            out = []
-            for branch in job.branches:
-                self.cache, self.rope_deltas = copy.deepcopy(prefix_cache), prefix_rope
-                last = self.prefill(list(branch.suffix)) if branch.suffix else after_prefix
-                first = torch.log_softmax(last[0].double(), dim=-1)
-                branch_cache, branch_rope = self.cache, self.rope_deltas
-                scores = []
-                for label in branch.labels:
-                    total = float(first[label[0]])
-                    if len(label) > 1:
-                        self.cache, self.rope_deltas = copy.deepcopy(branch_cache), branch_rope
-                        rest = torch.log_softmax(self._forward(list(label[:-1]), every=True).double(), dim=-1)
-                        total += sum(float(rest[i, t]) for i, t in enumerate(label[1:]))
-                    scores.append(total)
-                out.append(tuple(scores))
-            return tuple(out)
+            return score_labels(self, job, PREFILL_CHUNK)
         finally:
             self.close()
 

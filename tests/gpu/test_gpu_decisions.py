@@ -1,9 +1,11 @@
 """Decision questions on exllamav3 against the transformers oracle (fp32 on the same GPU), and batch invariance.
 
-exllamav3 scores labels with its cache-free one-row forward on the driver's thread
-(``backends/exllamav3/decisions.py``); the oracle is the CPU reference backend's scorer on CUDA in float32, which
-tests/integration/test_decisions.py checks against transformers' own forward. The prompts must be the same text,
-the probabilities close (fp16 weights against fp32), and exllamav3's answer the same alone and beside generations.
+exllamav3 scores labels on borrowed pages of its generator's cache, the prefix once per request and each
+question's labels as rows of one forward (``backends/exllamav3/decisions.py``); the oracle is the CPU reference
+backend's scorer on CUDA in float32, which tests/integration/test_decisions.py checks against transformers' own
+forward. The prompts must be the same text, the probabilities close (fp16 weights against fp32), the paged path close
+to the cache-free one on the same model (a prefix over a page, more labels than a forward's rows), every borrowed page
+given back, and exllamav3's answer the same alone and inside a burst of generations and other decisions.
 
 Run on the lent GPU: ``pytest -m gpu tests/gpu/test_gpu_decisions.py``. Skipped without CUDA.
 """
@@ -41,31 +43,100 @@ def _flat(result) -> list[float]:
     return out
 
 
-def test_exllamav3_label_probabilities_match_the_transformers_oracle(fixtures) -> None:
+LONG_STATE = " ".join(f"line {i}: the fox ran past tree {i * 7} near the river." for i in range(40))
+"""A state of more than one page (256 tokens): the prefix is read in two forwards, the labels start mid-page."""
+
+
+def _many_labels():
+    from exllama_integrations.contract.decisions import Choice, Label
+
+    names = [
+        f"the {w} place number {i}"
+        for i, w in enumerate("north south east west upper lower inner outer old new".split())
+    ]
+    return (Choice("place", "Which place does it go to?", tuple(Label(n) for n in names)),)  # 10, several tokens each
+
+
+@pytest.mark.parametrize("name", ["fp16-gqa", "fp16-mha", "fp16-pad"])
+@pytest.mark.parametrize("state", ["short", "long"])
+def test_exllamav3_label_probabilities_match_the_transformers_oracle(fixtures, name, state) -> None:
+    from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.contract.decisions import DecisionRequest
+    from exllama_integrations.runtime.decisions import decider
+
+    request = DecisionRequest(STATE, _questions()) if state == "short" else DecisionRequest(LONG_STATE, _many_labels())
+    oracle = ExLlamaRuntime(_oracle_dir(fixtures, name), "transformers", device="cuda", dtype="float32")
+    want = decider(oracle).decide(request)
+    oracle.close()
+    rt = ExLlamaRuntime(fixtures[name], "exllamav3", cache_size=8192)
+    try:
+        got = decider(rt).decide(request)
+        assert got.prompts == want.prompts and got.prefix_tokens == want.prefix_tokens
+        assert max(abs(a - b) for a, b in zip(_flat(got), _flat(want))) < TOLERANCE
+        assert decider(rt).decide(request).answers == got.answers  # bitwise, twice
+    finally:
+        rt.close()
+
+
+def test_the_paged_path_agrees_with_the_cache_free_one_and_gives_its_pages_back(fixtures) -> None:
+    import math
+
+    from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.backends.exllamav3 import decisions
+    from exllama_integrations.contract.decisions import DecisionRequest
+    from exllama_integrations.runtime.decisions import decider
+
+    rt = ExLlamaRuntime(fixtures["fp16-gqa"], "exllamav3", cache_size=8192)
+    try:
+        generator = rt.diagnostics()["generator"]
+        free = generator.pagetable.num_unreferenced_pages()
+        plan = decider(rt).plan(DecisionRequest(LONG_STATE, _questions() + _many_labels()))
+        (job,) = plan.jobs
+        assert len(job.prefix) > 256 and sum(len(lab) > 1 for lab in job.branches[-1].labels) > decisions.LABEL_ROWS
+        paged = decisions.score_labels_paged(generator, job)
+        nc = decisions.score_labels_nc(generator.model, job)
+        for p_row, n_row in zip(paged, nc):
+            p = [math.exp(x) for x in p_row]
+            n = [math.exp(x) for x in n_row]
+            assert max(abs(a - b) for a, b in zip(p, n)) < TOLERANCE, (p_row, n_row)
+        assert generator.pagetable.num_unreferenced_pages() == free  # every borrowed page given back
+        assert rt.generate(STATE, max_new_tokens=8, temperature=0).text is not None  # the cache still serves
+    finally:
+        rt.close()
+
+
+def test_exllamav3_decisions_are_the_same_alone_and_in_a_burst(fixtures) -> None:
+    import time
+
     from exllama_integrations import ExLlamaRuntime
     from exllama_integrations.contract.decisions import DecisionRequest
     from exllama_integrations.runtime.decisions import decider
 
     request = DecisionRequest(STATE, _questions())
-    oracle = ExLlamaRuntime(_oracle_dir(fixtures, "fp16-gqa"), "transformers", device="cuda", dtype="float32")
-    want = decider(oracle).decide(request)
-    oracle.close()
-    rt = ExLlamaRuntime(fixtures["fp16-gqa"], "exllamav3", cache_size=8192)
+    rt = ExLlamaRuntime(fixtures["fp16-gqa"], "exllamav3", cache_size=16384)
     try:
-        got = decider(rt).decide(request)
-        assert got.prompts == want.prompts
-        assert max(abs(a - b) for a, b in zip(_flat(got), _flat(want))) < TOLERANCE
-        assert decider(rt).decide(request).answers == got.answers  # bitwise, twice
+        alone = decider(rt).decide(request)
+        beside = decider(rt).decide(DecisionRequest(STATE, _questions() + _many_labels()))
+        assert _flat(beside)[: len(_flat(alone))] == _flat(alone)  # beside other questions: the same forwards
         burst: list = []
         gens = [
-            threading.Thread(target=rt.generate, args=(STATE,), kwargs={"max_new_tokens": 64, "temperature": 0})
-            for _ in range(6)
+            threading.Thread(
+                target=rt.generate, args=(f"{STATE} {i}",), kwargs={"max_new_tokens": 96, "temperature": 0}
+            )
+            for i in range(8)
+        ]
+        others = [
+            threading.Thread(target=decider(rt).decide, args=(DecisionRequest(f"{LONG_STATE} {i}", _many_labels()),))
+            for i in range(4)
         ]
         for t in gens:
             t.start()
+        time.sleep(0.5)  # the generations are decoding
+        for t in others:
+            t.start()
         burst.append(decider(rt).decide(request))
-        for t in gens:
-            t.join(120)
-        assert max(abs(a - b) for a, b in zip(_flat(burst[0]), _flat(got))) < 1e-6
+        for t in gens + others:
+            t.join(300)
+        assert max(abs(a - b) for a, b in zip(_flat(burst[0]), _flat(alone))) < 1e-6
     finally:
         rt.close()

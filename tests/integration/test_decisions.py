@@ -52,11 +52,17 @@ def decide(demo_runtime):
     return decider(demo_runtime)
 
 
-def test_probabilities_sum_to_one_and_equal_the_models_own_logprobs(decide, demo_runtime, demo_dir):
+LONG_STATE = " ".join(f"Line {i}: invoice batch {i} failed, the dashboard shows error {i * 7}." for i in range(40))
+"""Over ``PREFILL_CHUNK`` tokens: the prefix is read into a cache first, then the questions after it."""
+
+
+@pytest.mark.parametrize("state", [STATE, LONG_STATE], ids=["short", "long"])
+def test_probabilities_sum_to_one_and_equal_the_models_own_logprobs(decide, demo_runtime, demo_dir, state):
     import torch
     from transformers import AutoTokenizer
 
-    result = decide.decide(DecisionRequest(STATE, QUESTIONS))
+    result = decide.decide(DecisionRequest(state, QUESTIONS))
+    assert (result.prefix_tokens > 512) == (state is LONG_STATE)
     tok = AutoTokenizer.from_pretrained(str(demo_dir))
     model = demo_runtime.diagnostics()["model"]
     for q, answer, prompt in zip(QUESTIONS, result.answers, result.prompts):
@@ -91,7 +97,8 @@ def test_the_prompt_follows_the_chat_template_and_is_reported(decide, demo_runti
 def test_a_question_is_bitwise_the_same_twice_beside_others_and_in_a_burst(decide, demo_runtime):
     alone = decide.decide(DecisionRequest(STATE, QUESTIONS[1:2])).answers[0]
     assert decide.decide(DecisionRequest(STATE, QUESTIONS[1:2])).answers[0] == alone
-    assert decide.decide(DecisionRequest(STATE, QUESTIONS)).answers[1] == alone
+    beside = decide.decide(DecisionRequest(STATE, QUESTIONS)).answers[1]  # one forward with the others: to rounding
+    assert max(abs(a - b) for a, b in zip(probs(beside), probs(alone))) < 1e-6
     burst: list = []
 
     def other(i: int) -> None:
@@ -362,3 +369,49 @@ def test_the_llama_index_selector_picks_by_the_same_scores(demo_runtime, decide)
     ranked = sorted(range(3), key=lambda i: -want.answers[0].probabilities[i][1])
     assert out.inds == ranked[:2] and f"{want.answers[0].probabilities[ranked[0]][1]:.4f}" in out.reasons[0]
     assert asyncio.run(selector.aselect(choices, STATE)).inds == out.inds
+
+
+def test_a_request_is_one_forward_the_prefix_read_once(decide, demo_runtime):
+    """The shared prefix, every question and every label token are one forward (packed as a tree), however many
+    questions and labels of several tokens the request has; every position is computed once."""
+    model = demo_runtime.diagnostics()["model"]
+    plan = decide.plan(DecisionRequest(STATE, QUESTIONS))
+    assert len(plan.jobs) == 1 and any(len(lab) > 1 for b in plan.jobs[0].branches for lab in b.labels)
+    calls: list[int] = []
+    forward = model.forward
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape[1])
+        return forward(*args, **kwargs)
+
+    model.forward = counted
+    try:
+        result = decide.decide(DecisionRequest(STATE, QUESTIONS))
+    finally:
+        del model.forward
+    assert len(calls) == 1
+    assert sum(calls) == result.prompt_tokens  # every position computed once
+
+
+def test_a_question_over_a_forwards_size_is_scored_label_by_label_alike(decide, demo_runtime):
+    """A question whose labels alone are over 512 tokens is read label by label (a packed mask would grow as the
+    square of its tokens): its scores agree with the packed tree's, two independent paths, to rounding."""
+    from exllama_integrations.backends.transformers import _Session
+    from exllama_integrations.backends.transformers_decisions import score_labels
+
+    many = Choice(
+        "topic",
+        "Which topic is it?",
+        labels(*(f"topic number {i} about invoices, refunds and outages" for i in range(60))),
+    )
+    (job,) = decide.plan(DecisionRequest(STATE, (many,))).jobs
+    assert sum(len(lab) - 1 for lab in job.branches[0].labels) > 512
+    backend = demo_runtime._require_backend()
+    import torch
+
+    with torch.inference_mode():
+        by_label = score_labels(_Session(backend), job, 512)
+        packed = score_labels(_Session(backend), job, 1 << 20)
+    assert max(abs(a - b) for a, b in zip(by_label[0], packed[0])) < 1e-4
+    result = decide.decide(DecisionRequest(STATE, (many,)))  # through the runtime: the label-by-label path
+    assert abs(math.fsum(p for _, p in result.answers[0].probabilities) - 1) < 1e-6

@@ -138,9 +138,9 @@ def test_a_runtime_whose_backend_cannot_score_labels_is_refused_typed():
     from exllama_integrations.errors import UnsupportedTaskError
     from exllama_integrations.runtime.local.decisions import LocalDecider
 
-    engine = SimpleNamespace(name="engine", generate=None)  # an engine process's backend has no score_labels
-    runtime = SimpleNamespace(engine="process", _require_backend=lambda: engine)
-    with pytest.raises(UnsupportedTaskError, match="engine='thread'"):
+    exllamav2 = SimpleNamespace(name="exllamav2", generate=None)  # a backend without score_labels
+    runtime = SimpleNamespace(engine="thread", _require_backend=lambda: exllamav2)
+    with pytest.raises(UnsupportedTaskError, match="backend 'exllamav2'.*'transformers' or 'exllamav3'"):
         LocalDecider(runtime)._scorer()  # type: ignore[arg-type]
 
 

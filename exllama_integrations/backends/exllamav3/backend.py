@@ -21,7 +21,7 @@ from ..base import Backend, BackendOptions, BackendRequest, cuda_available, fail
 from ..inbox import Inbox, WorkerTask
 from ..logits import release
 from . import patches
-from .decisions import score_labels_nc
+from .decisions import score_labels
 from .draft_rule import DraftRule
 from .driver import Driver
 from .extras import inspect_draft, load_draft, load_loras
@@ -287,8 +287,8 @@ class ExLlamaV3Backend(Backend):
 
     def score_labels(self, job: LabelScoring) -> Future[LabelLogprobs]:
         """Decision labels' log-probabilities, on the driver's thread between steps (:mod:`.decisions`)."""
-        model = self._model
-        task = WorkerTask(lambda: score_labels_nc(model, job))
+        generator = self._generator
+        task = WorkerTask(lambda: score_labels(generator, job))
         if not self.inbox.put([task]):
             task.emit(None)
         return task.future

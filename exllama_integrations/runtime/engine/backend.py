@@ -21,10 +21,14 @@ from typing import TYPE_CHECKING, Any
 from ...backends.base import Backend, BackendOptions, fail_all, gpu_share_options
 from ...errors import EngineUnavailableError, ExLlamaIntegrationsError, MediaError
 from .client import EngineProcess
+from .decisions import score_on
 from .routing import PrefixRouter
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from ...backends.base import BackendRequest
+    from ...contract.decisions import LabelLogprobs, LabelScoring
     from ...model.directory import ModelDirectory
 
 
@@ -188,6 +192,13 @@ class EngineBackend(Backend):
         # let go of without a request (a /tokenize, a request refused before it ran): the engine drops them too
         weakref.finalize(media, self.engines[i].forget, handle)
         return ids, media
+
+    def score_labels(self, job: LabelScoring) -> Future[LabelLogprobs]:
+        """A decision's label scores, computed by the least loaded engine's backend (:mod:`.decisions`)."""
+        with self._lock:
+            usable = [i for i, e in enumerate(self.engines) if e.problem is None]
+            i = min(usable, key=lambda j: (self.engines[j].load, j)) if usable else 0
+        return score_on(self.engines[i], job)
 
     def close(self) -> None:
         _in_parallel([e.close for e in self.engines])

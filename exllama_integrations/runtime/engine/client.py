@@ -65,12 +65,19 @@ MEDIA_WAIT = 120.0
 
 
 class _Call:
-    """A reply the engine owes (an image encoding)."""
+    """A reply the engine owes (an image encoding, a decision's label scores); ``on_done`` runs when it comes."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_done: Callable[[_Call], None] | None = None) -> None:
         self.done = threading.Event()
         self.reply: dict[str, Any] | None = None
         self.error: BaseException | None = None
+        self.on_done = on_done
+
+    def finish(self, reply: dict[str, Any] | None = None, error: BaseException | None = None) -> None:
+        self.reply, self.error = reply, error
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done(self)
 
 
 class EngineProcess:
@@ -228,8 +235,7 @@ class EngineProcess:
             self._calls.clear()
         fail_all(requests, EngineUnavailableError(why + "."))
         for call in calls:
-            call.error = EngineUnavailableError(why + ".")
-            call.done.set()
+            call.finish(error=EngineUnavailableError(why + "."))
 
     def close(self) -> None:
         """Ask the engine to end its requests and free the model; kill it if it does not within ``CLOSE_WAIT``."""
@@ -259,8 +265,8 @@ class EngineProcess:
 
     @property
     def load(self) -> int:
-        """Requests this engine holds."""
-        return len(self._open)
+        """Requests (and replies: label scorings, image encodings) this engine holds."""
+        return len(self._open) + len(self._calls)
 
     @property
     def stalled(self) -> float:
@@ -303,12 +309,11 @@ class EngineProcess:
             op = message["op"]
             if op == "steps":
                 self._deliver(message["steps"])
-            elif op == "media":
+            elif op in ("media", "labels"):
                 with self._lock:
                     call = self._calls.pop(int(message["call"]), None)
                 if call is not None:
-                    call.reply = message
-                    call.done.set()
+                    call.finish(message)
             elif op == "pong":
                 self._last_pong = time.monotonic()
                 self._stalled = float(message.get("stalled") or 0.0)
@@ -367,6 +372,20 @@ class EngineProcess:
                     pass  # a dead engine's requests are failed by its watcher
 
         return cancel
+
+    def open_call(self, on_done: Callable[[_Call], None]) -> int | None:
+        """A reply to wait for (its id; None: the engine takes nothing now, see :attr:`problem`)."""
+        with self._lock:
+            if self.problem is not None or self._closing:
+                return None
+            self._next += 1
+            self._calls[self._next] = _Call(on_done)
+            return self._next
+
+    def drop_call(self, call_id: int) -> bool:
+        """Stop waiting for a reply (False: it came, or failed, already)."""
+        with self._lock:
+            return self._calls.pop(call_id, None) is not None
 
     def forget(self, handle: str) -> None:
         """The engine may drop these encoded images (sent with the next ping; safe to call from a finalizer)."""

@@ -32,6 +32,7 @@ from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ExLlamaIntegrationsError, MediaError
+from .decisions import EngineScorer
 from .wire import (
     error_wire,
     grammar_from_wire,
@@ -139,14 +140,15 @@ class Engine:
         self._media: OrderedDict[str, Any] = OrderedDict()
         self._since = time.monotonic()
         self._encodings: queue.SimpleQueue[tuple[dict[str, Any], list[bytes]] | None] = queue.SimpleQueue()
+        self.scorer = EngineScorer(backend, out, backend_name)
         threading.Thread(target=self._encode_loop, name="engine-media", daemon=True).start()
 
     def stalled(self) -> float:
         """Seconds the driver has gone without a step (or progress within one) while it holds requests (0: none)."""
         with self._lock:
-            if not self._open:
+            if not self._open and not self.scorer.busy():
                 return 0.0
-            since = self._since
+            since = max(self._since, self.scorer.since)
         return max(0.0, time.monotonic() - max(since, self.out.last_step, self.backend.progress))
 
     def forget(self, handles: list[str]) -> None:
@@ -383,6 +385,10 @@ def serve(config: dict[str, Any]) -> int:
             backend.expect(int(message["n"]))
         elif op == "media":
             engine.encode_soon(message, frames)
+        elif op == "labels":
+            engine.scorer.start(message)
+        elif op == "cancel_labels":
+            engine.scorer.cancel(message["calls"])
         elif op == "ping":
             engine.forget(message.get("forget") or [])
             out.message(

@@ -168,10 +168,9 @@ class LocalDecider:
     def _scorer(self) -> ScoresLabels:
         backend = self.runtime._require_backend()
         if not isinstance(backend, ScoresLabels):
-            where = "an engine process" if self.runtime.engine == "process" else f"backend {backend.name!r}"
             raise UnsupportedTaskError(
-                f"decisions are read from label probabilities, which {where} does not compute here; load the model "
-                "with engine='thread' on backend 'transformers' or 'exllamav3'."
+                f"decisions are read from label probabilities, which backend {backend.name!r} does not compute; load "
+                "the model on backend 'transformers' or 'exllamav3'."
             )
         return backend
 

@@ -1,9 +1,11 @@
 """``POST /v1/decisions``: OpenAI's Decisions API, answered from the served model's label probabilities.
 
-The body is checked and converted (:mod:`.convert`), admitted as one unit of work per question, and answered by
-the runtime's decider (:func:`~...runtime.decisions.decider`) off the event loop: the prompts are rendered and
-tokenized on a worker thread, the labels scored on the backend's. A runtime that cannot answer (an embedding
-model's; one in an engine process) is a typed 400, as is every bad question.
+The body is checked and converted (:mod:`.convert`), admitted as one unit of work per question (each is one prompt
+the model reads), and answered by the runtime's decider (:func:`~...runtime.decisions.decider`) off the event loop:
+the prompts are rendered and tokenized on a worker thread, the labels scored on the backend's thread (in the
+engine process under ``serve``'s default, :mod:`...runtime.engine.decisions`). A client that disconnects cancels
+the scoring not started yet. A runtime that cannot answer (an embedding model's) is a typed 400, as is every bad
+question; an engine that died or hung, a typed 503 like every route's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ...contract.decision_wire import answer_to_wire, metadata_to_wire, usage_to
 from ...runtime.decisions import decider
 from ..rules import ERRORS, new_id
 from ..state import state_of
+from ..streaming import until_disconnect
 from .convert import to_request
 from .protocol import DecisionBody, DecisionResponse
 
@@ -28,7 +31,7 @@ async def decisions(body: DecisionBody, request: Request) -> JSONResponse:
     answering = decider(state.runtime_for(body.model))
     req = to_request(body)
     with state.in_flight(len(req.questions)):
-        result = await answering.adecide(req)
+        result = await until_disconnect(request, answering.adecide(req))
     request.state.usage = (result.prompt_tokens, 0, 0.0)
     rid = new_id("decision")
     out = DecisionResponse(

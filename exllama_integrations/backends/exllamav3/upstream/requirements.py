@@ -124,6 +124,19 @@ BY_USER: dict[str, list[Requirement]] = {
         Mentions(f"{_MOD}.attn", "Attention", "forward", "flash_attn_nc"),
         Mentions(f"{_X}.model.model_ls", "Model_LSMixin", "forward_ls", "last_tokens_only"),
     ],
+    "decisions.py": [
+        Member(_M, "Model", "forward", ("input_ids", "params")),
+        Member(_M, "Model", "caps"),
+        *(Member(_G, "Generator", n) for n in ("model", "cache", "pagetable")),
+        Member(f"{_X}.generator.pagetable", "PageTable", "allocate_pages", ("page_hashes", "new_unique_pages",
+               "recurrent_pages")),
+        Member(f"{_X}.generator.pagetable", "PageTable", "deallocate_pages", ("allocated_pages",)),
+        Member(f"{_X}.generator.pagetable", "PageTable", "num_unreferenced_pages"),
+        *(Member(f"{_X}.generator.pagetable", "CachePage", n) for n in ("page_index", "can_revert")),
+        Member(f"{_X}.cache.cache", "Cache", "copy_page", ("target", "from_page", "to_page", "num_tokens")),
+        *(Mentions(f"{_MOD}.attn", "Attention", "forward", k) for k in ("flash_attn", "flash_attn_nc")),
+        Mentions(f"{_X}.model.model_ls", "Model_LSMixin", "forward_ls", "last_tokens_only"),
+    ],
     "vision.py": [
         *(Member(f"{_A}.{m}", f"{c}VisionModel", "get_image_embeddings", keywords=("tokenizer", "image"))
           for m, c in (("gemma3", "Gemma3"), ("qwen2_5_vl", "Qwen2_5VL"), ("qwen3_vl", "Qwen3VL"),

@@ -1,0 +1,53 @@
+"""docs/decisions.md's numbers are the committed benchmark: each median [min..max] in "## The numbers" is a summary
+of benchmarks/results/cpu_decisions.json, and the ratios its prose quotes are what the rows say."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NUM = r"\d+(?:\.\d+)?"
+TRIPLE = re.compile(rf"({NUM})(?: s)? \[({NUM})\.\.({NUM})\]")
+
+
+def _same(text: str, value: float) -> bool:
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return abs(round(value, decimals) - float(text)) < 10 ** -(decimals + 3)
+
+
+def _section() -> str:
+    page = (ROOT / "docs" / "decisions.md").read_text()
+    start = page.index("## The numbers")
+    end = page.find("\n## ", start + 1)
+    return page[start : end if end > 0 else len(page)]
+
+
+def test_every_quoted_median_min_max_is_a_committed_summary() -> None:
+    data = json.loads((ROOT / "benchmarks" / "results" / "cpu_decisions.json").read_text())
+    summaries = [
+        *(v["seconds"] for rows in data["rows"].values() for v in rows.values()),
+        *(v["seconds"] for pairs in data["ratios"].values() for v in pairs.values()),
+    ]
+    quoted = TRIPLE.findall(_section())
+    assert len(quoted) == 8  # two rows: three paths' seconds and the JSON / decision ratio each
+    for median, lo, hi in quoted:
+        assert any(_same(median, s["median"]) and _same(lo, s["min"]) and _same(hi, s["max"]) for s in summaries), (
+            f"{median} [{lo}..{hi}] is no committed result"
+        )
+
+
+def test_the_prose_ratios_are_the_rows() -> None:
+    data = json.loads((ROOT / "benchmarks" / "results" / "cpu_decisions.json").read_text())
+    text = _section()
+    floors = [data["ratios"][s]["one_token_generation / decision"]["seconds"]["median"] for s in data["rows"]]
+    assert f"({floors[0]:.2f} and {floors[1]:.2f} per" in text  # the decision costs what reading its prompt costs
+    bound = [
+        data["rows"][s]["json_generation"]["seconds"]["median"]
+        / data["rows"][s]["one_token_generation"]["seconds"]["median"]
+        for s in data["rows"]
+    ]
+    assert f"({bound[0]:.1f} and {bound[1]:.1f} by their medians)" in text
+    ratios = [data["ratios"][s]["json_generation / decision"]["seconds"]["median"] for s in data["rows"]]
+    assert f"{ratios[0]:.1f}x to {ratios[1]:.1f}x faster, not the 5x" in text and max(ratios) < 5
