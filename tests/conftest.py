@@ -52,9 +52,16 @@ TOOLS_ONLY = "TestChatExLlamaIntegrationLlama3Tools"
 # `./dev test` runs pytest in two worker processes (pytest-xdist). The tests below run alone: while one runs, the
 # other worker waits between its tests. Each is held to a time bound that CPU taken by the other worker could
 # break, or starts a cluster of processes. Node-id prefix -> why.
+_ENGINES = "tests/integration/test_engine_process.py::"  # its other tests run beside others
 EXCLUSIVE = {
     "tests/integration/test_ray_serve.py": "a Ray cluster with two replicas and 16 clients",
-    "tests/integration/test_engine_process.py": "kills engines and waits seconds for them to end or come back",
+    f"{_ENGINES}test_a_closed_stream_frees_the_engine_at_once": "the engine freed within 5 s",
+    f"{_ENGINES}test_killing_the_engine_ends_streams": "streams ended within 5 s of a kill",
+    f"{_ENGINES}test_the_health_of_a_dead_engine": "a 503 seen within a 2 s restart",
+    f"{_ENGINES}test_closing_while_the_engine_starts_again": "a kill, a 1 s restart, the engine gone within 10 s",
+    f"{_ENGINES}test_an_engine_never_outlives_its_parent": "an orphaned engine gone within 5 s",
+    f"{_ENGINES}test_close_leaves_no_process_and_no_file": "close done within 10 s",
+    f"{_ENGINES}test_two_engines_share_the_load": "two engine processes, each idle within 10 s",
     "tests/integration/test_serve_cli.py": "serve in a subprocess, a 1.5 s header timeout checked within 5 s",
     "tests/integration/test_engine_door_and_hung_engine.py::test_a_hung_engine": "a stopped engine seen within 6.2 s",
     "tests/integration/test_admission_and_engine_budgets.py": "an engine hung after 3 s; grammar budgets 0.2 s, 1 s",
