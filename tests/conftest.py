@@ -52,9 +52,16 @@ TOOLS_ONLY = "TestChatExLlamaIntegrationLlama3Tools"
 # `./dev test` runs pytest in two worker processes (pytest-xdist). The tests below run alone: while one runs, the
 # other worker waits between its tests. Each is held to a time bound that CPU taken by the other worker could
 # break, or starts a cluster of processes. Node-id prefix -> why.
+_ENGINES = "tests/integration/test_engine_process.py::"  # its other tests run beside others
 EXCLUSIVE = {
     "tests/integration/test_ray_serve.py": "a Ray cluster with two replicas and 16 clients",
-    "tests/integration/test_engine_process.py": "kills engines and waits seconds for them to end or come back",
+    f"{_ENGINES}test_a_closed_stream_frees_the_engine_at_once": "the engine freed within 5 s",
+    f"{_ENGINES}test_killing_the_engine_ends_streams": "streams ended within 5 s of a kill",
+    f"{_ENGINES}test_the_health_of_a_dead_engine": "a 503 seen within a 2 s restart",
+    f"{_ENGINES}test_closing_while_the_engine_starts_again": "a kill, a 1 s restart, the engine gone within 10 s",
+    f"{_ENGINES}test_an_engine_never_outlives_its_parent": "an orphaned engine gone within 5 s",
+    f"{_ENGINES}test_close_leaves_no_process_and_no_file": "close done within 10 s",
+    f"{_ENGINES}test_two_engines_share_the_load": "two engine processes, each idle within 10 s",
     "tests/integration/test_serve_cli.py": "serve in a subprocess, a 1.5 s header timeout checked within 5 s",
     "tests/integration/test_engine_door_and_hung_engine.py::test_a_hung_engine": "a stopped engine seen within 6.2 s",
     "tests/integration/test_admission_and_engine_budgets.py": "an engine hung after 3 s; grammar budgets 0.2 s, 1 s",
@@ -68,7 +75,6 @@ EXCLUSIVE = {
     "tests/unit/test_model_registry.py::test_keep_alive_per_model_and_per_request": "a 0.3 s keep_alive, 0.6 s waits",
     "tests/integration/test_multi_model.py": "serve in a subprocess: five engine processes, two streams at once",
     "tests/integration/test_smg_gateway.py": "a gateway process in front of two servers, ready within 60 s",
-    "tests/unit/test_reader_linear_time.py": "reading 2x the text within 2.5x the CPU time, every format",
     "tests/integration/test_request_bounds.py": "a 1 MB bad body answered within 2 s, /health within 1 s meanwhile",
 }
 
@@ -99,6 +105,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for prefix, reason in MODEL_QUALITY_XFAILS.items():
             if item.name.startswith(prefix) or item.name == prefix:
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=False, run=False))
+    if getattr(config, "workerinput", None) is not None and config.getvalue("dist") == "loadscope":
+        from balance import order  # a worker's collection, in the order its work is handed out
+
+        by_id = {item.nodeid: item for item in items}
+        items[:] = [by_id[nodeid] for nodeid in order([item.nodeid for item in items])]
     if _cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the lent GPU machine; see tests/gpu/README.md)")
@@ -130,6 +141,16 @@ class _Turns:
             fcntl.flock(self.room, fcntl.LOCK_UN)
             if alone:
                 fcntl.flock(self.gate, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadscope`, the longest work first (tests/balance.py)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from balance import make_scheduler
+
+    return make_scheduler(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)
