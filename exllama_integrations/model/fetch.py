@@ -15,15 +15,29 @@ import logging
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ..errors import MediaError
 
-if TYPE_CHECKING:
-    from .media import MediaLimits
-
 logger = logging.getLogger(__name__)
+
+
+class FetchLimits(Protocol):
+    """What a fetch reads of a request's :class:`~.media.MediaLimits` (the caller's; this module imports none)."""
+
+    @property
+    def fetch_reasons(self) -> bool: ...
+    @property
+    def fetch_timeout(self) -> float: ...
+    @property
+    def fetch_allow(self) -> tuple[str, ...]: ...
+    @property
+    def max_bytes(self) -> int: ...
+    @property
+    def max_total_bytes(self) -> int: ...
+    @property
+    def tally(self) -> Any: ...
 
 
 def over_total(total: int, limit: int) -> str:
@@ -63,7 +77,7 @@ def _allowed(host: str, address: str, allow: tuple[str, ...]) -> bool:
     return False
 
 
-def fetch_image(url: str, limits: MediaLimits) -> bytes:
+def fetch_image(url: str, limits: FetchLimits) -> bytes:
     """The bytes of an http(s) image (see the module docstring for what is refused).
 
     Raises:
@@ -84,7 +98,7 @@ def fetch_image(url: str, limits: MediaLimits) -> bytes:
     raise MediaError(REFUSED_FETCH.format(timeout=limits.fetch_timeout, size=limits.max_bytes))
 
 
-def _fetch_checked(url: str, limits: MediaLimits) -> bytes:
+def _fetch_checked(url: str, limits: FetchLimits) -> bytes:
     import http.client
     import ssl
 

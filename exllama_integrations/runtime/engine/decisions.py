@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...contract.decisions import LabelBranch, LabelLogprobs, LabelScoring, ScoresLabels
 from ...errors import EngineUnavailableError, ProtocolError, UnsupportedTaskError, error_from_wire
@@ -25,7 +25,13 @@ from .wire import error_wire
 
 if TYPE_CHECKING:
     from .client import EngineProcess
-    from .process import Outbox
+
+
+class Messages(Protocol):
+    """Where the engine side sends a message to its runtime (the engine's :class:`~.process.Outbox`)."""
+
+    def message(self, message: dict[str, Any], frames: tuple[bytes, ...] = ()) -> None: ...
+
 
 MAX_JOB_TOKENS = 1 << 20
 """Most token ids one job may carry across the wire (a request's bounds keep real ones far below)."""
@@ -78,7 +84,7 @@ def scores_from_wire(data: Any, job: LabelScoring) -> LabelLogprobs:
 class EngineScorer:
     """The engine's side: jobs handed to the backend, answered on the outbox when done."""
 
-    def __init__(self, backend: Any, out: Outbox, name: str) -> None:
+    def __init__(self, backend: Any, out: Messages, name: str) -> None:
         self.backend, self.out, self.name = backend, out, name
         self._lock = threading.Lock()
         self._running: dict[int, Future[LabelLogprobs]] = {}
