@@ -127,3 +127,19 @@ def error_instances() -> list:
         else:
             made.append(cls(f"a {cls.__name__} happened"))
     return made
+
+
+def decision_questions() -> tuple[str, tuple]:
+    """A support message and the three questions (Noul, Choice, Score) the decision tests ask of it."""
+    from exllama_integrations.contract.decisions import Choice, Label, Noul, Score, labels
+
+    state = "Production has been down for an hour and our invoices failed to send. Fix it NOW!!!"
+    return state, (
+        Noul("urgent", "Is this request urgent?"),
+        Choice(
+            "team",
+            "Which team should handle this request?",
+            (Label("billing", "Payments and invoices."), Label("technical", "Bugs and outages."), Label("sales")),
+        ),
+        Score("anger", "How frustrated is the customer?", labels("calm", "concerned", "angry")),
+    )

@@ -19,21 +19,14 @@ import httpx
 import pytest
 from servers import ThreadServer, demo_server
 
-from exllama_integrations.contract.decisions import Choice, DecisionRequest, Label, Noul, Score, labels
+from exllama_integrations.contract.decisions import Choice, DecisionRequest, labels
 from exllama_integrations.runtime.decisions import decider
+
+from helpers import decision_questions
 
 warnings.filterwarnings("ignore", message=".*is in beta.*")
 MODEL = "SmolLM2-135M-Instruct"
-STATE = "Production has been down for an hour and our invoices failed to send. Fix it NOW!!!"
-QUESTIONS = (
-    Noul("urgent", "Is this request urgent?"),
-    Choice(
-        "team",
-        "Which team should handle this request?",
-        (Label("billing", "Payments and invoices."), Label("technical", "Bugs and outages."), Label("sales")),
-    ),
-    Score("anger", "How frustrated is the customer?", labels("calm", "concerned", "angry")),
-)
+STATE, QUESTIONS = decision_questions()
 
 
 def probs(answer):

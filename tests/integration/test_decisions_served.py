@@ -24,22 +24,15 @@ import pytest
 from servers import ThreadServer, wait_until_up
 
 from exllama_integrations import EngineUnavailableError, ExLlamaRuntime
-from exllama_integrations.contract.decisions import Choice, DecisionRequest, Label, Noul, Score, labels
+from exllama_integrations.contract.decisions import DecisionRequest
 from exllama_integrations.runtime.decisions import decider
+
+from helpers import decision_questions
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*is in beta")]
 MODEL = "SmolLM2-135M-Instruct"
+STATE, QUESTIONS = decision_questions()
 KEY = "decide-secret"
-STATE = "Production has been down for an hour and our invoices failed to send. Fix it NOW!!!"
-QUESTIONS = (
-    Noul("urgent", "Is this request urgent?"),
-    Choice(
-        "team",
-        "Which team should handle this request?",
-        (Label("billing", "Payments and invoices."), Label("technical", "Bugs and outages."), Label("sales")),
-    ),
-    Score("anger", "How frustrated is the customer?", labels("calm", "concerned", "angry")),
-)
 
 
 def oa_questions(names=("urgent", "team", "anger")) -> dict:
