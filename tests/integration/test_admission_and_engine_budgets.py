@@ -116,13 +116,13 @@ def test_a_raw_grammar_over_the_size_bound_is_refused_at_the_door(engine):
 
 def test_a_grammar_that_compiles_for_seconds_fails_typed_and_the_engine_serves_on(engine, monkeypatch):
     """Compiled off the loops that answer: the stream beside it goes on, the engine is not declared hung, 400s."""
-    from exllama_integrations.contract import api
+    from exllama_integrations.contract import grammar
     from exllama_integrations.model import grammar_worker
 
     rt, url = engine
     (pid,) = rt.diagnostics()["engine_pids"]
     big = {"prompt": "Pick:", "max_tokens": 4, "grammar": {"kind": "lark", "source": alternatives(60_000)}}
-    monkeypatch.setattr(api, "MAX_GRAMMAR_CHARS", 1_000_000)  # past the door: the time budgets hold it
+    monkeypatch.setattr(grammar, "MAX_GRAMMAR_CHARS", 1_000_000)  # past the door: the time budgets hold it
     beside = Beside(rt)
     # this process's own budget first: refused at it (the compile goes on behind, and is kept)
     monkeypatch.setattr(grammar_worker, "COMPILE_SECONDS", 0.2)

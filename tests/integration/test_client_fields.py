@@ -64,7 +64,8 @@ def test_a_field_of_another_endpoint_is_not_suggested_as_itself(rerank, demo_dir
     message = bad.json()["error"]["message"]
     assert bad.status_code == 400 and "echo: unknown field here" in message and "did you mean 'echo'" not in message
     hi = [{"role": "user", "content": "hi"}]  # a block's field at the top of a Messages body
-    bad = httpx.post(chat + "/v1/messages", json={"model": "m", "max_tokens": 1, "messages": hi, "name": "x"})
+    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 1, "messages": hi, "name": "x"}
+    bad = httpx.post(chat + "/v1/messages", json=body)
     message = bad.json()["error"]["message"]
     assert bad.status_code == 400 and "name" in message and "did you mean 'name'" not in message
 

@@ -98,7 +98,11 @@ def test_outcome_carries_usage_and_both_finish_names():
         "completion_tokens": 9,
         "total_tokens": 12,
         "prompt_tokens_details": {"cached_tokens": 0},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
     }
     assert _items(["hi"], False)[-1].metadata["finish_reason"] == "stop"  # eos is reported OpenAI-style
 
