@@ -119,13 +119,14 @@ class FakeExt:
     def __init__(self, refuse: int = 7) -> None:
         self.refuse, self.ran, self.tried = refuse, [], []
 
-    def exl3_gemm(self, a: Any, trellis: Any, c: Any, suh: Any, a_had: Any, svh: Any, shape: int, *rest: Any) -> None:
+    def exl3_gemm(self, a: Any, trellis: Any, c: Any, suh: Any, a_had: Any, svh: Any, shape: int, *rest: Any) -> int:
         self.tried.append(shape)
         if shape == self.refuse:
             raise RuntimeError(f"exl3_gemm: shape {shape} needs more shared memory")
         assert rest == (False, True, 0)  # mcg, mul1, force_num_sms: the linear's own, all SMs
         self.ran.append((a.shape[0], shape))
         c.copy_(a @ FakeEXL3.weights[id(trellis)])
+        return shape
 
 
 class Attention:

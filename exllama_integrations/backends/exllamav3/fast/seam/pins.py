@@ -175,16 +175,20 @@ class LaunchPins:
         kind = (k, n, tuple(lin.trellis.shape[1:]), y.dtype, bool(lin.mcg), bool(lin.mul1))
         known = self.shapes.get(kind)
         for shape in (known,) if known is not None else exl3_shapes(k, n):
-            try:
-                ext.exl3_gemm(xp, lin.trellis, y, lin.suh, torch.empty_like(xp), lin.svh, shape, lin.mcg, lin.mul1, 0)
+            try:  # it returns the shape it ran, 0 where it has no kernel of that shape (and writes nothing)
+                ran = ext.exl3_gemm(
+                    xp, lin.trellis, y, lin.suh, torch.empty_like(xp), lin.svh, shape, lin.mcg, lin.mul1, 0
+                )
+                why = None if ran == shape else f"exl3_gemm ran shape {ran}"
             except RuntimeError as e:  # the kernel's own checks (shared memory, tiles), before any launch
-                if known is not None:
-                    raise
-                tried = f"{k}x{n} {y.dtype} shape {shape}"
-                self.refused[tried] = str(e)[:200]
-                continue
-            self.shapes[kind] = shape
-            break
+                why = str(e)[:200]
+            if why is None:
+                self.shapes[kind] = shape
+                break
+            if known is not None:
+                raise RuntimeError(f"the pinned EXL3 GEMM of a {k}x{n} matrix on shape {shape} failed: {why}")
+            tried = f"{k}x{n} {y.dtype} shape {shape}"
+            self.refused[tried] = why
         else:
             raise RuntimeError(f"no forced EXL3 kernel shape runs a {k}x{n} matrix: {self.refused}")
         out = y[:rows].view(*x.shape[:-1], n)
