@@ -118,11 +118,14 @@ class FakeExt:
 
     def __init__(self, refuse: int = 7) -> None:
         self.refuse, self.ran, self.tried = refuse, [], []
+        self.without: set[int] = set()  # shapes it has no kernel of: it returns 0 and writes nothing
 
     def exl3_gemm(self, a: Any, trellis: Any, c: Any, suh: Any, a_had: Any, svh: Any, shape: int, *rest: Any) -> int:
         self.tried.append(shape)
         if shape == self.refuse:
             raise RuntimeError(f"exl3_gemm: shape {shape} needs more shared memory")
+        if shape in self.without:
+            return 0
         assert rest == (False, True, 0)  # mcg, mul1, force_num_sms: the linear's own, all SMs
         self.ran.append((a.shape[0], shape))
         c.copy_(a @ FakeEXL3.weights[id(trellis)])
@@ -217,6 +220,16 @@ def test_a_pinned_gemm_runs_every_step_at_the_bucket_and_a_row_comes_out_as_alon
     report = pins.report()
     assert report["exl3_shapes"] == ["64x256: shape 2"] and "shape 7" in next(iter(report["exl3_shapes_refused"]))
     assert report["calls"] == {"EXL3 GEMM pinned": 2, "fp16 GEMM pinned": 1, "EXL3 GEMM left as it was": 2}
+
+
+def test_a_shape_without_a_kernel_is_passed_over_not_left_as_an_unwritten_output(fakes: SimpleNamespace) -> None:
+    pins = seam_pins.LaunchPins(fakes.view, bucket=16)  # type: ignore[arg-type]
+    fakes.ext.without = {2}
+    lin, x = FakeEXL3(32, 128), torch.randn(3, 32)
+    with pins.applied():
+        y = FakeEXL3.forward(lin, x, {})
+    assert torch.allclose(y, x @ lin.w + lin.bias, atol=1e-4) and fakes.ext.ran == [(16, 1)]
+    assert pins.report()["exl3_shapes"] == ["32x128: shape 1"]
 
 
 def test_the_attention_gets_its_tables_split_plan_and_a_chosen_split_is_left_alone(fakes: SimpleNamespace) -> None:
