@@ -60,6 +60,9 @@ FP16_OPS = (  # name, k, n, fp32 output (ext.hgemm) else torch.matmul
 
 Pins = dict[str, Callable[[int], Callable[[], Any]]]
 
+PINNED_EXL3 = "pad64+shape=7 (the pinned strategy's)"
+"""The EXL3 pin of ``fast/pinned.py`` (a bucket of 64 rows on the 64-row tile), measured beside the others."""
+
 
 @dataclass
 class Ctx:
@@ -297,6 +300,8 @@ def exl3_pins(ctx: Ctx, lin: Any, k: int, n: int, fp32: bool, salt: int) -> Pins
     pins: Pins = {"none": own()}
     pins.update({f"pad16+shape={s}": forced(s, 16) for s in fits[:2]})
     pins.update({f"shape={s}": forced(s) for s in fits})
+    if exl3_shape_fits(7, k, n):  # deterministic=True's pinned strategy: every step at 64 rows, the 64-row tile
+        pins[PINNED_EXL3] = forced(7, 64)
     pins["pad64 (one bucket)"] = own(64)
     pins["pad16 (autotuned per 16-row bucket)"] = own(16)
     pins["gemv off (EXL3_GEMV=0)"] = own(gemv_off=True)

@@ -93,6 +93,7 @@ class Raw:
         ahead: bool = True,
         prefill: bool = False,
         deterministic: bool = False,
+        strategy: str | None = None,
     ) -> None:
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
@@ -119,9 +120,17 @@ class Raw:
             from exllama_integrations.backends.exllamav3.fast import FastDecode
 
             self.fast = FastDecode(
-                self.generator, graphs=graphs, ahead=ahead, prefill=prefill, deterministic=deterministic, recurrent=True
+                self.generator,
+                graphs=graphs,
+                ahead=ahead,
+                prefill=prefill,
+                deterministic=deterministic,
+                recurrent=True,
+                strategy=strategy,
             )
             assert self.fast.active, self.fast.report()
+            if strategy is not None:  # the strategy asked for runs, or the row would measure the other one
+                assert self.fast.strategy == strategy, self.fast.report()
 
     def enqueue(self, prompts: list[list[int]], new: int, sampler: Any = None, settings: Any = None) -> list[Any]:
         import torch
@@ -169,7 +178,21 @@ class Raw:
             "steps": steps,
         }
 
+    def first_token(self, prompt: list[int]) -> dict[str, float]:
+        """One cold prompt alone: milliseconds from its enqueue to its first token (prefill and the first step)."""
+        import torch
+
+        jobs = self.enqueue([prompt], 1)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            while self.generator.num_remaining_jobs():
+                self.generator.iterate()
+        assert jobs[0].new_tokens >= 1
+        return {"first_token_ms": 1000 * (time.perf_counter() - t0)}
+
     def close(self) -> None:
+        if self.fast is not None:
+            self.fast.close()
         self.generator.close() if hasattr(self.generator, "close") else None
         self.cache = None
 
@@ -644,7 +667,8 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
         fast = Raw(path, fast=True)  # a model of its own: no state shared with the raw one
         sampler_only = Raw(path, fast=True, graphs=False) if args.sampler_alone else None
         not_ahead = Raw(path, fast=True, ahead=False) if args.ahead_row else None
-        apart = Raw(path, fast=True, deterministic=True) if args.deterministic_row else None
+        apart = Raw(path, fast=True, deterministic=True, strategy="rows apart") if args.deterministic_row else None
+        pinned = Raw(path, fast=True, deterministic=True, strategy="pinned") if args.pinned_row else None
         prompts = Prompts(vocab_size(path))
         for batch in args.batches:
 
@@ -666,22 +690,41 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
                 paths[f'decode="fast" without running ahead: {batch} Jobs together'] = row(not_ahead)
             if apart is not None:
                 paths[f'decode="fast", deterministic=True: {batch} Jobs together'] = row(apart)
+            if pinned is not None:
+                paths[f'decode="fast", deterministic=True, pinned: {batch} Jobs together'] = row(pinned)
             _interleave(RESULTS, args.out, section, paths, args.reps)
             names = list(paths)
             pairs = [(n, names[0]) for n in names[1:]]
             if not_ahead is not None:  # what running ahead adds, in the same run
                 pairs.append((names[1], f'decode="fast" without running ahead: {batch} Jobs together'))
-            if apart is not None:  # what deterministic=True costs, in the same run
-                pairs.append((f'decode="fast", deterministic=True: {batch} Jobs together', names[1]))
+            for other in (f"deterministic=True: {batch}", f"deterministic=True, pinned: {batch}"):
+                if f'decode="fast", {other} Jobs together' in paths:  # what each strategy costs, in the same run
+                    pairs.append((f'decode="fast", {other} Jobs together', names[1]))
             ratios(args.out, section, pairs, more=("step_ms",))
+        if args.first_prompt:
+            first_tokens(args, name, prompts, {"raw exllamav3": raw, 'decode="fast"': fast, "deterministic=True": apart,
+                                               "deterministic=True, pinned": pinned})  # fmt: skip
         note(args.out, f"bench {name} fast path report", fast.fast.report())  # type: ignore[union-attr]
+        if pinned is not None:
+            note(args.out, f"bench {name} pinned fast path report", pinned.fast.report())  # type: ignore[union-attr]
         fast.close()
-        for other in (sampler_only, not_ahead, apart):
+        for other in (sampler_only, not_ahead, apart, pinned):
             if other is not None:
                 other.close()
         raw.close()
-        del raw, fast, sampler_only, not_ahead, apart
+        del raw, fast, sampler_only, not_ahead, apart, pinned
         torch.cuda.empty_cache()
+
+
+def first_tokens(args: Any, name: str, prompts: Prompts, modes: dict[str, Raw | None]) -> None:
+    """Each mode's time to the first token of a cold prompt of ``--first-prompt`` tokens alone, interleaved."""
+    tokens = Prompts(prompts.vocab, args.first_prompt)
+    paths = {f"first token, {mode}": (lambda r=r: r.first_token(tokens.take(1)[0])) for mode, r in modes.items() if r}
+    section = f"bench {name} first token, {args.first_prompt}-token prompt"
+    _interleave(RESULTS, args.out, section, paths, args.reps)
+    base = 'first token, decode="fast"'
+    pairs = [(k, base) for k in paths if k != base and "deterministic" in k]
+    ratios(args.out, section, pairs, key="first_token_ms")
 
 
 def device_copy_bandwidth(gib: int = 4, reps: int = 10) -> float:
@@ -725,6 +768,18 @@ def main() -> None:
         dest="deterministic_row",
         action="store_false",
         help="bench: leave out the deterministic=True row",
+    )
+    ap.add_argument(
+        "--pinned-row",
+        dest="pinned_row",
+        action="store_true",
+        help="bench: add deterministic=True's pinned strategy (fast/pinned.py), beside the rows-apart one",
+    )
+    ap.add_argument(
+        "--first-prompt",
+        type=int,
+        default=0,
+        help="bench: also each row's time to the first token of a cold prompt of this many tokens (0: not measured)",
     )
     ap.add_argument("--batches", type=lambda v: [int(b) for b in v.split(",")], default=[1, 16, 64])
     args = ap.parse_args()

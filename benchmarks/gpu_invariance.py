@@ -21,7 +21,7 @@ prompts of ``--prefill-prompt`` random tokens on a fresh runtime (the median; ea
 prompt): the cost of prefilling one page a forward with ``deterministic=True`` against the 2048-token chunks of the
 others.
 
-    python benchmarks/gpu_invariance.py --out DIR [--models exl3,fp16] [--modes own,fast,deterministic]
+    python benchmarks/gpu_invariance.py --out DIR [--models exl3,fp16] [--modes own,fast,deterministic,pinned]
     python benchmarks/gpu_invariance.py --backend transformers --model-dir DIR --prompt 300 --new 4  # CPU check
 """
 
@@ -38,8 +38,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Results, exl3_model, parser, summary  # noqa: E402
 
 RESULTS = Results("gpu_invariance.json")
-MODES = {"own": {"decode": "exllamav3"}, "fast": {}, "deterministic": {"deterministic": True}}
-"""Load options of each decode mode (``fast``: the defaults users get)."""
+MODES = {
+    "own": {"decode": "exllamav3"},
+    "fast": {},
+    "deterministic": {"deterministic": True},
+    "pinned": {"deterministic": True},
+}
+"""Load options of each decode mode (``fast``: the defaults users get; ``pinned``: ``deterministic=True`` with its
+pinned strategy, fast/pinned.py, chosen by flipping ``fast/deterministic.py`` STRATEGY for the run)."""
+
+
+def run(model: Path, mode: str, args: Any) -> dict[str, Any]:
+    """:func:`run_mode` of ``mode``, with ``deterministic=True``'s strategy set for it (rows apart unless pinned)."""
+    from exllama_integrations.backends.exllamav3.fast import deterministic as det
+
+    before = det.STRATEGY
+    det.STRATEGY = det.PINNED if mode == "pinned" else det.ROWS_APART
+    try:
+        return run_mode(model, MODES[mode], args)
+    finally:
+        det.STRATEGY = before
 
 
 def prompts(seed: int, n: int, length: int, vocab: int = 32000) -> list[list[int]]:
@@ -192,7 +210,11 @@ def main() -> None:
         runs = {}
         for mode in args.modes.split(","):
             try:
-                runs[mode] = run_mode(paths[name], MODES[mode], args)
+                runs[mode] = (
+                    run(paths[name], mode, args)
+                    if args.backend == "exllamav3"
+                    else run_mode(paths[name], MODES[mode], args)
+                )
             except Exception as e:  # noqa: BLE001 - recorded, the other modes go on
                 RESULTS.note(args.out, f"{name} {mode} failed", f"{type(e).__name__}: {e}")
                 continue

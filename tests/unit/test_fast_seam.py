@@ -14,6 +14,7 @@ import pytest
 
 from exllama_integrations.backends.exllamav3.fast.requirements import (
     PAGE_SIZE,
+    PINNED,
     REQUIREMENTS,
     UNVERIFIED_ENV,
     VERIFIED,
@@ -56,8 +57,9 @@ def test_the_installed_exllamav3_is_read_from_its_source() -> None:
     from exllama_integrations.backends.exllamav3.upstream.requirements import REQUIREMENTS as BACKEND
 
     version = depends.installed_version("exllamav3")
-    found = depends.facts(root, [*REQUIREMENTS, *BACKEND])  # the fast path's and the rest of the backend's
-    assert set(found) == {r.key for r in [*REQUIREMENTS, *BACKEND]}
+    ours = [*REQUIREMENTS, *PINNED, *BACKEND]  # the fast path's (its pinned strategy's too) and the backend's
+    found = depends.facts(root, ours)
+    assert set(found) == {r.key for r in ours}
     if depends.release(version or "") == (1, 6, 5):
         assert VERIFIED_165 is not None and found == VERIFIED_165["facts"]  # the recording is of this very source
 

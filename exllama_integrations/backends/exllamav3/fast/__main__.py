@@ -1,9 +1,10 @@
 """``python -m exllama_integrations.backends.exllamav3.fast [--record]``: what the package relies on, checked.
 
 Prints what the installed exllamav3 (or ``--root``) does not meet of the fast path's requirements
-(:data:`.requirements.REQUIREMENTS`) and of the rest of the backend's (:data:`..upstream.requirements.REQUIREMENTS`),
-and what changed since each verified release's recorded facts; ``--record`` writes the installed release's facts
-to ``upstream/recorded/`` (the step of docs/exllamav3-releases.md that adds a release to the verified set).
+(:data:`.requirements.REQUIREMENTS`; :data:`.requirements.PINNED`, its pinned strategy's) and of the rest of the
+backend's (:data:`..upstream.requirements.REQUIREMENTS`), and what changed since each verified release's recorded facts;
+``--record`` writes the installed release's facts to ``upstream/recorded/`` (the step of docs/exllamav3-releases.md
+that adds a release to the verified set).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ def main() -> None:
     version = args.version or depends.installed_version("exllamav3")
     if root is None or version is None:
         raise SystemExit("exllamav3 is not installed (give --root and --version)")
-    checked = {"the fast path": requirements.REQUIREMENTS, "the backend": backend.REQUIREMENTS}
+    checked = {
+        "the fast path": requirements.REQUIREMENTS,
+        "the pinned strategy of deterministic=True": requirements.PINNED,
+        "the backend": backend.REQUIREMENTS,
+    }
     found = depends.facts(root, [r for reqs in checked.values() for r in reqs])
     for user, reqs in checked.items():
         unmet = depends.problems(reqs, found)

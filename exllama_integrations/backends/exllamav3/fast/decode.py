@@ -14,7 +14,8 @@ exllamav3's own kernels choose their attention split and GEMM tiles by the numbe
 alone and the same request inside a batch may part where two logits nearly tie. ``deterministic=True`` removes
 that: each row of a decode step runs as a step of its own (its own table width, exllamav3's own launch for one
 row), so a request's tokens are those exllamav3's own loop gives it alone, whatever decodes beside it; the cost is
-one forward per row (benchmarks/results, run 15). Batched prefill is refused with it (its GEMMs round differently),
+one forward per row (benchmarks/results, run 15); its second strategy, the whole step with every launch choice pinned
+(:mod:`.pinned`), awaits its GPU proof (:data:`.deterministic.STRATEGY`). Batched prefill is refused with it,
 and prompts are prefilled one page a forward, with no K/V copied from a partly matching page and no page completed
 while decoding offered to later prompts (:mod:`.deterministic`), so that what was cached before a request does not
 change its K/V (docs/determinism.md).
@@ -42,11 +43,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..upstream.depends import installed_version
+from . import deterministic as det
 from .deterministic import rows_apart
 from .graphs import DecodeGraphs
+from .pinned import bucket
 from .prefill import BatchedPrefill
 from .sampler import BatchedSampler, RowSettings, row_settings, uncovered
 from .seam import GeneratorView, JobView, Seam, stands_aside, view
+from .seam.pins import LaunchPins, pins_stand_aside
 from .step import Forward, PageCopy
 
 logger = logging.getLogger(__name__)
@@ -75,17 +79,22 @@ class FastDecode:
         deterministic: bool = False,
         max_rows: int = 64,
         recurrent: bool = False,
+        strategy: str | None = None,
     ) -> None:
         """Hooks ``generator`` unless the seam stands aside (then ``active`` is False and nothing is hooked).
 
         ``graphs``: replay each decode forward from a captured CUDA graph where :mod:`.graphs` can (False: the
         batched sampler alone, for comparison); ``ahead``: run each captured step's forward ahead of its bookkeeping;
         ``prefill``: run the prompt chunks of a step in a few batched forwards; ``deterministic``: each row of a
-        decode step as a step of its own; ``max_rows``: the generator's largest batch; ``recurrent``: capture the
+        decode step as a step of its own, or (``strategy``, default :data:`.deterministic.STRATEGY`) the whole step
+        with its launch choices pinned; ``max_rows``: the generator's largest batch; ``recurrent``: capture the
         steps of Gated DeltaNet / Mamba-2 hybrids too (``fast_recurrent``).
         """
         self.generator = generator
         self.deterministic = deterministic
+        self.strategy = (strategy or det.STRATEGY) if deterministic else None
+        self.pins: LaunchPins | None = None  # the pinned strategy's launch pins
+        self.pins_stand_aside: str | None = None  # why the pinned strategy was asked for and the rows ran apart
         self.steps = 0
         self.tokens = 0
         self.row_forwards = 0  # deterministic: forwards of one row
@@ -117,6 +126,8 @@ class FastDecode:
                 )
             except Exception:  # noqa: BLE001 - the batched sampler still runs; the forward stays eager
                 logger.exception("decode='fast': the captured decode step could not be set up; it runs eagerly")
+        if self.strategy == det.PINNED:
+            self._pin(ahead, max_rows)
         if prefill:
             self.prefill = BatchedPrefill(self.jobs)
         try:
@@ -127,6 +138,17 @@ class FastDecode:
             logger.exception("decode='fast': hooking exllamav3 failed; its own loop runs")
             self.active, self.why_not = False, f"hooking exllamav3 failed: {type(e).__name__}: {e}"
             self._release()
+
+    def _pin(self, ahead: bool, max_rows: int) -> None:
+        """The pinned strategy where its pins hold (the whole step captured and run ahead), else the rows apart."""
+        graphs = self.graphs
+        why = "the decode step is not captured" if graphs is None else pins_stand_aside(graphs.view)
+        if why is not None or graphs is None:
+            self.strategy, self.pins_stand_aside = det.ROWS_APART, why
+            logger.info("deterministic=True runs the rows of a step apart: the pins stand aside: %s", why)
+            return
+        self.pins = graphs.pinned = LaunchPins(graphs.view, bucket(max_rows))
+        graphs.ahead = ahead
 
     # ------------------------------------------------------------------ the seam's hooks
 
@@ -143,7 +165,8 @@ class FastDecode:
         if self.prefill is not None:  # the forward reads the cache the held prompt chunks write
             self.prefill.flush("a model forward")
         if self._decode and call.step:
-            out = self._rows_apart(call) if self.deterministic else self._one(call.eager, call.ids, call.params)
+            apart = self.strategy == det.ROWS_APART
+            out = self._rows_apart(call) if apart else self._one(call.eager, call.ids, call.params)
             self._own_graphs = self.graphs is not None and self.graphs.own_graphs_step
         else:
             out = call.run()
@@ -152,10 +175,20 @@ class FastDecode:
         return out
 
     def _one(self, eager: Callable[..., Any], ids: Any, params: dict[str, Any]) -> Any:
-        def run(i: Any, p: dict[str, Any]) -> Any:
-            return eager(input_ids=i, params=p)
-
+        run = self._eager(eager)
         return self.graphs.forward(run, ids, params) if self.graphs is not None else run(ids, params)
+
+    def _eager(self, eager: Callable[..., Any]) -> Callable[[Any, dict[str, Any]], Any]:
+        """exllamav3's own forward of a decode step, under the launch pins where the pinned strategy runs."""
+        pins = self.pins
+
+        def run(i: Any, p: dict[str, Any]) -> Any:
+            if pins is None:
+                return eager(input_ids=i, params=p)
+            with pins.applied():
+                return eager(input_ids=i, params=p)
+
+        return run
 
     def _rows_apart(self, call: Forward) -> Any:
         """``deterministic``: each row as a step of its own (:func:`.deterministic.rows_apart`)."""
@@ -194,9 +227,8 @@ class FastDecode:
         """Capture the decode step of every batch size now (``warmup=True``), not on a client's first step."""
         if not self.active or self.graphs is None or self.seam is None:
             return 0
-        own = self.seam.own_forward
         return self.graphs.capture_at_load(
-            lambda i, p: own(input_ids=i, params=p),
+            self._eager(self.seam.own_forward),
             self.jobs.cache,
             range(1, self.graphs.static.rows + 1),
             progress,
@@ -377,6 +409,9 @@ class FastDecode:
             "decode": "fast",
             "exllamav3": installed_version("exllamav3"),
             "deterministic": self.deterministic,
+            **({"deterministic_strategy": self.strategy} if self.deterministic else {}),
+            **({"pins_stand_aside": self.pins_stand_aside} if self.pins_stand_aside else {}),
+            **({"pins": self.pins.report()} if self.pins is not None else {}),
             "batched_steps": self.steps,
             "batched_tokens": self.tokens,
             **({"row_forwards": self.row_forwards} if self.deterministic else {}),

@@ -14,6 +14,9 @@ What else its tokens would depend on, and the rule here that removes each (docs/
 The seam (:class:`~.seam.Seam`) applies :class:`Pins` to every job before ``iterate()`` starts it and removes its
 wraps with its own; what the pins wrap is declared in :mod:`.requirements` (``Job.prefill``, its one read of
 ``all_pages``, ``Job.hash_completed_page``, the pages' ``prev_hash``/``can_revert``/``phash``).
+
+The rows of a decode step have a second strategy, :data:`PINNED` (:mod:`.pinned`): the whole batch in one step with
+every launch choice that follows the batch pinned; :data:`STRATEGY` chooses, and the prefill rules above hold for both.
 """
 
 from __future__ import annotations
@@ -24,6 +27,17 @@ from typing import Any
 
 from .requirements import PAGE_SIZE
 from .step import Forward, padded_width
+
+ROWS_APART = "rows apart"
+"""Each row of a decode step as a step of its own (:func:`rows_apart`): proven on the GPU, one forward per row."""
+
+PINNED = "pinned"
+"""The whole step at once, its launch choices pinned (:mod:`.pinned`, :mod:`.seam.pins`): awaiting its GPU proof
+(``tests/gpu/test_gpu_pinned.py``); where the pins cannot hold (:func:`.seam.pins.pins_stand_aside`), rows apart."""
+
+STRATEGY = ROWS_APART
+"""``deterministic=True``'s strategy for the rows of a decode step (read when a FastDecode is made). The one line to
+change once the GPU proves :data:`PINNED` (docs/determinism.md)."""
 
 
 def refuse_chunks(max_chunk_size: int, shared_chunk_size: int) -> None:
@@ -151,4 +165,4 @@ def rows_apart(one: Callable[[Any, dict[str, Any]], Any], step: Forward) -> tupl
     return out, rows
 
 
-__all__ = ["NoPartialPages", "Pins", "refuse_chunks", "row_width", "rows_apart"]
+__all__ = ["PINNED", "ROWS_APART", "STRATEGY", "NoPartialPages", "Pins", "refuse_chunks", "row_width", "rows_apart"]

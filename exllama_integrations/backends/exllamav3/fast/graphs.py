@@ -109,6 +109,7 @@ class DecodeGraphs:
         self._stream: Any = None
         self._ptr_tables: dict[tuple[int, ...], tuple[Any, Any]] = {}
         self._capturing: list[Any] | None = None  # what the graph being captured must keep alive
+        self.pinned: Any = None  # deterministic=True's launch pins (seam.pins.LaunchPins), applied to every capture
         self.captured: list[str] = []
         self.captured_at_load = 0
         if self.why_not is not None:
@@ -261,7 +262,7 @@ class DecodeGraphs:
             graph = torch.cuda.CUDAGraph()
             self._capturing = shape.keep
             try:
-                with self.view.own_graphs_off():
+                with self.pinned.applied() if self.pinned is not None else self.view.own_graphs_off():
                     with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="relaxed"):
                         logits = self.view.run_layers(st.x[:rows], static)
                         st.logits[:rows].copy_(logits)
@@ -389,6 +390,8 @@ class DecodeGraphs:
         self._staging.clear()
         self.static.clear()
         self._pool = self._stream = None
+        if self.pinned is not None:
+            self.pinned.release()
         self.view.release()
         self.why_not = self.why_not or "closed"
 

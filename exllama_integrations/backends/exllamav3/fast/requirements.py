@@ -17,8 +17,11 @@ import os
 from functools import lru_cache
 
 from ..upstream.depends import (
+    Bound,
+    Calls,
     Constant,
     DictKeys,
+    Function,
     Member,
     Mentions,
     Reads,
@@ -119,6 +122,40 @@ REQUIREMENTS: list[Requirement] = [
     Mentions(_G, "Generator", "iterate_gen", "export_states"),
 ]  # fmt: skip
 """What the fast path reads and wraps, checked against the installed exllamav3 before it hooks anything."""
+
+
+_TP, _Q = f"{_MOD}.attention_fn.triton_paged", f"{_MOD}.quant"
+PINNED: list[Requirement] = [
+    # the attention's split plan, passed by keyword to the module global the dispatcher's decode functions call
+    Function(_TP, "paged_attn_triton_decode", ("q", "k", "k_cache", "block_table", "num_splits", "max_kv_len",
+             "pre_appended_len")),
+    Calls(_TP, "fn_triton_paged_attn_decode", "paged_attn_triton_decode"),
+    Calls(_TP, "fn_triton_paged_attn_decode_qc", "paged_attn_triton_decode"),
+    # the GEMMs: LinearEXL3.forward and LinearFP16.forward wrapped, the EXL3 one run by the extension's exl3_gemm
+    Member(f"{_Q}.exl3", "LinearEXL3", "forward", ("x", "params", "out_dtype")),
+    *(Member(f"{_Q}.exl3", "LinearEXL3", n) for n in "trellis suh svh mcg mul1 bias out_features "
+      "default_out_dtype".split()),
+    *(Mentions(f"{_Q}.exl3", "LinearEXL3", "forward", k) for k in ("ovr", "reconstruct")),
+    Constant(f"{_Q}.exl3", "ext"),
+    Bound("exl3_gemm", "quant/exl3_gemm.cuh", ("A", "B", "C", "suh", "A_had", "svh", "force_shape_idx", "mcg", "mul1",
+          "force_num_sms")),
+    Member(f"{_Q}.fp16", "LinearFP16", "forward", ("x", "params", "out_dtype")),
+    # the fused bundles set aside; what stands the strategy aside (sliding windows, LoRA, other weights)
+    *(Member(f"{_MOD}.attn", "Attention", n) for n in "multi_qkv multi_kv multi_qg sliding_window".split()),
+    Member(f"{_MOD}.mlp", "GatedMLP", "multi_gu"),
+    *(Member(f"{_MOD}.linear", "Linear", n) for n in ("quant_type", "lora_a_tensors")),
+]  # fmt: skip
+"""What the pinned strategy of ``deterministic=True`` relies on (:mod:`.seam.pins`): checked when it is chosen;
+unmet, the rows of a step run apart instead (:func:`pinned_unmet`)."""
+
+
+@lru_cache(maxsize=1)
+def pinned_unmet() -> list[str]:
+    """What of :data:`PINNED` the installed exllamav3's source does not meet (empty: all met; checked once)."""
+    root = source_root("exllamav3")
+    if root is None:
+        return ["exllamav3's source is not found"]
+    return problems(PINNED, facts(root, PINNED))
 
 
 # ---------------------------------------------------------------------- the rule for a release

@@ -105,7 +105,55 @@ class Mentions:
         return f"{self.module}:{self.cls}.{self.func}:mentions {self.text!r}"
 
 
-Requirement = Member | DictKeys | Constant | Reads | Mentions
+@dataclass(frozen=True)
+class Function:
+    """A module-level function, with the ``keywords`` it must take by name (the pins call it by keyword)."""
+
+    module: str
+    name: str
+    keywords: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.name}()"
+
+
+@dataclass(frozen=True)
+class Calls:
+    """The module-level function ``func`` calls ``callee`` by its bare name.
+
+    So a wrap of the module's global reaches the call (the pins wrap ``paged_attn_triton_decode`` where the attention
+    dispatcher's functions call it).
+    """
+
+    module: str
+    func: str
+    callee: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.func}() calls {self.callee}"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A function of exllamav3's compiled extension, called positionally.
+
+    Bound in ``exllamav3_ext/bindings.cpp`` (``m.def("name"``) and declared in ``header`` (under ``exllamav3_ext/``)
+    with parameters named ``params``, in order. The wheel ships the extension's sources (it compiles them on first
+    import); without them it is unmet.
+    """
+
+    name: str
+    header: str
+    params: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return f"exllamav3_ext:{self.name}"
+
+
+Requirement = Member | DictKeys | Constant | Reads | Mentions | Function | Calls | Bound
 
 
 def release(version: str) -> tuple[int, ...] | None:
@@ -143,6 +191,7 @@ class _Module:
         self.source = path.read_text(encoding="utf-8")
         tree = ast.parse(self.source, filename=str(path))
         self.classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+        self.functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         self.names: set[str] = set()
         self.values: dict[str, Any] = {}  # NAME = <literal>
         for n in tree.body:
@@ -239,6 +288,26 @@ def _mentions(fn: ast.FunctionDef, text: str) -> bool:
     return any(isinstance(n, ast.Constant) and n.value == text for n in ast.walk(fn))
 
 
+def _calls(fn: ast.FunctionDef, callee: str) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == callee for n in ast.walk(fn))
+
+
+def _bound(root: Path, r: Bound) -> dict[str, Any]:
+    """Whether bindings.cpp binds ``r.name``, and the parameter names of its declaration in ``r.header``."""
+    import re
+
+    ext = root / "exllamav3_ext"
+    bindings, header = ext / "bindings.cpp", ext / r.header
+    if not bindings.is_file() or not header.is_file():
+        return {"present": False}
+    present = f'm.def("{r.name}"' in bindings.read_text(errors="replace")
+    decl = re.search(rf"\b{re.escape(r.name)}\s*\(([^;{{]*?)\)\s*;", header.read_text(errors="replace"))
+    params = None
+    if decl is not None:  # each parameter's name: the last word before a default value, if any
+        params = [re.findall(r"\w+", p.split("=")[0])[-1] for p in decl.group(1).split(",") if p.strip()]
+    return {"present": present, "params": params}
+
+
 def facts(root: Path, requirements: list[Requirement]) -> dict[str, Any]:
     """What the source under ``root`` (the package's folder) says about each requirement, by its key.
 
@@ -258,7 +327,17 @@ def facts(root: Path, requirements: list[Requirement]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for r in requirements:
+        if isinstance(r, Bound):
+            out[r.key] = _bound(root, r)
+            continue
         m = module(r.module)
+        if isinstance(r, Function | Calls):
+            fn = m.functions.get(r.name if isinstance(r, Function) else r.func) if m is not None else None
+            if isinstance(r, Function):
+                out[r.key] = {"present": fn is not None, **({"params": _params(fn)} if fn is not None else {})}
+            else:
+                out[r.key] = {"calls": _calls(fn, r.callee) if fn is not None else None}
+            continue
         if isinstance(r, Constant):
             out[r.key] = {"present": m is not None and r.name in m.names}
             if m is not None and r.name in m.values:
@@ -289,8 +368,15 @@ def problems(requirements: list[Requirement], found: dict[str, Any]) -> list[str
         f = found.get(r.key)
         if f is None:
             out.append(f"{r.key}: not checked")
-        elif isinstance(r, Member | Constant) and not f.get("present"):
+        elif isinstance(r, Member | Constant | Function | Bound) and not f.get("present"):
             out.append(f"{r.key}: missing")
+        elif isinstance(r, Function) and set(r.keywords) - set(f.get("params") or ()):
+            lacking = sorted(set(r.keywords) - set(f.get("params") or ()))
+            out.append(f"{r.key}: parameters {f.get('params')} lack {lacking}")
+        elif isinstance(r, Bound) and tuple(f.get("params") or ()) != r.params:
+            out.append(f"{r.key}: declared with parameters {f.get('params')}, called as {list(r.params)}")
+        elif isinstance(r, Calls) and not f.get("calls"):
+            out.append(f"{r.key}: not found (a wrap of the module's {r.callee} would not reach the call)")
         elif isinstance(r, Constant) and r.value is not None and f.get("value") != r.value:
             out.append(f"{r.key}: is {f.get('value')!r}, the fast path assumes {r.value!r}")
         elif isinstance(r, Member) and (r.params is not None or r.keywords is not None):

@@ -43,6 +43,7 @@ NAMES: dict[str, str] = {
     "GptOssModel": f"{_A}.gpt_oss",
     "BlockSparseMLP": f"{_MOD}.block_sparse_mlp",
     "LinearFP16": f"{_MOD}.quant.fp16",
+    "LinearEXL3": f"{_MOD}.quant.exl3",  # (the pinned decode step: fast/seam/pins.py)
     # module kinds (patches.py, extras.py; the seam's model view)
     "Attention": f"{_MOD}.attn",
     "Embedding": f"{_MOD}.embedding",
@@ -61,8 +62,9 @@ NAMES: dict[str, str] = {
 }  # fmt: skip
 """Every exllamav3 name the package imports -> the module that defines it (``from ..upstream import Model``)."""
 
-MODULES = frozenset({f"{_MOD}.attn"})
-"""exllamav3 modules reached as modules, for a global of theirs (the seam turns ``_bc_attn_enable`` off)."""
+MODULES = frozenset({f"{_MOD}.attn", f"{_MOD}.attention_fn.triton_paged", f"{_MOD}.quant.exl3"})
+"""exllamav3 modules reached as modules, for a global of theirs (the seam turns ``_bc_attn_enable`` off; the pins wrap
+``triton_paged.paged_attn_triton_decode`` and call the extension as ``exl3.ext``)."""
 
 _LIN, _CUSTOM = f"{_MOD}.linear", f"{_S}.custom"
 
