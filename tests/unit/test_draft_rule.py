@@ -211,4 +211,4 @@ def test_the_defaults_are_what_docs_speculative_says():
     page = (Path(__file__).resolve().parents[2] / "docs" / "speculative.md").read_text()
     assert "first 3 steps" in page and "2 more" in page and "at most once every 32" in page
     assert (rule.explore_every, rule.explore_share) == (32, 0.01) and "at most 1% of the bucket's measured time" in page
-    assert "`diagnostics()[\"mtp_parking\"].report()`" in page  # (tests/unit/test_mtp_parking.py: what it counts)
+    assert '`diagnostics()["mtp_parking"].report()`' in page  # (tests/unit/test_mtp_parking.py: what it counts)
