@@ -205,7 +205,6 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
     import torch
 
     from exllama_integrations import ExLlamaRuntime
-    from exllama_integrations.langchain import ExLlamaLLM
     from exllama_integrations.runtime.remote import RemoteRuntime
 
     note(args.out, "gpu", torch.cuda.get_device_name(0))
@@ -222,7 +221,6 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
     raw_plain.jobs([ids], new)
     differ = {"ours, no drafting": want != chain, "raw, no drafting": raw_plain.last["token_ids"] != chain}
     note(args.out, "greedy tokens count upward from the prompt's last token (the checkpoint's design)", want == chain)
-    llm_plain = ExLlamaLLM(runtime=rt_plain, temperature=0, max_new_tokens=new)
     errors: dict[str, str] = {}
     for level in args.levels.split(","):
         spec = fixture["levels"][level]
@@ -253,10 +251,12 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
             if args.no_stream:
                 batch_rows(args, rt, rt_plain, loop, level, differ)
                 continue
+            from exllama_integrations.langchain import ExLlamaLLM  # (the one-stream rows' public API: LangChain's)
+
             paths = {
                 RAW: raw(raw_plain, ids, new),
                 RAW_MTP: raw(loop, ids, new),
-                OURS: ours(llm_plain),
+                OURS: ours(ExLlamaLLM(runtime=rt_plain, temperature=0, max_new_tokens=new)),
                 OURS_MTP: ours(ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=new)),
             }
             if server is not None:
