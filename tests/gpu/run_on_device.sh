@@ -31,18 +31,19 @@ case "${1:-tests}" in
   pending)
     # What the CPU side built that no GPU has proven yet (session 8, 2026-12-07; issue 53 and 55), each step bounded,
     # its results in $OUT as they come: MTP with the drafter parked on the steps the rule drafts nothing on (greedy
-    # tokens with drafting switched off and back on mid-generation at 1 and 16 jobs, drafted counts in usage:
-    # test_gpu_mtp), exllamav3's label scoring with the prefix read once per request (test_gpu_decisions), then MTP
-    # at 16 and 64 jobs, perfect and ~70%, 5 interleaved reps, with the steps run parked / catch-up / drafting
-    # (gpu_mtp.py --no-stream: the one-stream rows met their targets in run 3), then the hybrid's EXL3 row if time is
-    # left. The invariance probe (issue 57) is a call of its own: `probe`.
+    # tokens with drafting switched off and back on mid-generation at 1 and 16 jobs, a request's own drafted counts in
+    # its usage: test_gpu_mtp), exllamav3's label scoring with the prefix read once per request (test_gpu_decisions), then
+    # issue 55's GPU row first, it is short (benchmarks/gpu_decisions.py: a decision vs constrained JSON generation; carry .devcache with
+    # smollm2-tokenizer/). The invariance probe (issue 57) is a call of its own: `probe`; the hybrid's EXL3 row (its
+    # conversion alone takes ~90 s) one of `speed`'s: HYBRID_MODELS=hybrid-exl3.
     timeout "${TEST_S:-210}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_mtp.py \
       tests/gpu/test_gpu_decisions.py 2>&1 | tee "$OUT/gpu_tests_pending.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|MTP drafting|label" | cut -c1-600
-    timeout "${BENCH_S:-310}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect,mix --jobs 16,64 --reps 5 --new 64 --cache 32768 --no-served --no-stream --draft-window measured} \
-      2>&1 | tee "$OUT/gpu_mtp.txt" | grep -E "ratio|met|chosen|captured steps|parked|error|Error|differ" | cut -c1-500
-    timeout "${HYBRID_S:-60}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench --models hybrid-exl3 \
-      --reps 5 --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row > "$OUT/gpu_fast_decode_exl3.txt" 2>&1
-    grep -E "ratio|note" "$OUT/gpu_fast_decode_exl3.txt" | cut -c1-300 | tail -12 ;;
+    timeout "${DECIDE_S:-60}" python3 benchmarks/gpu_decisions.py --out "$OUT" --reps 7 > "$OUT/gpu_decisions.txt" 2>&1
+    grep -E "ratio|note|Error" "$OUT/gpu_decisions.txt" | cut -c1-300 | tail -12
+    # MTP at 16 and 64 jobs, perfect and ~70%, 5 interleaved reps, with each section's parked / catch-up / drafting
+    # steps (--no-stream: the one-stream rows met their targets in run 3; `mtp` runs them)
+    timeout "${BENCH_S:-290}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect,mix --jobs 16,64 --reps 5 --new 64 --cache 32768 --no-served --no-stream --draft-window measured} \
+      2>&1 | tee "$OUT/gpu_mtp.txt" | grep -E "ratio|met|chosen|captured steps|parked|error|Error|differ" | cut -c1-500 ;;
   speed)
     # issue 53's speed rows: the captured step on a ~1.5B Qwen3.5-shaped hybrid (raw vs fast at 1/16/64 jobs), then MTP
     timeout "${HYBRID_S:-300}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench \
