@@ -186,6 +186,7 @@ def main() -> None:
     ap.add_argument("--jobs", default="", help="also N jobs at once, e.g. 16,64 (batch rows)")
     ap.add_argument("--draft-window", default="measured", choices=("measured", "fixed"), help="ours: draft_window")
     ap.add_argument("--no-stream", action="store_true", help="only the --jobs rows (not the one-stream ones)")
+    ap.add_argument("--no-raw-batch", action="store_true", help="--jobs rows without raw exllamav3's drafting row")
     ap.add_argument("--prepare-only", action="store_true", help="build and calibrate the checkpoints, then stop")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -305,15 +306,16 @@ def batch_rows(args: Any, rt: Any, rt_plain: Any, loop: RawExLlamaV3, level: str
         rows = {
             f"ExLlamaRuntime.batch({n}), no drafting": batches.ours(rt_plain, "plain", "mtp"),
             f"ExLlamaRuntime.batch({n}), draft='mtp'": batches.ours(rt, "mtp", "plain"),
-            f"raw exllamav3, {n} jobs, its MTP drafter": batches.raw(
-                loop, lambda p: rt_plain.encode(p, add_special_tokens=True)
-            ),
         }
+        if not args.no_raw_batch:
+            rows[f"raw exllamav3, {n} jobs, its MTP drafter"] = batches.raw(
+                loop, lambda p: rt_plain.encode(p, add_special_tokens=True)
+            )
         parking = rt.diagnostics().get("mtp_parking")
         before = parking.report() if parking is not None else {}
         interleave(RESULTS, args.out, bsec, rows, args.reps)
         names = list(rows)
-        RESULTS.ratios(args.out, bsec, [(names[1], names[0]), (names[1], names[2])])
+        RESULTS.ratios(args.out, bsec, [(names[1], names[0]), *([(names[1], names[2])] if len(names) > 2 else [])])
         ratio = RESULTS.data["ratios"][bsec][f"{names[1]} / {names[0]}"]["tok_s"]["median"]
         note(args.out, f"{bsec}: draft='mtp' / no drafting, median of paired ratios", round(ratio, 3))
         note(args.out, f"{bsec}: target >= 1.0x met", ratio >= 1.0)

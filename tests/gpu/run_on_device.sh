@@ -41,8 +41,9 @@ case "${1:-tests}" in
     timeout "${DECIDE_S:-60}" python3 benchmarks/gpu_decisions.py --out "$OUT" --reps 7 > "$OUT/gpu_decisions.txt" 2>&1
     grep -E "ratio|note|Error" "$OUT/gpu_decisions.txt" | cut -c1-300 | tail -12
     # MTP at 16 and 64 jobs, perfect and ~70%, 5 interleaved reps, with each section's parked / catch-up / drafting
-    # steps (--no-stream: the one-stream rows met their targets in run 3; `mtp` runs them)
-    timeout "${BENCH_S:-290}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect,mix --jobs 16,64 --reps 5 --new 64 --cache 32768 --no-served --no-stream --draft-window measured} \
+    # steps (--no-stream: the one-stream rows met their targets in run 3, and --no-raw-batch: raw exllamav3 drafting
+    # 16/64 jobs measured in run 1; `mtp` runs them all)
+    timeout "${BENCH_S:-290}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect,mix --jobs 16,64 --reps 5 --new 64 --cache 32768 --no-served --no-stream --no-raw-batch --draft-window measured} \
       2>&1 | tee "$OUT/gpu_mtp.txt" | grep -E "ratio|met|chosen|captured steps|parked|error|Error|differ" | cut -c1-500 ;;
   speed)
     # issue 53's speed rows: the captured step on a ~1.5B Qwen3.5-shaped hybrid (raw vs fast at 1/16/64 jobs), then MTP
