@@ -164,6 +164,7 @@ OURS = {
         "spent",
         "seconds",
         "catch_ups",
+        "best",
     },  # buckets, arms
     "fast/decode.py": {"ahead", "kept"},  # DecodeGraphs, JobView
     "fast/graphs.py": {"graph", "replays", "exported"},  # Shape

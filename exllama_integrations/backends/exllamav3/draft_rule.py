@@ -50,10 +50,11 @@ def bucket(rows: int) -> int:
 class _Arm:
     steps: int = 0  # measured, the settling ones included
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    rate: float = 0.0  # the median of ``recent`` (kept: the rule reads it several times a step)
 
-    @property
-    def rate(self) -> float:
-        return statistics.median(self.recent) if self.recent else 0.0
+    def add(self, rate: float) -> None:
+        self.recent.append(rate)
+        self.rate = statistics.median(self.recent)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class _Bucket:
     since: int = 0  # steps the best ran since the last exploration
     explored: int = 0  # explorations so far (the neighbours take turns)
     drafting_lost_below: bool = False  # a smaller bucket measured a drafted token losing: start without drafting
+    best: int = 0  # the arm with the highest rate (kept: read every step)
     seconds: float = 0.0  # the bucket's measured time (catch-up steps included)
     spent: float = 0.0  # of it, what exploring cost: time over what the best arm takes for the same tokens
     catch_ups: int = 0
@@ -88,7 +90,7 @@ class DraftRule:
             b.steps += 1
             choice = self._untried(b)
             if choice is None:
-                best = choice = self._best(b)
+                best = choice = b.best
                 b.since += 1
                 if b.since > self.explore_every and b.spent <= self.explore_share * b.seconds:
                     near = [k for k in (best - 1, best + 1) if k in b.arms]
@@ -99,12 +101,9 @@ class DraftRule:
             return choice
 
     @staticmethod
-    def _best(b: _Bucket) -> int:
-        return max((k for k, a in b.arms.items() if a.recent), key=lambda k: b.arms[k].rate, default=0)
-
-    def _lost(self, b: _Bucket, tokens: int, seconds: float) -> float:
+    def _lost(b: _Bucket, tokens: int, seconds: float) -> float:
         """What a step of ``tokens`` in ``seconds`` cost over the best arm's time for as many tokens (>= 0)."""
-        best = b.arms[self._best(b)].rate
+        best = b.arms[b.best].rate
         return max(0.0, seconds - tokens / best) if best > 0 else 0.0
 
     def _untried(self, b: _Bucket) -> int | None:
@@ -125,13 +124,14 @@ class DraftRule:
             return
         with self._lock:
             b = self._bucket(rows)
-            if self._untried(b) is None and window != self._best(b):  # an exploration: its cost, before its rate
+            if window != b.best and self._untried(b) is None:  # an exploration: its cost, before its rate
                 b.spent += self._lost(b, tokens, seconds)
             b.seconds += seconds
             arm = b.arms[window]
             arm.steps += 1
             if arm.steps > self.settle:
-                arm.recent.append(tokens / seconds)
+                arm.add(tokens / seconds)
+                b.best = max((k for k, a in b.arms.items() if a.recent), key=lambda k: b.arms[k].rate)
 
     def caught_up(self, rows: int, tokens: int, seconds: float) -> None:
         """A catch-up step of ``rows`` rows (the drafter back after parked steps, drafting nothing).

@@ -116,16 +116,18 @@ class Driver:
                     continue
                 rows, rule = len(live), self.draft_rule
                 step = self._plan(rows)
-                before = [(e.job, e.job.new_tokens) for e in live.values()] if step is not None else None
+                drafted = step is not None and step.kind == DRAFTING and step.window > 0
+                before = [(e.job, e.job.new_tokens) for e in live.values()] if drafted else None
                 try:
                     t0 = time.perf_counter()
                     with self._step_context():
                         results = self._iterate(step)
-                    if rule is not None and step is not None and before and not incoming and decoding_only(results):
+                    if rule is not None and step is not None and not incoming and decoding_only(results):
                         # a step of decoding only (no prompt was read): what every job advanced, in its time (not
-                        # what it emitted: exllamav3 holds a token back while its text ends in a partial character)
-                        tokens = sum(job.new_tokens - n for job, n in before)
+                        # what it emitted: exllamav3 holds a token back while its text ends in a partial character);
+                        # a step drafting nothing advances every job one token and gives one result for each
                         seconds = time.perf_counter() - t0
+                        tokens = sum(job.new_tokens - n for job, n in before) if before is not None else len(results)
                         if step.kind == CATCH_UP:  # the drafter back, drafting nothing: a cost, not the window's rate
                             rule.caught_up(rows, tokens, seconds)
                         else:
