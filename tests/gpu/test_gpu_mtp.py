@@ -4,6 +4,9 @@ The checkpoints (tests/mtp_models.py, ``GPU_TEST``: a small Qwen3.5 shape, fp16)
 projections are zero and the LM head maps token ``t`` to ``t + 1``. Their MTP head drafts every token right
 ("perfect"), or is perturbed so that 70% of the drafts of ``PROMPT``'s job are accepted ("mix"); a third copy lacks
 the head's weights (config.json still names one, as a quantization that dropped it) and is refused before loading.
+With ``draft_window="measured"`` the drafter is parked on the steps that draft nothing and caught up before the next
+drafted window (backends/exllamav3/mtp_parking.py): a scripted cycle of windows switches it off and back on
+mid-generation at 1 and 16 jobs, and the tokens must be those of a runtime without a drafter.
 
 Run on the lent GPU: ``pytest -m gpu tests/gpu/test_gpu_mtp.py -v -s``. Skipped without CUDA.
 """
