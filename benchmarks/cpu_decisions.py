@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import Results, interleave, parser  # noqa: E402
@@ -40,17 +41,13 @@ TEAMS = ("billing", "technical", "sales")
 LEVELS = ("calm", "concerned", "angry")
 
 
-def main() -> None:
-    ap = parser(__doc__)
-    ap.set_defaults(reps=7)
-    args = ap.parse_args()
-    from exllama_integrations import ExLlamaRuntime, Grammar
+def measure(rt: Any, results: Results, out: Path, reps: int) -> None:
+    """The rows, on a loaded runtime (the CPU demo model here, an exllamav3 model in gpu_decisions.py)."""
+    from exllama_integrations import Grammar
     from exllama_integrations.chat.decisions import decision_messages, question_text
     from exllama_integrations.contract.decisions import Choice, DecisionRequest, Label, Noul, Score, labels
-    from exllama_integrations.demo_model import demo_model_dir
     from exllama_integrations.runtime.decisions import decider
 
-    rt = ExLlamaRuntime(demo_model_dir(), "transformers")
     decide = decider(rt)
     team = Choice("team", "Which team should handle this request?", tuple(Label(t) for t in TEAMS))
     three = (
@@ -99,26 +96,36 @@ def main() -> None:
         took = time.perf_counter() - t0
         return {"seconds": took, "prompt_tokens": r.usage.prompt_tokens, "new_tokens": r.usage.completion_tokens}
 
-    results = Results("cpu_decisions.json")
-    results.note(args.out, "model", rt.model_info().name)
-    results.note(args.out, "threads", rt.model_info().details.get("threads"))
-    results.note(args.out, "load_average_at_start", os.getloadavg())  # on a shared machine, say how busy it was
+    results.note(out, "model", rt.model_info().name)
+    results.note(out, "backend", rt.model_info().backend)
+    results.note(out, "threads", rt.model_info().details.get("threads"))
+    results.note(out, "load_average_at_start", os.getloadavg())  # on a shared machine, say how busy it was
     for section, qs in (("one_choice", (team,)), ("three_questions", three)):
         interleave(
             results,
-            args.out,
+            out,
             section,
             {
                 "decision": lambda qs=qs: by_decision(qs),
                 "json_generation": lambda qs=qs: by_json(qs),
                 "one_token_generation": lambda qs=qs: by_one_token(qs),
             },
-            args.reps,
+            reps,
         )
         pairs = [("json_generation", "decision"), ("one_token_generation", "decision")]
-        results.ratios(args.out, section, pairs, key="seconds")
-        results.note(args.out, f"load_average_after_{section}", os.getloadavg())
-    rt.close()
+        results.ratios(out, section, pairs, key="seconds")
+        results.note(out, f"load_average_after_{section}", os.getloadavg())
+
+
+def main() -> None:
+    ap = parser(__doc__)
+    ap.set_defaults(reps=7)
+    args = ap.parse_args()
+    from exllama_integrations import ExLlamaRuntime
+    from exllama_integrations.demo_model import demo_model_dir
+
+    with ExLlamaRuntime(demo_model_dir(), "transformers") as rt:
+        measure(rt, Results("cpu_decisions.json"), args.out, args.reps)
 
 
 if __name__ == "__main__":

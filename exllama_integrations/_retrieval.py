@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from difflib import get_close_matches
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError
 
@@ -54,9 +54,12 @@ class RetrievalConfig(BaseModel):
     """``auto`` (exllamav3 on CUDA for decoder models, else transformers), ``exllamav3`` or ``transformers``."""
     shared_runtime: bool = True
     """Reuse the runtime already loaded for this directory and options (True), or load a private one."""
+    model_kind: Literal["embedding", "rerank"] | None = None
+    """What to load a model directory as when its files do not say: ``"embedding"`` (a causal LM with last-token
+    pooling, Qwen3-Embedding style) or ``"rerank"`` (a causal LM's yes/no logits, Qwen3-Reranker style). None: found
+    from the files. The same word as ``EmbeddingRuntime(kind=)``, ``serve --kind`` and a server's config entries."""
     model_task: str | None = None
-    """What to load a model directory for when its files do not say: ``embed`` (a causal LM with last-token
-    pooling) or ``rerank`` (a causal LM's yes/no logits). None: found from the files."""
+    """Deprecated: ``model_kind``'s old name (``"embed"``, ``"rerank"``); it works and warns with what to write."""
     max_seq_len: int | None = None
     """Read at most this many tokens of an input (default: the model's limit)."""
     dtype: str | None = None
@@ -112,10 +115,13 @@ class RetrievalConfig(BaseModel):
         options: dict[str, Any] = {"max_seq_len": self.max_seq_len, "dtype": self.dtype, "device": self.device}
         options = {k: v for k, v in options.items() if v is not None}
         assert self.model_dir is not None
-        if self.model_task in ("embed", "rerank"):
-            options["kind"] = {"embed": "embedding", "rerank": "rerank"}[self.model_task]
-        elif self.model_task is not None:  # refused by name where the task is read
-            options["task"] = self.model_task
+        kind: str | None = self.model_kind
+        if self.model_task is not None:
+            from .model.pooling import kind_of_old_task
+
+            kind = kind_of_old_task(self.model_task, kind, f"{type(self).__name__}(model_task=", "model_kind")
+        if kind is not None:
+            options["kind"] = kind
         return factory(self.model_dir, self.backend, **options, **self.backend_options)
 
     @property

@@ -180,10 +180,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "costs the model's memory again per engine)",
     )
     sv.add_argument(
+        "--kind",
+        choices=("chat", "embedding", "rerank"),
+        help="what the model is (default: from its files: a sentence-transformers model is an embedding model, a "
+        "classification head a rerank model, else chat); embedding and rerank models serve /v1/embeddings and "
+        "/v1/rerank (a causal LM becomes one: last-token pooling, or its yes/no logits)",
+    )
+    sv.add_argument(
         "--task",
         choices=("generate", "embed", "rerank"),
-        help="what to serve the model for (default: from its files: a sentence-transformers model embeds, a "
-        "classification head reranks, else generate); embed and rerank serve /v1/embeddings and /v1/rerank",
+        help="deprecated: --kind's old name (generate, embed, rerank: chat, embedding, rerank); warns",
     )
     sv.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas (extra 'ray')")
     sv.add_argument("--replicas", type=int, default=1, help="with --ray: number of replicas")

@@ -89,7 +89,36 @@ TASK_OF_KIND = {"chat": "generate", "embedding": "embed", "rerank": "rerank"}
 """Each kind of model (the one word for what a directory is: a server's entries, ``EmbeddingRuntime(kind=)``) and the
 task its pooling config names."""
 KIND_OF_TASK = {task: kind for kind, task in TASK_OF_KIND.items()}
-"""The kind of model each task word names (``serve --task`` and ``model_task=`` take these words, vLLM's)."""
+"""The kind of model each task word names (the deprecated ``serve --task``, ``model_task=`` and
+``EmbeddingRuntime(task=)`` took these words, vLLM's)."""
+
+
+def kind_of_old_task(task: str, kind: str | None, where: str, new: str, stacklevel: int = 4) -> str:
+    """The kind a deprecated task word names (``embed`` -> ``embedding``, ``rerank``), warned with what to write.
+
+    ``where`` is how the caller wrote it (``"EmbeddingRuntime(task="``), ``new`` the argument to write instead.
+
+    Raises:
+        InvalidSettingsError: both the old and the new argument given, or a word that names no embedding or rerank
+            model.
+    """
+    if task not in ("embed", "rerank"):
+        raise InvalidSettingsError(
+            f"{where}{task!r}): the old word for {new}=, which takes 'embedding' or 'rerank' (a chat model loads with "
+            "ExLlamaRuntime).",
+            param=new,
+        )
+    warnings.warn(
+        f"{where}{task!r}) is deprecated: write {new}={KIND_OF_TASK[task]!r} (a model's kind is the one word for "
+        "what it is, as a server's entries and `serve --kind` say it).",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+    if kind is not None:
+        old = where.split("(")[-1].rstrip("=")
+        raise InvalidSettingsError(f"give {new}= alone ({old}= is its old name).", param=new)
+    kind = KIND_OF_TASK[task]
+    return kind
 
 
 def task_of(kind: str | None, task: str | None) -> str | None:
@@ -99,16 +128,7 @@ def task_of(kind: str | None, task: str | None) -> str | None:
         InvalidSettingsError: both given, or a kind that is not ``"embedding"`` or ``"rerank"``.
     """
     if task is not None:
-        instead = f"kind={KIND_OF_TASK[task]!r}" if task in ("embed", "rerank") else "kind='embedding' or 'rerank'"
-        warnings.warn(
-            f"EmbeddingRuntime(task={task!r}) is deprecated: write {instead} (a model's kind is the one word for what "
-            "it is, as a server's entries say it).",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        if kind is not None:
-            raise InvalidSettingsError("give kind= alone (task= is its old name).", param="task")
-        return task
+        kind = kind_of_old_task(task, kind, "EmbeddingRuntime(task=", "kind")
     if kind is None:
         return None
     if kind not in ("embedding", "rerank"):

@@ -2,12 +2,12 @@
 
 Every way of serving starts the same: the flags (or the ``--config`` file) become the models served, a
 :class:`~.registry.config.ServerModels` of one model or several, each a :class:`~.registry.config.ModelSpec` (its kind
-``chat``, ``embedding`` or ``rerank``: ``--task`` is read as a kind here, once); a flag the mode does not read is
-refused first (:data:`UNREAD`). Each model is then planned once (:func:`~.registry.kinds.planned`: its directory
-inspected, its kind found, its backend and options resolved) and loaded from that plan as it is. Every server is a
-:class:`~.registry.models.ModelRegistry` behind the one app (:func:`~.app.create_front`): ``serve DIR`` (or none: the
-demo model) is a registry of that one model, pinned, loaded before it listens, with no budget (its cache takes the free
-memory); several directories or a config file, each model loaded on its first request (pinned ones before it
+``chat``, ``embedding`` or ``rerank``: ``--kind``, or its deprecated old name ``--task``, read here once); a flag the
+mode does not read is refused first (:data:`UNREAD`). Each model is then planned once (:func:`~.registry.kinds.planned`:
+its directory inspected, its kind found, its backend and options resolved) and loaded from that plan as it is. Every
+server is a :class:`~.registry.models.ModelRegistry` behind the one app (:func:`~.app.create_front`): ``serve DIR`` (or
+none: the demo model) is a registry of that one model, pinned, loaded before it listens, with no budget (its cache takes
+the free memory); several directories or a config file, each model loaded on its first request (pinned ones before it
 listens) within the memory budget. With ``--ray`` the same models become Ray Serve deployments behind the same front
 (:func:`~.ray.deployment.run_ray`).
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -42,7 +43,7 @@ def _connection(args: argparse.Namespace, name: str) -> Any:
 
 BUDGET_FLAGS = ("gpu_memory", "ram", "keep_alive")
 """The budget of a server of several models."""
-ONE_MODEL_FLAGS = ("served_model_name", "chat_template", "tool_format", "engines", "task")
+ONE_MODEL_FLAGS = ("served_model_name", "chat_template", "tool_format", "engines", "kind", "task")
 """What a model served alone takes from flags (a config file's entry says it for each of several)."""
 EACH_MODEL_FLAGS = ("backend", "max_seq_len", "dtype", "option", "draft")
 """Load options the flags give every directory named on the command line."""
@@ -81,7 +82,7 @@ UNREAD: dict[str, list[tuple[tuple[str, ...], str]]] = {
             ("engine", "engines"),
             "each Ray replica runs its model's driver in its own process; scale with --replicas",
         ),
-        (("task",), "Ray's deployments serve chat models; serve an embedding or rerank model without --ray"),
+        (("kind", "task"), "Ray's deployments serve chat models; serve an embedding or rerank model without --ray"),
         (
             BUDGET_FLAGS,
             "Ray places every model's replicas and keeps them loaded: a budget and keep_alive do not apply",
@@ -155,7 +156,7 @@ def run_http(app: Any, args: argparse.Namespace) -> int:
 def models_of(args: argparse.Namespace) -> ServerModels:
     """What ``serve`` was given: the config file, else the directories (the demo model where none is given).
 
-    Each directory gets the flags' backend and load options; one directory alone also its name, kind (``--task``),
+    Each directory gets the flags' backend and load options; one directory alone also its name, kind (``--kind``),
     engines, chat template and tool format. The budget and ``keep_alive`` flags win over the file's.
 
     Raises:
@@ -184,7 +185,12 @@ def models_of(args: argparse.Namespace) -> ServerModels:
 
 
 def one_model(args: argparse.Namespace) -> dict[str, Any]:
-    """The entry keys only a model served alone takes from flags (its name, kind, engines, template, tool format)."""
+    """The entry keys only a model served alone takes from flags (its name, kind, engines, template, tool format).
+
+    Raises:
+        InvalidSettingsError: both --kind and its old name --task.
+    """
+    from ..errors import InvalidSettingsError
     from .registry.kinds import KIND_OF_TASK
 
     if args.tool_format is not None:
@@ -196,8 +202,14 @@ def one_model(args: argparse.Namespace) -> dict[str, Any]:
         from ..model.template_override import read_template_override
 
         template = read_template_override(args.chat_template)
+    kind = args.kind
+    if args.task is not None:
+        if kind is not None:
+            raise InvalidSettingsError("give --kind alone (--task is its old name).")
+        kind = KIND_OF_TASK[args.task]
+        warnings.warn(f"serve --task {args.task} is deprecated: write --kind {kind}.", FutureWarning, stacklevel=2)
     keys = {
-        "kind": None if args.task is None else KIND_OF_TASK[args.task],
+        "kind": kind,
         "engines": args.engines,
         "chat_template": template,
         "tool_format": args.tool_format,

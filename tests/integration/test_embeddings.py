@@ -196,3 +196,21 @@ def test_task_is_the_old_name_of_kind_and_says_what_to_write(demo_dir):
     assert e.value.param == "kind"
     with pytest.raises(InvalidSettingsError, match="give kind= alone"), pytest.warns(DeprecationWarning):
         EmbeddingRuntime(demo_dir, kind="embedding", task="embed")
+
+
+def test_the_framework_classes_say_model_kind_and_model_task_is_its_old_name(demo_dir):
+    """``model_kind=`` turns a causal LM into a reranker in the framework classes (the word ``EmbeddingRuntime``,
+    ``serve --kind`` and a server's entries use); ``model_task=``, its old name, works and warns what to write."""
+    from exllama_integrations.langchain import ExLlamaRerank
+
+    new = ExLlamaRerank(model_dir=str(demo_dir), model_kind="rerank", shared_runtime=False)
+    said = r"ExLlamaRerank\(model_task='rerank'\) is deprecated: write model_kind='rerank'"
+    with pytest.warns(DeprecationWarning, match=said):
+        old = ExLlamaRerank(model_dir=str(demo_dir), model_task="rerank", shared_runtime=False)
+    with old.exllama_runtime, new.exllama_runtime:
+        assert old.exllama_runtime.embedding_info() == new.exllama_runtime.embedding_info()
+        assert new.exllama_runtime.embedding_info().task == "rerank"
+    with pytest.raises(InvalidSettingsError, match="model_kind"):
+        ExLlamaRerank(model_dir=str(demo_dir), model_kind="chat")
+    with pytest.raises(InvalidSettingsError, match="give model_kind= alone"), pytest.warns(DeprecationWarning):
+        ExLlamaRerank(model_dir=str(demo_dir), model_kind="rerank", model_task="rerank")

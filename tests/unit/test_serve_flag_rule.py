@@ -51,6 +51,7 @@ REFUSED = [
     ("several", ["--served-model-name", "x"], "--served-model-name", "several model directories"),
     ("several", ["--chat-template", "{{ messages }}"], "--chat-template", "several model directories"),
     ("several", ["--engines", "2"], "--engines", "several model directories"),
+    ("several", ["--kind", "embedding"], "--kind", "several model directories"),
     ("several", ["--task", "embed"], "--task", "several model directories"),
     ("several", ["--engine", "thread"], "--engine", "several model directories"),
     # one model: the budget of several
@@ -62,6 +63,7 @@ REFUSED = [
     ("one", ["--replicas", "2"], "--replicas", "without --ray"),
     ("several", ["--num-gpus", "0"], "--num-gpus", "without --ray"),
     ("ray one", ["--engines", "2"], "--engines", "--ray"),
+    ("ray one", ["--kind", "embedding"], "--kind", "--ray"),
     ("ray one", ["--task", "embed"], "--task", "--ray"),
     ("ray several", ["--keep-alive", "5m"], "--keep-alive", "--ray"),
 ]
@@ -124,3 +126,19 @@ def test_an_embedding_model_served_alone_refuses_the_engine_flags(started, capsy
     assert cli.main(["serve", str(minilm_dir), "--backend", "transformers", *flag]) == 2
     assert started == []
     assert f"InvalidSettingsError: {flag[0]} is not read with one embedding model:" in capsys.readouterr().err
+
+
+def test_kind_says_what_a_model_served_alone_is_and_task_is_its_old_name(started, monkeypatch, capsys):
+    """``--kind`` is the one word for what a model is (as a config file's entries and ``EmbeddingRuntime(kind=)``
+    say it); ``--task``, its old name, still works and warns with what to write; both together are refused."""
+    seen: list = []
+    real = launch.models_of
+    monkeypatch.setattr(launch, "models_of", lambda args: seen.append(real(args)) or seen[-1])
+    cli.main(["serve", *ONE, "--kind", "rerank"])  # the directory does not exist: what matters is what was planned
+    assert [m.kind for m in seen[-1].models] == ["rerank"]
+    with pytest.warns(FutureWarning, match="serve --task embed is deprecated: write --kind embedding"):
+        cli.main(["serve", *ONE, "--task", "embed"])
+    assert [m.kind for m in seen[-1].models] == ["embedding"]
+    capsys.readouterr()
+    assert cli.main(["serve", *ONE, "--kind", "chat", "--task", "embed"]) == 2
+    assert "give --kind alone (--task is its old name)" in capsys.readouterr().err
