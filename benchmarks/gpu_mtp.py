@@ -185,6 +185,8 @@ def main() -> None:
     ap.add_argument("--no-served", action="store_true")
     ap.add_argument("--jobs", default="", help="also N jobs at once, e.g. 16,64 (batch rows)")
     ap.add_argument("--draft-window", default="measured", choices=("measured", "fixed"), help="ours: draft_window")
+    ap.add_argument("--no-stream", action="store_true", help="only the --jobs rows (not the one-stream ones)")
+    ap.add_argument("--no-raw-batch", action="store_true", help="--jobs rows without raw exllamav3's drafting row")
     ap.add_argument("--prepare-only", action="store_true", help="build and calibrate the checkpoints, then stop")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -204,7 +206,6 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
     import torch
 
     from exllama_integrations import ExLlamaRuntime
-    from exllama_integrations.langchain import ExLlamaLLM
     from exllama_integrations.runtime.remote import RemoteRuntime
 
     note(args.out, "gpu", torch.cuda.get_device_name(0))
@@ -221,7 +222,6 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
     raw_plain.jobs([ids], new)
     differ = {"ours, no drafting": want != chain, "raw, no drafting": raw_plain.last["token_ids"] != chain}
     note(args.out, "greedy tokens count upward from the prompt's last token (the checkpoint's design)", want == chain)
-    llm_plain = ExLlamaLLM(runtime=rt_plain, temperature=0, max_new_tokens=new)
     errors: dict[str, str] = {}
     for level in args.levels.split(","):
         spec = fixture["levels"][level]
@@ -249,10 +249,15 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
             loop.jobs([ids], new)
             differ[f"{level}: ours, draft='mtp'"] = got != want
             differ[f"{level}: raw, its MTP drafter"] = loop.last["token_ids"] != want
+            if args.no_stream:
+                batch_rows(args, rt, rt_plain, loop, level, differ)
+                continue
+            from exllama_integrations.langchain import ExLlamaLLM  # (the one-stream rows' public API: LangChain's)
+
             paths = {
                 RAW: raw(raw_plain, ids, new),
                 RAW_MTP: raw(loop, ids, new),
-                OURS: ours(llm_plain),
+                OURS: ours(ExLlamaLLM(runtime=rt_plain, temperature=0, max_new_tokens=new)),
                 OURS_MTP: ours(ExLlamaLLM(runtime=rt, temperature=0, max_new_tokens=new)),
             }
             if server is not None:
@@ -273,31 +278,7 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
             note(args.out, f"{level}: decode report, ours", rt.diagnostics()["fast_decode"].report())
             if rt.diagnostics().get("draft_window") is not None:
                 note(args.out, f"{level}: draft windows chosen, ours", rt.diagnostics()["draft_window"].report())
-            for n in [int(j) for j in args.jobs.split(",") if j.strip()]:
-                batches = Batches(n, new)
-                bsec = f"{level}: {n} jobs at once"
-                rows = {
-                    f"ExLlamaRuntime.batch({n}), no drafting": batches.ours(rt_plain, "plain", "mtp"),
-                    f"ExLlamaRuntime.batch({n}), draft='mtp'": batches.ours(rt, "mtp", "plain"),
-                    f"raw exllamav3, {n} jobs, its MTP drafter": batches.raw(
-                        loop, lambda p: rt_plain.encode(p, add_special_tokens=True)
-                    ),
-                }
-                interleave(RESULTS, args.out, bsec, rows, args.reps)
-                names = list(rows)
-                RESULTS.ratios(args.out, bsec, [(names[1], names[0]), (names[1], names[2])])
-                ratio = RESULTS.data["ratios"][bsec][f"{names[1]} / {names[0]}"]["tok_s"]["median"]
-                note(args.out, f"{bsec}: draft='mtp' / no drafting, median of paired ratios", round(ratio, 3))
-                note(args.out, f"{bsec}: target >= 1.0x met", ratio >= 1.0)
-                if rt.diagnostics().get("draft_window") is not None:
-                    note(args.out, f"{bsec}: draft windows chosen, ours", rt.diagnostics()["draft_window"].report())
-                graphs = rt.diagnostics()["fast_decode"].report().get("graphs", {})
-                note(
-                    args.out,
-                    f"{bsec}: captured steps of the drafting runtime (its undrafted ones)",
-                    {k: graphs.get(k) for k in ("replays", "shapes", "eager_forwards", "capture_failed")},
-                )
-                differ[f"{bsec}: draft='mtp' vs none, rounds whose tokens differ"] = batches.differ > 0
+            batch_rows(args, rt, rt_plain, loop, level, differ)
         except Exception as e:  # noqa: BLE001 - recorded; the next level still runs
             errors[level] = f"{type(e).__name__}: {e}"
             note(args.out, f"{level}: error", errors[level])
@@ -314,6 +295,43 @@ def run(args: Any, fixture: dict[str, Any], shape: QwenShape) -> None:
     raw_plain.close()
     if errors or any(differ.values()):
         sys.exit(1)
+
+
+def batch_rows(args: Any, rt: Any, rt_plain: Any, loop: RawExLlamaV3, level: str, differ: dict[str, bool]) -> None:
+    """The ``--jobs`` rows of one level: N jobs at once, drafted (ours and raw) and not, interleaved; with each
+    section, the steps our drafting runtime ran parked (no drafter), as catch-ups and drafting (draft_window)."""
+    for n in [int(j) for j in args.jobs.split(",") if j.strip()]:
+        batches = Batches(n, args.new)
+        bsec = f"{level}: {n} jobs at once"
+        rows = {
+            f"ExLlamaRuntime.batch({n}), no drafting": batches.ours(rt_plain, "plain", "mtp"),
+            f"ExLlamaRuntime.batch({n}), draft='mtp'": batches.ours(rt, "mtp", "plain"),
+        }
+        if not args.no_raw_batch:
+            rows[f"raw exllamav3, {n} jobs, its MTP drafter"] = batches.raw(
+                loop, lambda p: rt_plain.encode(p, add_special_tokens=True)
+            )
+        parking = rt.diagnostics().get("mtp_parking")
+        before = parking.report() if parking is not None else {}
+        interleave(RESULTS, args.out, bsec, rows, args.reps)
+        names = list(rows)
+        RESULTS.ratios(args.out, bsec, [(names[1], names[0]), *([(names[1], names[2])] if len(names) > 2 else [])])
+        ratio = RESULTS.data["ratios"][bsec][f"{names[1]} / {names[0]}"]["tok_s"]["median"]
+        note(args.out, f"{bsec}: draft='mtp' / no drafting, median of paired ratios", round(ratio, 3))
+        note(args.out, f"{bsec}: target >= 1.0x met", ratio >= 1.0)
+        if parking is not None:  # this section's steps (its warm-up run included)
+            after = parking.report()
+            steps = {k: after[k] - before.get(k, 0) for k in after}
+            note(args.out, f"{bsec}: steps of ours, parked (no drafter) / catch-up / drafting", steps)
+        if rt.diagnostics().get("draft_window") is not None:
+            note(args.out, f"{bsec}: draft windows chosen, ours", rt.diagnostics()["draft_window"].report())
+        graphs = rt.diagnostics()["fast_decode"].report().get("graphs", {})
+        note(
+            args.out,
+            f"{bsec}: captured steps of the drafting runtime (parked, and exporting for the drafter)",
+            {k: graphs.get(k) for k in ("replays", "shapes", "eager_forwards", "capture_failed")},
+        )
+        differ[f"{bsec}: draft='mtp' vs none, rounds whose tokens differ"] = batches.differ > 0
 
 
 if __name__ == "__main__":

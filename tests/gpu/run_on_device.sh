@@ -31,18 +31,21 @@ case "${1:-tests}" in
     python3 benchmarks/gpu_speculative.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_speculative.txt" | grep -vE "^\s*$" | tail -40 ;;
   pending)
     # What the CPU side built that no GPU has proven yet (session 8, 2026-12-07; issue 53 and 55), each step bounded,
-    # its results in $OUT as they come: MTP at 16 and 64 jobs with the rule's exploration capped and the larger
-    # buckets starting undrafted (the 64-job row never ran), a request's own drafted counts in its usage
-    # (test_gpu_mtp), exllamav3's label scoring with the prefix read once per request (test_gpu_decisions), then
+    # its results in $OUT as they come: MTP with the drafter parked on the steps the rule drafts nothing on (greedy
+    # tokens with drafting switched off and back on mid-generation at 1 and 16 jobs, a request's own drafted counts in
+    # its usage: test_gpu_mtp), exllamav3's label scoring with the prefix read once per request (test_gpu_decisions), then
     # issue 55's GPU row first, it is short (benchmarks/gpu_decisions.py: a decision vs constrained JSON generation; carry .devcache with
     # smollm2-tokenizer/). The invariance probe (issue 57) is a call of its own: `probe`; the hybrid's EXL3 row (its
     # conversion alone takes ~90 s) one of `speed`'s: HYBRID_MODELS=hybrid-exl3.
-    timeout "${TEST_S:-200}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_mtp.py \
+    timeout "${TEST_S:-210}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_mtp.py \
       tests/gpu/test_gpu_decisions.py 2>&1 | tee "$OUT/gpu_tests_pending.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|MTP drafting|label" | cut -c1-600
     timeout "${DECIDE_S:-60}" python3 benchmarks/gpu_decisions.py --out "$OUT" --reps 7 > "$OUT/gpu_decisions.txt" 2>&1
     grep -E "ratio|note|Error" "$OUT/gpu_decisions.txt" | cut -c1-300 | tail -12
-    timeout "${BENCH_S:-300}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect,mix --jobs 16,64 --reps 5 --new 64 --cache 32768 --no-served --draft-window measured} \
-      2>&1 | tee "$OUT/gpu_mtp.txt" | grep -E "ratio|met|chosen|captured steps|error|Error|differ" | cut -c1-500 ;;
+    # MTP at 16 and 64 jobs, perfect and ~70%, 5 interleaved reps, with each section's parked / catch-up / drafting
+    # steps (--no-stream: the one-stream rows met their targets in run 3, and --no-raw-batch: raw exllamav3 drafting
+    # 16/64 jobs measured in run 1; `mtp` runs them all)
+    timeout "${BENCH_S:-290}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect,mix --jobs 16,64 --reps 5 --new 64 --cache 32768 --no-served --no-stream --no-raw-batch --draft-window measured} \
+      2>&1 | tee "$OUT/gpu_mtp.txt" | grep -E "ratio|met|chosen|captured steps|parked|error|Error|differ" | cut -c1-500 ;;
   speed)
     # issue 53's speed rows: the captured step on a ~1.5B Qwen3.5-shaped hybrid (raw vs fast at 1/16/64 jobs), then MTP
     timeout "${HYBRID_S:-300}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench \

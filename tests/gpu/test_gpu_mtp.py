@@ -4,6 +4,9 @@ The checkpoints (tests/mtp_models.py, ``GPU_TEST``: a small Qwen3.5 shape, fp16)
 projections are zero and the LM head maps token ``t`` to ``t + 1``. Their MTP head drafts every token right
 ("perfect"), or is perturbed so that 70% of the drafts of ``PROMPT``'s job are accepted ("mix"); a third copy lacks
 the head's weights (config.json still names one, as a quantization that dropped it) and is refused before loading.
+With ``draft_window="measured"`` the drafter is parked on the steps that draft nothing and caught up before the next
+drafted window (backends/exllamav3/mtp_parking.py): a scripted cycle of windows switches it off and back on
+mid-generation at 1 and 16 jobs, and the tokens must be those of a runtime without a drafter.
 
 Run on the lent GPU: ``pytest -m gpu tests/gpu/test_gpu_mtp.py -v -s``. Skipped without CUDA.
 """
@@ -105,6 +108,74 @@ def test_mtp_drafting_is_greedy_identical_and_reports_its_acceptance(checkpoints
     )
     assert usage.accepted_draft_tokens > 0
     assert abs(alone["acceptance"] - checkpoints["predicted"][level]) <= 0.1
+
+
+class _Scripted:
+    """A draft rule that drafts, parks and drafts again on a fixed cycle of windows, whatever the steps measure."""
+
+    CYCLE = [2] * 6 + [0] * 5 + [4] * 4 + [0] * 7 + [1] * 3 + [0] * 2 + [3] * 5
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.catch_ups = 0
+
+    def window(self, rows: int) -> int:
+        self.steps += 1
+        return self.CYCLE[self.steps % len(self.CYCLE)]
+
+    def measured(self, rows: int, window: int, tokens: int, seconds: float) -> None:
+        pass
+
+    def caught_up(self, rows: int, tokens: int, seconds: float) -> None:
+        self.catch_ups += 1
+
+
+def test_mtp_drafting_parked_and_back_mid_generation_keeps_greedy_tokens_and_counts(
+    checkpoints: dict[str, Any],
+) -> None:
+    """draft_window="measured" parks the drafter on a window-0 step (exllamav3 runs it without the head) and catches
+    it up before the next drafted window: at 1 and 16 jobs, the tokens are those of a runtime without a drafter, and
+    every drafted token is counted in the request's usage and in the model's counts."""
+    from exllama_integrations import ExLlamaRuntime
+
+    model: Path = checkpoints["mix"]  # rejections too: the recurrent state is rolled back on some windows
+    batches = {1: [PROMPT], 16: [f"{PROMPT} {i}" for i in range(16)]}
+    plain = ExLlamaRuntime(model, "exllamav3", cache_size=8192)
+    try:
+        want = {n: [list(r.token_ids) for r in plain.batch(ps, **GREEDY)] for n, ps in batches.items()}
+    finally:
+        plain.close()
+    rt = ExLlamaRuntime(
+        model, "exllamav3", cache_size=8192, draft="mtp", num_draft_tokens=WINDOW, draft_window="measured"
+    )
+    try:
+        objects = rt.diagnostics()
+        objects["driver"].draft_rule = rule = _Scripted()
+        parking, drafting = objects["mtp_parking"], objects["drafting"]
+        got, usage = {}, {}
+        for n, ps in batches.items():
+            results = rt.batch(ps, **GREEDY)
+            got[n] = [list(r.token_ids) for r in results]
+            usage[n] = sum(r.usage.accepted_draft_tokens + r.usage.rejected_draft_tokens for r in results)
+        steps, counts = parking.report(), drafting.report()
+        graphs = objects["fast_decode"].report()["graphs"]
+        print(f"MTP drafting parked and back: {steps}; {counts}; catch-ups measured {rule.catch_ups}; graphs {graphs}")
+    finally:
+        rt.close()
+    assert got == want  # the verifier decides: parked, caught up or drafting, the same greedy tokens
+    assert steps["parked_steps"] > 0 and steps["catch_up_steps"] > 0 and steps["drafting_steps"] > 0
+    # every drafted token in some request's usage and in the model's counts (jobs ending parked included)
+    assert (
+        counts["jobs"] == 17
+        and usage[1] + usage[16] == counts["accepted_draft_tokens"] + counts["rejected_draft_tokens"]
+    )
+    assert counts["accepted_draft_tokens"] > 0 and usage[16] > 0
+    # the parked step and the exporting one are two graphs kept side by side, never captured again at each switch
+    if graphs.get("captured"):
+        assert len(graphs["shapes"]) == len(set(graphs["shapes"]))
+        assert any(s.endswith("+exports") for s in graphs["shapes"]) and any(
+            s.endswith("pages") for s in graphs["shapes"]
+        )
 
 
 def test_a_checkpoint_without_mtp_heads_is_refused_before_anything_loads(checkpoints: dict[str, Any]) -> None:

@@ -154,7 +154,18 @@ def _touched(tree: ast.Module) -> tuple[set[str], set[str]]:
 
 OURS = {
     "driver.py": {"deferred"},  # LiveJob
-    "draft_rule.py": {"last", "rate", "steps", "drafting_lost_below", "explore_at", "explored"},  # buckets, arms
+    "draft_rule.py": {
+        "last",
+        "rate",
+        "steps",
+        "drafting_lost_below",
+        "explored",
+        "since",
+        "spent",
+        "seconds",
+        "catch_ups",
+        "best",
+    },  # buckets, arms
     "fast/decode.py": {"ahead", "kept", "pinned"},  # DecodeGraphs, JobView
     "fast/graphs.py": {"graph", "replays", "exported"},  # Shape
     "fast/prefill.py": {"length", "table", "shape"},  # the held chunk

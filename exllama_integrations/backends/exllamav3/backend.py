@@ -27,6 +27,7 @@ from .driver import Driver
 from .extras import inspect_draft, load_draft, load_loras
 from .fast import FastDecode
 from .mtp import build_mtp, default_draft, load_mtp, mtp_layers
+from .mtp_parking import MtpParking
 from .options import (
     ExLlamaV3Options,
     auto_cache_tokens,
@@ -197,6 +198,8 @@ class ExLlamaV3Backend(Backend):
         self._drafts = DraftCounts(self._speculative, drafted) if self._speculative else None
         measured = options.draft_window == "measured" and drafted > 0 and self._speculative != "n-gram"
         self._draft_rule = DraftRule(drafted) if measured else None
+        # MTP heads: parked on the steps the rule drafts nothing on (a draft model keeps its own cache current)
+        self._parking = MtpParking(self._generator) if measured and heads and draft is None else None
         self._full_context_jobs = cache_tokens // whole_pages(self._context)
         logger.info(
             "exllamav3: cache of %d tokens (%d jobs of the full %d-token context at once) %s",
@@ -216,6 +219,7 @@ class ExLlamaV3Backend(Backend):
             step_context=torch.inference_mode,
             drafts=self._drafts,
             draft_rule=self._draft_rule,
+            parking=self._parking,
         )
         self.driver.start()
 
@@ -281,6 +285,7 @@ class ExLlamaV3Backend(Backend):
             "fast_decode": self._fast,
             "drafting": self._drafts,
             "draft_window": self._draft_rule,
+            "mtp_parking": self._parking,
         }
 
     # ------------------------------------------------------------------ requests

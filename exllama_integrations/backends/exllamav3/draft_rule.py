@@ -16,10 +16,13 @@ rows):
   step drafting 4 tokens verifies 320 positions), the rest left to exploration;
 * a new bucket above one where drafting a token already lost (a larger batch, whose step is even more GPU-bound)
   starts without drafting: its drafted windows are left to exploration too;
-* then the best arm runs, and a neighbour of the best runs once every ``explore_every`` steps of a bucket, or
-  seldomer where the neighbour measured slower, so that exploring costs at most ``explore_share`` of the bucket's
-  time (a neighbour at a third of the best's rate costs two steps' time: explored every 200 steps at 1%); a change of
-  acceptance or load still moves the choice (and a window left out above is reached one neighbour at a time).
+* then the best arm runs, and a neighbour of the best runs at most once every ``explore_every`` steps of a bucket,
+  and only while what exploring cost so far is at most ``explore_share`` of the bucket's measured time: a step of
+  another window costs its time less the time the best arm takes for the tokens it gave (a drafted step gives more
+  tokens than a plain one, so its cost is in seconds, not in rates), and an MTP drafter's catch-up step (the first
+  step back after steps it was parked on, :mod:`.mtp_parking`; :meth:`DraftRule.caught_up`) costs the same way; a
+  change of acceptance or load still moves the choice (and a window left out above is reached one neighbour at a
+  time).
 
 The measure is what the step cost and gave, acceptance and rows included: nothing is modelled. ``window`` is None for
 a step the rule does not decide (no row decoding). Greedy output does not depend on the window (the target verifies
@@ -47,10 +50,11 @@ def bucket(rows: int) -> int:
 class _Arm:
     steps: int = 0  # measured, the settling ones included
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    rate: float = 0.0  # the median of ``recent`` (kept: the rule reads it several times a step)
 
-    @property
-    def rate(self) -> float:
-        return statistics.median(self.recent) if self.recent else 0.0
+    def add(self, rate: float) -> None:
+        self.recent.append(rate)
+        self.rate = statistics.median(self.recent)
 
 
 @dataclass
@@ -58,9 +62,13 @@ class _Bucket:
     arms: dict[int, _Arm]
     steps: int = 0
     last: int | None = None
-    explore_at: int = 0  # the step of the next exploration
+    since: int = 0  # steps the best ran since the last exploration
     explored: int = 0  # explorations so far (the neighbours take turns)
     drafting_lost_below: bool = False  # a smaller bucket measured a drafted token losing: start without drafting
+    best: int = 0  # the arm with the highest rate (kept: read every step)
+    seconds: float = 0.0  # the bucket's measured time (catch-up steps included)
+    spent: float = 0.0  # of it, what exploring cost: time over what the best arm takes for the same tokens
+    catch_ups: int = 0
 
 
 @dataclass
@@ -82,25 +90,21 @@ class DraftRule:
             b.steps += 1
             choice = self._untried(b)
             if choice is None:
-                tried = [k for k, a in b.arms.items() if a.recent]
-                best = max(tried, key=lambda k: b.arms[k].rate)
-                choice = best
-                if not b.explore_at:
-                    b.explore_at = b.steps + self.explore_every
-                elif b.steps >= b.explore_at:  # a neighbour again, so the choice can move
+                best = choice = b.best
+                b.since += 1
+                if b.since > self.explore_every and b.spent <= self.explore_share * b.seconds:
                     near = [k for k in (best - 1, best + 1) if k in b.arms]
-                    choice = near[b.explored % len(near)]
+                    choice = near[b.explored % len(near)]  # a neighbour again, so that the choice can move
                     b.explored += 1
-                    b.explore_at = b.steps + self._interval(b.arms[best], b.arms[near[b.explored % len(near)]])
+                    b.since = 0
             b.last = choice
             return choice
 
-    def _interval(self, best: _Arm, near: _Arm) -> int:
-        """Steps until a neighbour runs again: ``explore_every``, or more where it costs more than its share."""
-        if not near.recent or near.rate <= 0:
-            return self.explore_every
-        lost = max(0.0, best.rate / near.rate - 1)  # of a step's time, against the best arm's rate
-        return max(self.explore_every, int(lost / self.explore_share))
+    @staticmethod
+    def _lost(b: _Bucket, tokens: int, seconds: float) -> float:
+        """What a step of ``tokens`` in ``seconds`` cost over the best arm's time for as many tokens (>= 0)."""
+        best = b.arms[b.best].rate
+        return max(0.0, seconds - tokens / best) if best > 0 else 0.0
 
     def _untried(self, b: _Bucket) -> int | None:
         """The next arm still to measure in order (see the module docstring), or None when the best may run."""
@@ -119,10 +123,28 @@ class DraftRule:
         if seconds <= 0 or window not in range(self.max_window + 1):
             return
         with self._lock:
-            arm = self._bucket(rows).arms[window]
+            b = self._bucket(rows)
+            if window != b.best and self._untried(b) is None:  # an exploration: its cost, before its rate
+                b.spent += self._lost(b, tokens, seconds)
+            b.seconds += seconds
+            arm = b.arms[window]
             arm.steps += 1
             if arm.steps > self.settle:
-                arm.recent.append(tokens / seconds)
+                arm.add(tokens / seconds)
+                b.best = max((k for k, a in b.arms.items() if a.recent), key=lambda k: b.arms[k].rate)
+
+    def caught_up(self, rows: int, tokens: int, seconds: float) -> None:
+        """A catch-up step of ``rows`` rows (the drafter back after parked steps, drafting nothing).
+
+        Counted in what exploring costs (its time over the best arm's for its ``tokens``), not in any window's rate.
+        """
+        if seconds <= 0:
+            return
+        with self._lock:
+            b = self._bucket(rows)
+            b.spent += self._lost(b, tokens, seconds)
+            b.seconds += seconds
+            b.catch_ups += 1
 
     def _bucket(self, rows: int) -> _Bucket:
         key = bucket(rows)
@@ -139,13 +161,18 @@ class DraftRule:
         return all(len(b.arms[i].recent) >= self.warmup for i in range(min(k, self.max_window) + 1))
 
     def report(self) -> dict[str, Any]:
-        """Per batch size bucket: the window chosen last and each window's measured tokens per second and steps."""
+        """Per batch size bucket: the window chosen last, each window's measured tokens per second and steps.
+
+        And the bucket's catch-up steps, and the share of its measured time exploring cost (catch-ups included).
+        """
         with self._lock:
             return {
                 f"{key} rows": {
                     "window": b.last,
                     "tok_s": {k: round(a.rate, 1) for k, a in b.arms.items() if a.recent},
                     "steps": {k: a.steps for k, a in b.arms.items() if a.steps},
+                    "catch_up_steps": b.catch_ups,
+                    "exploring_share": round(b.spent / b.seconds, 4) if b.seconds else 0.0,
                 }
                 for key, b in sorted(self._buckets.items())
             }

@@ -24,6 +24,7 @@ from typing import Any
 from ..base import BackendRequest, TokenStep, fail_all
 from ..inbox import Inbox, WorkerTask
 from .draft_rule import DraftRule, decoding_only
+from .mtp_parking import CATCH_UP, DRAFTING, MtpParking, Step
 from .translate import DraftCounts, LiveJob, finish_of, tokens_of
 
 logger = logging.getLogger(__name__)
@@ -59,15 +60,17 @@ class Driver:
         step_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         drafts: DraftCounts | None = None,
         draft_rule: DraftRule | None = None,
+        parking: MtpParking | None = None,
     ) -> None:
         """The driver of ``generator``; its thread starts with :meth:`start`.
 
         ``step_context``: entered around each ``iterate()`` (``torch.inference_mode`` on the GPU); ``drafts``: where
         a finished job's drafted tokens are counted (speculative decoding); ``draft_rule``: chooses each step's draft
-        window from what the steps measured (:mod:`.draft_rule`).
+        window from what the steps measured (:mod:`.draft_rule`); ``parking``: an MTP drafter detached on the steps
+        the rule drafts nothing on (:mod:`.mtp_parking`).
         """
         self.generator, self.inbox = generator, inbox
-        self.drafts, self.draft_rule = drafts, draft_rule
+        self.drafts, self.draft_rule, self.parking = drafts, draft_rule, parking
         self._make_job, self._make_filter = make_job, make_filter
         self.interval = interval
         self._step_context = step_context
@@ -112,26 +115,23 @@ class Driver:
                 if not live:
                     continue
                 rows, rule = len(live), self.draft_rule
-                window = rule.window(rows) if rule is not None else None
-                before = None
-                if window is not None:
-                    gen.num_draft_tokens = window  # read by iterate() when it drafts (exllamav3's row_limited)
-                    before = [(e.job, e.job.new_tokens) for e in live.values()]
+                step = self._plan(rows)
+                drafted = step is not None and step.kind == DRAFTING and step.window > 0
+                before = [(e.job, e.job.new_tokens) for e in live.values()] if drafted else None
                 try:
                     t0 = time.perf_counter()
                     with self._step_context():
-                        results = gen.iterate()
-                    if (
-                        rule is not None
-                        and window is not None
-                        and before is not None
-                        and not incoming
-                        and decoding_only(results)
-                    ):
+                        results = self._iterate(step)
+                    if rule is not None and step is not None and not incoming and decoding_only(results):
                         # a step of decoding only (no prompt was read): what every job advanced, in its time (not
-                        # what it emitted: exllamav3 holds a token back while its text ends in a partial character)
-                        tokens = sum(job.new_tokens - n for job, n in before)
-                        rule.measured(rows, window, tokens, time.perf_counter() - t0)
+                        # what it emitted: exllamav3 holds a token back while its text ends in a partial character);
+                        # a step drafting nothing advances every job one token and gives one result for each
+                        seconds = time.perf_counter() - t0
+                        tokens = sum(job.new_tokens - n for job, n in before) if before is not None else len(results)
+                        if step.kind == CATCH_UP:  # the drafter back, drafting nothing: a cost, not the window's rate
+                            rule.caught_up(rows, tokens, seconds)
+                        else:
+                            rule.measured(rows, step.window, tokens, seconds)
                 except Exception as e:  # noqa: BLE001 - fail every caller, keep serving
                     logger.exception("exllamav3 iterate() failed")
                     for entry in live.values():
@@ -155,6 +155,24 @@ class Driver:
                 entry.req.emit(TokenStep(finish="cancelled"))
             live.clear()
             fail_all(self.inbox.close())
+
+    def _plan(self, rows: int) -> Step | None:
+        """This step's draft window (None without a rule), and with an MTP drafter whether it runs parked."""
+        rule = self.draft_rule
+        if rule is None:
+            return None
+        if self.parking is not None:
+            return self.parking.plan(rows, rule.window)
+        return Step(DRAFTING, rule.window(rows))
+
+    def _iterate(self, step: Step | None) -> list[dict[str, Any]]:
+        gen = self.generator
+        if step is None:
+            return gen.iterate()  # type: ignore[no-any-return]
+        if self.parking is not None:
+            return self.parking.run(step, gen.iterate)
+        gen.num_draft_tokens = step.window  # read by iterate() when it drafts (exllamav3's row_limited)
+        return gen.iterate()  # type: ignore[no-any-return]
 
     def _enqueue(self, req: BackendRequest) -> None:
         try:

@@ -98,7 +98,7 @@ class DecodeGraphs:
         self._last: tuple[tuple[int, int], Shape, Any, Any] | None = None  # the last step: key, shape, host tables
         self._staging = PinnedStaging()
         self.static = Static(max_rows)
-        self.shapes: dict[tuple[int, int], Shape | None] = {}
+        self.shapes: dict[tuple[tuple[int, int], tuple[str, ...]], Shape | None] = {}  # (rows, width), exports
         self.eager: Counter[str] = Counter()
         self.failed: dict[str, str] = {}
         self.replays = 0
@@ -152,17 +152,16 @@ class DecodeGraphs:
             x = self.view.prepare_inputs(input_ids, params)
             block_table, cache_seqlens = self.view.tables(params)
             key = (int(block_table.shape[0]), int(block_table.shape[1]))
-            known = self.shapes.get(key)
-            if key not in self.shapes or (known is not None and known.exports != exports):
-                if key not in self.shapes and len(self.shapes) >= MAX_GRAPHS:
+            # a drafting target's step exporting its drafter's hidden state, and the same step with the drafter
+            # parked (exporting nothing), are two graphs kept side by side: a runtime switches between them
+            if (key, exports) not in self.shapes:
+                if len(self.shapes) >= MAX_GRAPHS:
                     self.eager["too many shapes"] += 1
                     return eager(input_ids, params)
-                if known is not None:  # captured exporting other norms' outputs (another drafter): captured again
-                    known.graph.reset()
                 out = eager(input_ids, params)  # this step, by exllamav3's own forward; its shape is captured after
-                self.shapes[key] = self._capture(key, x, params, out)
+                self.shapes[(key, exports)] = self._capture(key, x, params, out)
                 return out
-            shape = self.shapes[key]
+            shape = self.shapes[(key, exports)]
             if shape is None:
                 self.eager["its capture failed"] += 1
                 return eager(input_ids, params)
@@ -200,7 +199,8 @@ class DecodeGraphs:
         import torch
         from tqdm.auto import tqdm
 
-        todo = [r for r in rows if self.min_rows <= r <= self.static.rows and (r, LOAD_WIDTH) not in self.shapes]
+        todo = [r for r in rows if self.min_rows <= r <= self.static.rows]
+        todo = [r for r in todo if ((r, LOAD_WIDTH), ()) not in self.shapes]
         t0 = time.perf_counter()
         for r in tqdm(todo, desc="capturing decode steps", unit="shape", disable=not progress):
             with torch.inference_mode():
@@ -218,8 +218,8 @@ class DecodeGraphs:
                 }
                 x = self.view.prepare_inputs(ids, dict(params))
                 out = eager(ids, dict(params))
-                self.shapes[(r, LOAD_WIDTH)] = self._capture((r, LOAD_WIDTH), x, params, out)
-        done = sum(1 for r in todo if self.shapes.get((r, LOAD_WIDTH)) is not None)
+                self.shapes[((r, LOAD_WIDTH), ())] = self._capture((r, LOAD_WIDTH), x, params, out)
+        done = sum(1 for r in todo if self.shapes.get(((r, LOAD_WIDTH), ())) is not None)
         self.captured_at_load += done
         logger.info("decode='fast': captured %d decode steps at load in %.1f s", done, time.perf_counter() - t0)
         return done
@@ -274,7 +274,7 @@ class DecodeGraphs:
                 raise RuntimeError(f"the captured step exported {len(shape.exported)} of the norms {shape.exports}")
             shape.graph = graph
             shape.keep.append(static)
-            self.captured.append(f"{rows} rows x {width} pages")
+            self.captured.append(f"{rows} rows x {width} pages" + ("+exports" if shape.exports else ""))
             logger.debug(
                 "decode='fast': captured the decode step of %d rows x %d pages in %.0f ms (%d shapes)",
                 rows,

@@ -11,7 +11,7 @@ before their GPU tests do (docs/exllamav3-releases.md).
 
 from __future__ import annotations
 
-from .depends import Constant, Member, Mentions, Requirement
+from .depends import Constant, Member, Mentions, Reads, Requirement
 
 _X = "exllamav3"
 _G, _J, _S = f"{_X}.generator.generator", f"{_X}.generator.job", f"{_X}.generator.sampler"
@@ -117,6 +117,24 @@ BY_USER: dict[str, list[Requirement]] = {
     "mtp.py": [
         Member(f"{_X}.model.config", "Config", "model_classes"),
         Member(_M, "Model", "caps"),
+    ],
+    "mtp_parking.py": [
+        *(Member(_G, "Generator", n) for n in ("draft_model", "mtp_draft", "num_draft_tokens", "iterate",
+          "row_limited")),
+        *(Member(_J, "Job", n) for n in ("accepted_draft_tokens", "rejected_draft_tokens", "mtp_last_hidden")),
+        # what parking relies on, as many reads as 1.6.5 has (another read in a new release may be a new use of the
+        # drafter the parked step would change): without a drafter a step drafts nothing and a prompt prefills as
+        # without one; a drafted step drafts from each job's carry, which every attached target forward sets; the
+        # last result carries the drafted counts only while the generator has a drafter
+        Reads(_G, "Generator", "iterate", "self.draft_model", 2),
+        Reads(_G, "Generator", "iterate", "self.mtp_draft", 2),
+        Reads(_G, "Generator", "iterate_gen", "self.draft_model", 4),
+        Reads(_G, "Generator", "iterate_gen", "self.mtp_draft", 1),
+        Reads(_G, "Generator", "iterate_draftmodel_mtp_gen", "job.mtp_last_hidden", 2),
+        Reads(_J, "Job", "prefill", "self.generator.draft_model", 7),
+        Reads(_J, "Job", "prefill", "self.generator.mtp_draft", 4),
+        Reads(_J, "Job", "receive_sample", "self.generator.draft_model", 1),
+        Mentions(_J, "Job", "receive_sample", "accepted_draft_tokens"),
     ],
     "pooling.py": [
         Member(_M, "Model", "forward", ("input_ids", "params")),
