@@ -236,12 +236,12 @@ def where(request: pytest.FixtureRequest, demo_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_dir(demo_dir: Path) -> Path:
     """SmolLM2's tokenizer and chat template over a tiny random model (tests/fixture_models.py), made once: for the
     tests of plumbing, which need no trained model's answers and run ~20x faster on it."""
-    from fixture_models import TINY_SMOLLM2, make_tiny_smollm2
+    from fixture_models import tiny_smollm2_dir
 
-    return make_tiny_smollm2(tmp_path_factory.getbasetemp() / TINY_SMOLLM2, demo_dir)
+    return tiny_smollm2_dir()
 
 
 @pytest.fixture(scope="session")
