@@ -96,10 +96,10 @@ def test_stop_from_call_and_field_are_merged(tiny_where, llm: ExLlamaLLM):
     full = llm.invoke(PROMPT)
     early, late = full.split()[2], full.split()[4]  # two words inside the reply (24 tokens of words)
     assert late not in llm.invoke(PROMPT, stop=[late]) and full.startswith(llm.invoke(PROMPT, stop=[late]))
-    with_field = ExLlamaLLM(**tiny_where, temperature=0, max_new_tokens=24, stop=[late])
+    with_field = ExLlamaLLM(**tiny_where, temperature=0, max_new_tokens=24, stop=[early])
     assert with_field.exllama_runtime is llm.exllama_runtime  # shared, loaded once
-    assert with_field.invoke(PROMPT) == llm.invoke(PROMPT, stop=[late])
-    out = with_field.invoke(PROMPT, stop=[early])
+    assert with_field.invoke(PROMPT) == llm.invoke(PROMPT, stop=[early])
+    out = with_field.invoke(PROMPT, stop=[late])  # the field's stop comes first: a call's stop must not replace it
     assert late not in out and early not in out and full.startswith(out)
 
 
