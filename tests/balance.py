@@ -14,40 +14,33 @@ from collections import Counter
 from typing import Any
 
 LONGEST = {
-    "tests/integration/test_chat_model.py": 852,
-    "tests/integration/test_langchain_llm.py": 590,
-    "tests/integration/test_reliability.py": 558,
-    "tests/integration/test_chat_standard.py::TestChatExLlamaIntegrationLlama3Tools": 489,
-    "tests/integration/test_engine_process.py": 423,
-    "tests/integration/test_tool_calls_by_family.py": 409,
-    "tests/test_notebooks.py": 367,
-    "tests/integration/test_llama_index.py": 287,
-    "tests/integration/test_chat_standard.py::TestChatExLlamaIntegration": 239,
-    "tests/integration/test_server.py": 223,
-    "tests/integration/test_hostile_inputs_fail_typed.py": 216,
-    "tests/integration/test_chat_standard.py::TestChatExLlamaIntegrationServed": 184,
-    "tests/integration/test_families_2026.py": 150,
-    "tests/integration/test_decisions.py": 146,
-    "tests/integration/test_cross_framework.py": 138,
-    "tests/integration/test_admission_and_engine_budgets.py": 122,
-    "tests/integration/test_ray_serve.py": 103,
-    "tests/integration/test_runtime.py": 99,
-    "tests/integration/test_responses_api.py::TestChatOpenAIResponsesIntegration": 96,
-    "tests/integration/test_messages_api.py::TestChatAnthropicOnMessagesAPI": 85,
-    "tests/integration/test_native.py": 81,
-    "tests/integration/test_reasoning.py": 75,
-    "tests/integration/test_responses_api.py::TestChatOpenAIChatCompletionsIntegration": 73,
-    "tests/integration/test_openai_conventions.py": 67,
-    "tests/integration/test_embedding_clients.py": 59,
-    "tests/integration/test_images.py": 56,
-    "tests/integration/test_multi_model.py": 52,
-    "tests/test_readme.py": 50,
-    "tests/integration/test_messages_api.py": 49,
-    "tests/integration/test_tool_replies.py": 45,
+    "tests/test_notebooks.py": 285,
+    "tests/integration/test_chat_model.py": 245,
+    "tests/integration/test_tool_calls_by_family.py": 194,
+    "tests/integration/test_decisions.py": 157,
+    "tests/integration/test_engine_process.py": 129,
+    "tests/integration/test_ray_serve.py": 108,
+    "tests/integration/test_hostile_inputs_fail_typed.py": 83,
+    "tests/integration/test_langchain_llm.py": 79,
+    "tests/integration/test_chat_standard.py::TestChatExLlamaIntegrationServed": 72,
+    "tests/integration/test_decisions_served.py": 69,
+    "tests/integration/test_multi_model.py": 67,
+    "tests/integration/test_messages_api.py::TestChatAnthropicOnMessagesAPI": 64,
+    "tests/integration/test_admission_and_engine_budgets.py": 63,
+    "tests/integration/test_chat_standard.py::TestChatExLlamaIntegration": 59,
+    "tests/integration/test_server.py": 58,
+    "tests/integration/test_llama_index.py": 57,
+    "tests/integration/test_cross_framework.py": 56,
+    "tests/integration/test_reliability.py": 54,
+    "tests/integration/test_chat_standard.py::TestChatExLlamaIntegrationLlama3Tools": 46,
+    "tests/integration/test_families_2026.py": 45,
+    "tests/integration/test_runtime.py": 45,
+    "tests/integration/test_embedding_clients.py": 41,
 }
 """Work units (a module, or a class) -> seconds their tests took (setup, call, teardown; a split module's
-in all), from `--durations=0` of a full run of dc643c1 on 2 cores beside load (load average ~5). Units of 40 s
-or more; the longest start first. Rough is enough: only their order matters."""
+in all), from `--durations=0` of a full run on 2 cores beside load (load average 1.3 to 5.7), after the plumbing
+tests moved to the tiny random model (tests/fixture_models.py make_tiny_smollm2). Units of 40 s or more; the longest
+start first. Rough is enough: only their order matters."""
 
 SPLIT = {
     "tests/test_notebooks.py": "each notebook runs in a kernel of its own; the tests share only session fixtures",

@@ -233,3 +233,30 @@ def where(request: pytest.FixtureRequest, demo_dir: Path) -> dict:
     from servers import demo_server
 
     return {"base_url": demo_server()}
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(demo_dir: Path) -> Path:
+    """SmolLM2's tokenizer and chat template over a tiny random model (tests/fixture_models.py), made once: for the
+    tests of plumbing, which need no trained model's answers and run ~20x faster on it."""
+    from fixture_models import tiny_smollm2_dir
+
+    return tiny_smollm2_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_runtime(tiny_dir: Path):
+    """The shared CPU runtime on the tiny random model."""
+    from exllama_integrations import ExLlamaRuntime
+
+    return ExLlamaRuntime.shared(tiny_dir, backend="transformers")
+
+
+@pytest.fixture(scope="session", params=["local", "remote"])
+def tiny_where(request: pytest.FixtureRequest, tiny_dir: Path) -> dict:
+    """As ``where``, over the tiny random model: loaded in this process, or on a real server."""
+    if request.param == "local":
+        return {"model_dir": str(tiny_dir), "backend": "transformers"}
+    from servers import shared_server
+
+    return {"base_url": shared_server(tiny_dir)}

@@ -328,3 +328,80 @@ def merged(model_dir: Path) -> Path:
     """Where :func:`make_lora` writes a fixture's merged-weights twin."""
     base = twin(model_dir) if twin(model_dir).is_dir() else model_dir
     return base.with_name(base.name + "-lora")
+
+
+TINY_SMOLLM2 = "SmolLM2-tiny-random"
+"""The directory name (and so the model name) of :func:`make_tiny_smollm2`'s model."""
+
+
+def make_tiny_smollm2(out: Path, demo_dir: Path, seed: int = 0) -> Path:
+    """SmolLM2's own tokenizer, chat template and generation config over a random 2-layer model (hidden 64, tied
+    embeddings: ~13 MB of fp32), written to ``out`` once. For the tests that check plumbing (streaming, callbacks,
+    usage, stop strings, batching, servers, typed errors), not what a trained model says: ~20x faster per token
+    than the demo model on a CPU. A random model never stops by itself (every reply runs to its max_tokens) and
+    follows no grammar to its end; it is deterministic (a fixed seed, greedy decoding)."""
+    import fcntl
+    import os
+    import shutil
+
+    stamp = json.dumps({"seed": seed, "shape": _TINY, "torch": _torch_version()})  # what decides every byte
+
+    def made() -> bool:
+        return (out / ".complete").exists() and (out / ".complete").read_text() == stamp
+
+    if made():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "a") as lock:  # two test workers: one makes it, the other waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made():
+            work = out.with_name(f"{out.name}.{os.getpid()}")
+            shutil.rmtree(work, ignore_errors=True)
+            _write_tiny_smollm2(work, demo_dir, seed)
+            (work / ".complete").write_text(stamp)
+            shutil.rmtree(out, ignore_errors=True)
+            work.rename(out)
+    return out
+
+
+_TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "torch_dtype": "float32",
+    "initializer_range": 0.2,  # peaked enough that greedy replies vary (0.02 repeats one token)
+}
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def tiny_smollm2_dir() -> Path:
+    """:func:`make_tiny_smollm2`'s model beside the demo model's (made on first use; the demo model's files and this
+    seed decide every byte, so a made one is kept)."""
+    from exllama_integrations.demo_model import demo_model_dir
+
+    demo = Path(demo_model_dir())
+    return make_tiny_smollm2(demo.parent.parent / "test-models" / TINY_SMOLLM2, demo)
+
+
+def _write_tiny_smollm2(out: Path, demo_dir: Path, seed: int) -> None:
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = json.loads((demo_dir / "config.json").read_text())
+    config.pop("architectures", None)
+    config.update(_TINY)
+    torch.manual_seed(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    LlamaForCausalLM(LlamaConfig(**config)).save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(demo_dir / name, out / name)

@@ -50,6 +50,16 @@ def demo_server() -> str:
     return _shared["demo"].url
 
 
+def shared_server(model_dir: Any) -> str:
+    """The URL of one server over the shared runtime of ``model_dir``, started on first use."""
+    key = str(model_dir)
+    if key not in _shared:
+        from exllama_integrations import ExLlamaRuntime
+
+        _shared[key] = ThreadServer(ExLlamaRuntime.shared(model_dir, "transformers"))
+    return _shared[key].url
+
+
 def wait_until_up(url: str, seconds: float = 120, process: Any = None) -> None:
     """Return once ``url``'s /health answers 200 (a server in another process is loading its model); fail at once
     if ``process`` (its ``subprocess.Popen``) has exited."""

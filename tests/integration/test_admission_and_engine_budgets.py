@@ -1,7 +1,8 @@
 """No request kills the engine and admission counts work: grammar and regex budgets, generations counted per
 request, prompts counted once (issue 49, hardening round 5, the server and engine half).
 
-One engine-process runtime on the demo model and one server over it are shared by the tests of this module; the
+One engine-process runtime on the tiny random model (SmolLM2's tokenizer: nothing here needs a trained model's
+answers) and one server over it are shared by the tests of this module; the
 engine's watchdog runs on test time (pings every 0.2 s, hung after 3 s) and its grammar budget is 1 s.
 """
 
@@ -30,8 +31,9 @@ def greedy(n: int = 8, **kw) -> GenerationSettings:
 
 
 @pytest.fixture(scope="module")
-def engine(demo_dir):
-    """The demo model in an engine process (watchdog on test time, a 1 s grammar budget), and a server over it."""
+def engine(tiny_dir):
+    """The tiny random model (SmolLM2's tokenizer) in an engine process (watchdog on test time, a 1 s grammar
+    budget), and a server over it."""
     from servers import ThreadServer
 
     from exllama_integrations.model import grammar_worker
@@ -42,7 +44,7 @@ def engine(demo_dir):
         mp.setattr(client, "HUNG_AFTER", HUNG_AFTER)
         with pytest.MonkeyPatch.context() as started:
             started.setattr(grammar_worker, "COMPILE_SECONDS", ENGINE_GRAMMAR_SECONDS)  # the engine's budget
-            rt = ExLlamaRuntime(demo_dir, "transformers", engine="process")
+            rt = ExLlamaRuntime(tiny_dir, "transformers", engine="process")
         server = ThreadServer(rt)
         try:
             yield rt, server.url
@@ -174,15 +176,15 @@ def image_host():
 
 
 @pytest.fixture(scope="module")
-def small(demo_runtime):
-    """A server over the demo model (text only) that runs 4 generations at once and fetches image URLs."""
+def small(tiny_runtime):
+    """A server over the tiny random model (text only) that runs 4 generations at once and fetches image URLs."""
     from servers import ThreadServer
 
     from exllama_integrations.model.media import MediaLimits
     from exllama_integrations.serve.app import ServeLimits
 
     media = MediaLimits(fetch_urls=True, fetch_allow=("127.0.0.1",))
-    server = ThreadServer(demo_runtime, limits=ServeLimits(max_pending=4, media=media))
+    server = ThreadServer(tiny_runtime, limits=ServeLimits(max_pending=4, media=media))
     yield server
     server.stop()
 
@@ -279,12 +281,12 @@ def test_a_request_counts_as_its_generations(small):
     _free(small)
 
 
-def test_max_tokens_bounds_each_generation_on_every_api(demo_runtime):
+def test_max_tokens_bounds_each_generation_on_every_api(tiny_runtime):
     from servers import ThreadServer
 
     from exllama_integrations.serve.app import ServeLimits
 
-    capped = ThreadServer(demo_runtime, limits=ServeLimits(max_tokens=3))
+    capped = ThreadServer(tiny_runtime, limits=ServeLimits(max_tokens=3))
     url, model = capped.url, capped.app.state.serve.name
     said = [{"role": "user", "content": "Tell me a long story."}]
     over = {
@@ -393,9 +395,9 @@ def test_a_body_in_utf16_or_utf32_holds_to_the_same_text_rule(small, encoding):
 # ------------------------------------------------------------------ defect 10 and the minor list: echo
 
 
-def test_an_echoed_token_id_prompt_keeps_its_text_and_each_position_its_chosen_token(small, demo_runtime):
+def test_an_echoed_token_id_prompt_keeps_its_text_and_each_position_its_chosen_token(small, tiny_runtime):
     text = "Café 😀 日本語"
-    ids = demo_runtime.encode(text, add_special_tokens=False)
+    ids = tiny_runtime.encode(text, add_special_tokens=False)
     body = {"prompt": ids, "echo": True, "max_tokens": 0, "logprobs": 0}
     reply = httpx.post(small.url + "/v1/completions", json=body, timeout=60)
     assert reply.status_code == 200, reply.text
@@ -501,7 +503,7 @@ def _rss_mb(pid: int) -> float:
         return int(f.read().split("VmRSS:")[1].split()[0]) / 1024
 
 
-def test_a_long_scored_prompt_holds_no_prompt_by_vocabulary_logits_and_reports_progress(engine, demo_runtime):
+def test_a_long_scored_prompt_holds_no_prompt_by_vocabulary_logits_and_reports_progress(engine, tiny_runtime):
     """echo + logprobs with max_tokens 0 on 2560 tokens, in the engine: its logits are reduced chunk by chunk (the
     engine's memory grows by less than 2560 x vocabulary float32), and the watchdog sees progress within the
     prefill (the longest it went without any is well under the whole prefill)."""
@@ -509,7 +511,7 @@ def test_a_long_scored_prompt_holds_no_prompt_by_vocabulary_logits_and_reports_p
     (eng,) = rt.diagnostics()["engines"]
     (pid,) = rt.diagnostics()["engine_pids"]
     text = " ".join(f"item {i} of the list is a word" for i in range(2000))
-    ids = demo_runtime.encode(text, add_special_tokens=False)[:2560]
+    ids = tiny_runtime.encode(text, add_special_tokens=False)[:2560]
     vocab = rt.model_info().vocab_size
     base, peak, worst = _rss_mb(pid), 0.0, 0.0
     done: list[httpx.Response] = []
@@ -534,15 +536,15 @@ def test_a_long_scored_prompt_holds_no_prompt_by_vocabulary_logits_and_reports_p
     assert worst < 0.6 * took
 
 
-def test_a_prompt_scored_in_chunks_scores_as_one_forward_does(demo_runtime, monkeypatch):
+def test_a_prompt_scored_in_chunks_scores_as_one_forward_does(tiny_runtime, monkeypatch):
     from exllama_integrations.backends import transformers as tb
 
     text = " ".join(f"line {i}: the quick brown fox" for i in range(200))
-    ids = tuple(demo_runtime.encode(text, add_special_tokens=False)[:700])
+    ids = tuple(tiny_runtime.encode(text, add_special_tokens=False)[:700])
     request = GenerationRequest(ids, GenerationSettings(max_new_tokens=3, temperature=0, prompt_logprobs=2))
-    chunked = demo_runtime.generate(request)
+    chunked = tiny_runtime.generate(request)
     monkeypatch.setattr(tb, "PREFILL_CHUNK", 4096)
-    whole = demo_runtime.generate(request)
+    whole = tiny_runtime.generate(request)
     assert chunked.token_ids == whole.token_ids
     assert [lp.token_id for lp in chunked.prompt_logprobs] == [lp.token_id for lp in whole.prompt_logprobs]
     assert [lp.logprob for lp in chunked.prompt_logprobs] == pytest.approx(
@@ -556,11 +558,11 @@ def test_a_prompt_scored_in_chunks_scores_as_one_forward_does(demo_runtime, monk
 # ------------------------------------------------------------------ the minor list: max_tool_calls
 
 
-def test_max_tool_calls_is_enforced_on_responses(demo_runtime):
+def test_max_tool_calls_is_enforced_on_responses(tiny_runtime):
     from servers import ThreadServer
 
     call = '<tool_call>{"name": "get_weather", "arguments": {"city": "%s"}}</tool_call>'
-    server = ThreadServer(Held(demo_runtime, call % "Paris" + "\n" + call % "Rome"))
+    server = ThreadServer(Held(tiny_runtime, call % "Paris" + "\n" + call % "Rome"))
     tool = {
         "type": "function",
         "name": "get_weather",

@@ -1,4 +1,9 @@
-"""The engine process (``engine="process"``, ``serve --engine process``) end to end on the demo model.
+"""The engine process (``engine="process"``, ``serve --engine process``) end to end.
+
+On SmolLM2's tokenizer over a tiny random model (tests/fixture_models.py): every check compares the engine with the
+thread, or watches processes, so no trained model is needed, and an engine loads and decodes ~20x faster. Streams
+that must still run when a test acts on them (close, kill) ask for thousands of tokens, as the tiny model never
+stops by itself and writes them fast.
 
 The same requests must give the same results as the backend in a thread (greedy text, streaming pieces,
 grammar verdicts, logprobs, reasoning counts, images); a cancelled stream frees the engine; killing the engine
@@ -59,8 +64,8 @@ def engine_dirs() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def proc_rt(demo_dir: Path):
-    rt = ExLlamaRuntime(demo_dir, "transformers", engine="process")
+def proc_rt(tiny_dir: Path):
+    rt = ExLlamaRuntime(tiny_dir, "transformers", engine="process")
     yield rt
     rt.close()
 
@@ -69,13 +74,13 @@ def greedy(n: int = 12, **kw) -> GenerationSettings:
     return GenerationSettings(max_new_tokens=n, temperature=0, **kw)
 
 
-def test_the_engine_process_answers_as_the_thread_does(proc_rt, demo_runtime):
-    assert proc_rt.engine == "process" and demo_runtime.engine == "thread"
+def test_the_engine_process_answers_as_the_thread_does(proc_rt, tiny_runtime):
+    assert proc_rt.engine == "process" and tiny_runtime.engine == "thread"
     assert proc_rt.model_info().details["engine_pids"][0] in engine_pids()
-    assert proc_rt.model_info().context_length == demo_runtime.model_info().context_length
+    assert proc_rt.model_info().context_length == tiny_runtime.model_info().context_length
     for prompt in ("The capital of France is", "def fibonacci(n):"):
         ours = proc_rt.generate(prompt, settings=greedy(logprobs=2))
-        ref = demo_runtime.generate(prompt, settings=greedy(logprobs=2))
+        ref = tiny_runtime.generate(prompt, settings=greedy(logprobs=2))
         assert ours.text == ref.text and ours.text.strip()
         assert ours.token_ids == ref.token_ids
         assert ours.usage == ref.usage and ours.finish_reason == ref.finish_reason
@@ -84,15 +89,17 @@ def test_the_engine_process_answers_as_the_thread_does(proc_rt, demo_runtime):
         pieces = [c.text for c in proc_rt.stream(prompt, settings=greedy())]
         assert len([p for p in pieces if p]) > 3 and "".join(pieces) == ref.text
     chat = ({"role": "user", "content": "Name a colour."},)
-    ours = proc_rt.generate(GenerationRequest(messages=chat, settings=greedy(stop=["."])))
-    ref = demo_runtime.generate(GenerationRequest(messages=chat, settings=greedy(stop=["."])))
+    stop = tiny_runtime.generate(GenerationRequest(messages=chat, settings=greedy())).text.split()[2]  # in the reply
+    ours = proc_rt.generate(GenerationRequest(messages=chat, settings=greedy(stop=[stop])))
+    ref = tiny_runtime.generate(GenerationRequest(messages=chat, settings=greedy(stop=[stop])))
     assert (ours.text, ours.finish_reason, ours.stop_string) == (ref.text, ref.finish_reason, ref.stop_string)
+    assert ref.stop_string == stop and ref.finish_reason == "stop"
 
 
-def test_grammar_and_reasoning_run_in_the_engine_and_report_back(proc_rt, demo_runtime):
+def test_grammar_and_reasoning_run_in_the_engine_and_report_back(proc_rt, tiny_runtime):
     grammar = Grammar.regex("(yes|no), because [a-z ]{5,20}")
     ours = proc_rt.generate(GenerationRequest("Is the sky blue? Answer:", settings=greedy(24), grammar=grammar))
-    ref = demo_runtime.generate(GenerationRequest("Is the sky blue? Answer:", settings=greedy(24), grammar=grammar))
+    ref = tiny_runtime.generate(GenerationRequest("Is the sky blue? Answer:", settings=greedy(24), grammar=grammar))
     assert ours.text == ref.text and ours.text.split(",")[0] in ("yes", "no")
     assert ours.constraint_complete == ref.constraint_complete is True
     short = proc_rt.generate(GenerationRequest("Is the sky blue? Answer:", settings=greedy(3), grammar=grammar))
@@ -100,8 +107,8 @@ def test_grammar_and_reasoning_run_in_the_engine_and_report_back(proc_rt, demo_r
     thinking = GenerationRequest(
         "Think first.", settings=greedy(20, max_reasoning_tokens=5), reasoning=Reasoning_started()
     )
-    ours, ref = proc_rt.generate(thinking), demo_runtime.generate(thinking)
-    end = len(demo_runtime.encode("</think>"))
+    ours, ref = proc_rt.generate(thinking), tiny_runtime.generate(thinking)
+    end = len(tiny_runtime.encode("</think>"))
     assert ours.usage.reasoning_tokens == ref.usage.reasoning_tokens == 5 + end  # the budget, then the forced end
     assert ours.reasoning == ref.reasoning and ours.text == ref.text
 
@@ -114,7 +121,7 @@ def Reasoning_started():  # noqa: N802 - a tiny factory, named as what it makes
 
 def test_a_closed_stream_frees_the_engine_at_once(proc_rt):
     (engine,) = proc_rt.diagnostics()["engines"]  # what the engine still holds for us
-    stream = proc_rt.stream("Once upon a time", settings=greedy(400, ignore_eos=True))
+    stream = proc_rt.stream("Once upon a time", settings=greedy(4000, ignore_eos=True))
     next(iter(stream))
     assert engine.load == 1
     t0 = time.perf_counter()
@@ -125,14 +132,14 @@ def test_a_closed_stream_frees_the_engine_at_once(proc_rt):
     assert proc_rt.generate("Hi", settings=greedy(2)).usage.completion_tokens == 2
 
 
-def test_killing_the_engine_ends_streams_typed_health_says_so_and_it_serves_again(demo_dir):
+def test_killing_the_engine_ends_streams_typed_health_says_so_and_it_serves_again(tiny_dir):
     from servers import ThreadServer
 
-    rt = ExLlamaRuntime(demo_dir, "transformers", engine="process")
+    rt = ExLlamaRuntime(tiny_dir, "transformers", engine="process")
     server = ThreadServer(rt)
     try:
         assert httpx.get(server.url + "/health").json()["status"] == "ok"
-        streams = [rt.stream(f"Story {i}: once upon a time", settings=greedy(500, ignore_eos=True)) for i in range(2)]
+        streams = [rt.stream(f"Story {i}: once upon a time", settings=greedy(4000, ignore_eos=True)) for i in range(2)]
         outcomes: list[BaseException | None] = [None, None]
         ended = [0.0, 0.0]
 
@@ -177,12 +184,12 @@ def test_killing_the_engine_ends_streams_typed_health_says_so_and_it_serves_agai
         rt.close()
 
 
-def test_the_health_of_a_dead_engine_is_visible_while_it_restarts(demo_dir, monkeypatch):
+def test_the_health_of_a_dead_engine_is_visible_while_it_restarts(tiny_dir, monkeypatch):
     from servers import ThreadServer
 
     from exllama_integrations.runtime.engine import client
 
-    rt = ExLlamaRuntime(demo_dir, "transformers", engine="process")
+    rt = ExLlamaRuntime(tiny_dir, "transformers", engine="process")
     server = ThreadServer(rt)
     started = threading.Event()
     real_start = client.EngineProcess._start
@@ -211,11 +218,11 @@ def test_the_health_of_a_dead_engine_is_visible_while_it_restarts(demo_dir, monk
         rt.close()
 
 
-def test_closing_while_the_engine_starts_again_leaves_no_engine(demo_dir, monkeypatch):
+def test_closing_while_the_engine_starts_again_leaves_no_engine(tiny_dir, monkeypatch):
     from exllama_integrations.runtime.engine import client
 
     before = engine_pids()
-    rt = ExLlamaRuntime(demo_dir, "transformers", engine="process")
+    rt = ExLlamaRuntime(tiny_dir, "transformers", engine="process")
     (engine,) = rt.diagnostics()["engines"]
     real_start = client.EngineProcess._start
     restarting, restarted = threading.Event(), threading.Event()
@@ -239,11 +246,11 @@ def test_closing_while_the_engine_starts_again_leaves_no_engine(demo_dir, monkey
     assert engine.pid is None and engine_pids() <= before
 
 
-def test_load_errors_arrive_typed_and_nothing_stays_running(demo_dir, tmp_path):
+def test_load_errors_arrive_typed_and_nothing_stays_running(tiny_dir, tmp_path):
     import shutil
 
     broken = tmp_path / "broken"
-    shutil.copytree(demo_dir, broken)
+    shutil.copytree(tiny_dir, broken)
     (broken / "model.safetensors").write_bytes(b"\0" * 64)  # the header is gone: the engine cannot load it
     before_dirs, before_pids = engine_dirs(), engine_pids()
     with pytest.raises(ModelLoadError) as err:
@@ -253,12 +260,12 @@ def test_load_errors_arrive_typed_and_nothing_stays_running(demo_dir, tmp_path):
     assert engine_dirs() <= before_dirs
 
 
-def test_an_engine_never_outlives_its_parent(demo_dir):
+def test_an_engine_never_outlives_its_parent(tiny_dir):
     script = textwrap.dedent(
         f"""
         import sys, time
         from exllama_integrations import ExLlamaRuntime
-        rt = ExLlamaRuntime({str(demo_dir)!r}, "transformers", engine="process")
+        rt = ExLlamaRuntime({str(tiny_dir)!r}, "transformers", engine="process")
         print(rt.model_info().details["engine_pids"][0], flush=True)
         time.sleep(600)
         """
@@ -276,11 +283,11 @@ def test_an_engine_never_outlives_its_parent(demo_dir):
         parent.kill()
 
 
-def test_close_leaves_no_process_and_no_file(demo_dir):
+def test_close_leaves_no_process_and_no_file(tiny_dir):
     before, before_pids = engine_dirs(), engine_pids()
-    rt = ExLlamaRuntime(demo_dir, "transformers", engine="process")
+    rt = ExLlamaRuntime(tiny_dir, "transformers", engine="process")
     assert len(engine_dirs() - before) == 1 and len(engine_pids() - before_pids) == 1
-    stream = rt.stream("Once upon a time", settings=greedy(300, ignore_eos=True))
+    stream = rt.stream("Once upon a time", settings=greedy(4000, ignore_eos=True))
     next(iter(stream))
     t0 = time.perf_counter()
     rt.close()
@@ -289,12 +296,12 @@ def test_close_leaves_no_process_and_no_file(demo_dir):
     assert engine_dirs() <= before and engine_pids() <= before_pids
 
 
-def test_two_engines_share_the_load_and_a_follow_up_goes_where_its_prefix_is(demo_dir):
-    rt = ExLlamaRuntime(demo_dir, "transformers", engines=2)
+def test_two_engines_share_the_load_and_a_follow_up_goes_where_its_prefix_is(tiny_dir):
+    rt = ExLlamaRuntime(tiny_dir, "transformers", engines=2)
     try:
         assert rt.engine == "process" and len(set(rt.model_info().details["engine_pids"])) == 2
         engines = rt.diagnostics()["engines"]
-        streams = [rt.stream(f"Tale {i}: once", settings=greedy(200, ignore_eos=True)) for i in range(2)]
+        streams = [rt.stream(f"Tale {i}: once", settings=greedy(2000, ignore_eos=True)) for i in range(2)]
         for s in streams:
             next(iter(s))
         assert [e.load for e in engines] == [1, 1]  # spread, not queued on one
@@ -302,21 +309,21 @@ def test_two_engines_share_the_load_and_a_follow_up_goes_where_its_prefix_is(dem
             s.close()
         conversation = "A long conversation. " * 120  # more than one block of 256 tokens
         assert len(rt.encode(conversation)) > 256
-        first = rt.stream(conversation, settings=greedy(200, ignore_eos=True))
+        first = rt.stream(conversation, settings=greedy(2000, ignore_eos=True))
         next(iter(first))
         home = [e.load for e in engines].index(1)
         # the home engine is busier now, the other idle: a fresh prompt goes to the idle one, the follow-up home
-        fresh = rt.stream("Something else entirely.", settings=greedy(200, ignore_eos=True))
+        fresh = rt.stream("Something else entirely.", settings=greedy(2000, ignore_eos=True))
         next(iter(fresh))
         assert engines[1 - home].load == 1
-        follow = rt.stream(conversation + " And then?", settings=greedy(200, ignore_eos=True))
+        follow = rt.stream(conversation + " And then?", settings=greedy(2000, ignore_eos=True))
         next(iter(follow))
         assert engines[home].load == 2 and engines[1 - home].load == 1
         for s in (first, fresh, follow):
             s.close()
         _until_idle(engines)
         rt.expect(4)  # a LangChain batch announces itself, then its members arrive one by one: spread by load
-        members = [rt.stream(f"Member {i}: once", settings=greedy(200, ignore_eos=True)) for i in range(4)]
+        members = [rt.stream(f"Member {i}: once", settings=greedy(2000, ignore_eos=True)) for i in range(4)]
         assert [e.load for e in engines] == [2, 2]
         for m in members:
             m.close()
@@ -324,7 +331,7 @@ def test_two_engines_share_the_load_and_a_follow_up_goes_where_its_prefix_is(dem
         assert all(r.usage.completion_tokens == 3 for r in results)
         _until_idle(engines, 20)
         for k in range(2):  # a batch handed in whole (ExLlamaLLM.batch) is spread evenly too, not as chance falls
-            whole = rt.open_batch([rt.request(f"Batch {k}-{i}: once", greedy(200, ignore_eos=True)) for i in range(8)])
+            whole = rt.open_batch([rt.request(f"Batch {k}-{i}: once", greedy(2000, ignore_eos=True)) for i in range(8)])
             assert [e.load for e in engines] == [4, 4]
             for s in whole:
                 s.close()
@@ -340,26 +347,26 @@ def _until_idle(engines, seconds: float = 10) -> None:
         time.sleep(0.01)
 
 
-def test_without_pyzmq_the_engine_process_names_its_extra(demo_dir):
+def test_without_pyzmq_the_engine_process_names_its_extra(tiny_dir):
     code = (
         "import sys; sys.modules['zmq'] = None\n"
         "from exllama_integrations import ExLlamaRuntime, MissingDependencyError\n"
-        f"try:\n    ExLlamaRuntime({str(demo_dir)!r}, 'transformers', engine='process')\n"
+        f"try:\n    ExLlamaRuntime({str(tiny_dir)!r}, 'transformers', engine='process')\n"
         "except MissingDependencyError as e:\n    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert "exllama-integrations[engine]" in out
 
 
-def test_the_framework_classes_take_engine_process(demo_dir, demo_runtime):
+def test_the_framework_classes_take_engine_process(tiny_dir, tiny_runtime):
     from llama_index.core.llms import ChatMessage
 
     from exllama_integrations.langchain import ChatExLlama
     from exllama_integrations.llama_index import ExLlamaLLM as LlamaIndexLLM
 
-    kw = {"model_dir": str(demo_dir), "backend": "transformers", "temperature": 0, "max_new_tokens": 8}
+    kw = {"model_dir": str(tiny_dir), "backend": "transformers", "temperature": 0, "max_new_tokens": 8}
     chat = ChatExLlama(**kw, engine="process")
-    assert chat.exllama_runtime.engine == "process" and chat.exllama_runtime is not demo_runtime
+    assert chat.exllama_runtime.engine == "process" and chat.exllama_runtime is not tiny_runtime
     question = "What is the capital of France?"
     reference = ChatExLlama(**kw).invoke(question).content
     assert chat.invoke(question).content == reference and reference.strip()
@@ -383,12 +390,12 @@ def test_the_router_prefers_the_prefix_unless_that_engine_is_much_busier():
     assert router.choose(convo, [0, 0], [False, False]) == -1
 
 
-def test_serve_runs_its_model_in_an_engine_process_by_default(demo_dir):
+def test_serve_runs_its_model_in_an_engine_process_by_default(tiny_dir):
     from exllama_integrations.cli import main
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
-    port_cmd = [sys.executable, "-m", "exllama_integrations", "serve", str(demo_dir), "--backend", "transformers"]
+    port_cmd = [sys.executable, "-m", "exllama_integrations", "serve", str(tiny_dir), "--backend", "transformers"]
     import socket
 
     with socket.socket() as s:

@@ -48,13 +48,14 @@ def _config(d: Path, **changes) -> None:
 # ------------------------------------------------------------------ 1. a partly read stream owns nothing
 
 
-def test_an_unread_stream_blocks_no_one_and_close_returns(demo_dir: Path):
+def test_an_unread_stream_blocks_no_one_and_close_returns(tiny_dir: Path):
+    # the tiny random model loads fast; 4000 tokens keep its unread stream running until close (asserted: cancelled)
     out = run_isolated(
         f"""
 import json, threading, time
 from exllama_integrations import ExLlamaRuntime
-rt = ExLlamaRuntime({str(demo_dir)!r}, "transformers")
-s = rt.stream("Tell me a long story.", max_new_tokens=300, ignore_eos=True)
+rt = ExLlamaRuntime({str(tiny_dir)!r}, "transformers")
+s = rt.stream("Tell me a long story.", max_new_tokens=4000, ignore_eos=True)
 next(s)  # a UI shows the first token, then the user asks again
 out = {{}}
 t = threading.Thread(target=lambda: out.setdefault("other", rt.generate("Hi", temperature=0, max_new_tokens=4).text))

@@ -1,4 +1,9 @@
-"""LangChain ExLlamaLLM end to end on the real demo model (CPU reference backend)."""
+"""LangChain ExLlamaLLM end to end on the CPU reference backend.
+
+What needs a trained model's answers (it names Paris) runs on the real demo model (``where``); the plumbing (callbacks,
+streaming, usage, stop strings, batching, seeds, the event loop) on SmolLM2's tokenizer over a tiny random model
+(``llm``, ``tiny_where``), ~20x faster.
+"""
 
 import asyncio
 import subprocess
@@ -12,14 +17,15 @@ from langchain_core.prompts import PromptTemplate
 from exllama_integrations import ExLlamaRuntime, InvalidSettingsError
 from exllama_integrations.langchain import ExLlamaLLM
 
+from fixture_models import TINY_SMOLLM2
 from helpers import loop_ticks
 
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def llm(where) -> ExLlamaLLM:
-    return ExLlamaLLM(**where, temperature=0, max_new_tokens=24)
+def llm(tiny_where) -> ExLlamaLLM:
+    return ExLlamaLLM(**tiny_where, temperature=0, max_new_tokens=24)
 
 
 class Tokens(BaseCallbackHandler):
@@ -32,7 +38,8 @@ class Tokens(BaseCallbackHandler):
         self.chunks.append(chunk)
 
 
-def test_invoke_in_a_chain(llm: ExLlamaLLM):
+def test_invoke_in_a_chain(where):
+    llm = ExLlamaLLM(**where, temperature=0, max_new_tokens=24)
     chain = PromptTemplate.from_template("{subject} is") | llm | StrOutputParser()
     assert "Paris" in chain.invoke({"subject": "The capital of France"})
 
@@ -82,17 +89,18 @@ def test_generate_reports_usage_and_finish_reason(llm: ExLlamaLLM):
     usage = info["usage"]
     assert usage["prompt_tokens"] == len(llm.exllama_runtime.encode(PROMPT, add_special_tokens=True))
     assert res.llm_output["token_usage"]["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert res.llm_output["model_name"] == "SmolLM2-135M-Instruct"
+    assert res.llm_output["model_name"] == TINY_SMOLLM2  # the model directory's name
 
 
-def test_stop_from_call_and_field_are_merged(where, llm: ExLlamaLLM):
+def test_stop_from_call_and_field_are_merged(tiny_where, llm: ExLlamaLLM):
     full = llm.invoke(PROMPT)
-    assert "." in full
-    assert "." not in llm.invoke(PROMPT, stop=["."]) and full.startswith(llm.invoke(PROMPT, stop=["."]))
-    with_field = ExLlamaLLM(**where, temperature=0, stop=["Paris"])
+    early, late = full.split()[2], full.split()[4]  # two words inside the reply (24 tokens of words)
+    assert late not in llm.invoke(PROMPT, stop=[late]) and full.startswith(llm.invoke(PROMPT, stop=[late]))
+    with_field = ExLlamaLLM(**tiny_where, temperature=0, max_new_tokens=24, stop=[early])
     assert with_field.exllama_runtime is llm.exllama_runtime  # shared, loaded once
-    out = with_field.invoke(PROMPT, stop=["."])
-    assert "Paris" not in out and "." not in out
+    assert with_field.invoke(PROMPT) == llm.invoke(PROMPT, stop=[early])
+    out = with_field.invoke(PROMPT, stop=[late])  # the field's stop comes first: a call's stop must not replace it
+    assert late not in out and early not in out and full.startswith(out)
 
 
 def test_max_new_tokens_from_field_and_call(llm: ExLlamaLLM):
@@ -114,8 +122,8 @@ def test_batch_of_four(llm: ExLlamaLLM):
     assert llm.batch(prompts) == [llm.invoke(p) for p in prompts]
 
 
-def test_seed_reproduces(where):
-    s = ExLlamaLLM(**where, temperature=1.0, seed=7, max_new_tokens=16)
+def test_seed_reproduces(tiny_where):
+    s = ExLlamaLLM(**tiny_where, temperature=1.0, seed=7, max_new_tokens=16)
     assert s.invoke("Once upon a time") == s.invoke("Once upon a time")
 
 
@@ -128,9 +136,9 @@ async def test_astream_keeps_loop_free_and_matches(llm: ExLlamaLLM):
     assert await llm.abatch([PROMPT, "The sky is"]) == [text, llm.invoke("The sky is")]
 
 
-def test_invalid_sampling_values_fail_at_construction_and_call(where, llm: ExLlamaLLM):
+def test_invalid_sampling_values_fail_at_construction_and_call(tiny_where, llm: ExLlamaLLM):
     with pytest.raises(InvalidSettingsError, match="temperature"):
-        ExLlamaLLM(**where, temperature=-1)
+        ExLlamaLLM(**tiny_where, temperature=-1)
     with pytest.raises(InvalidSettingsError, match="top_p"):
         llm.invoke(PROMPT, top_p=2.0)
     with pytest.raises(InvalidSettingsError, match="stop"):
@@ -144,13 +152,14 @@ def test_needs_a_model(demo_dir):
     assert ExLlamaLLM(runtime=rt).exllama_runtime is rt
 
 
-def test_private_runtime(demo_dir, llm: ExLlamaLLM):
-    p = ExLlamaLLM(model_dir=str(demo_dir), backend="transformers", shared_runtime=False)
+def test_private_runtime(tiny_dir, llm: ExLlamaLLM):
+    p = ExLlamaLLM(model_dir=str(tiny_dir), backend="transformers", shared_runtime=False)
     assert p.exllama_runtime is not llm.exllama_runtime
     p.exllama_runtime.close()
 
 
-def test_from_model_id_takes_huggingfacepipeline_arguments(demo_dir, llm: ExLlamaLLM):
+def test_from_model_id_takes_huggingfacepipeline_arguments(tiny_dir, llm: ExLlamaLLM):
+    demo_dir = tiny_dir
     hf_style = ExLlamaLLM.from_model_id(
         model_id=str(demo_dir),
         task="text-generation",
@@ -176,7 +185,7 @@ def test_use_chat_template_answers_like_an_assistant(where):
 
 def test_identifying_params(llm: ExLlamaLLM):
     p = llm._identifying_params
-    assert p["model_name"] == "SmolLM2-135M-Instruct" and p["backend"] == "transformers" and p["temperature"] == 0
+    assert p["model_name"] == TINY_SMOLLM2 and p["backend"] == "transformers" and p["temperature"] == 0
 
 
 def test_cli_demo_answers_paris(demo_dir):

@@ -379,10 +379,28 @@ _PATHS = {
 }
 
 
+_TRAINED = {"test_tool_calling", "test_structured_output"}
+"""Tests of the selection whose forced call or JSON string a random model never ends: on the demo model's server.
+The others check the protocol, on a server over SmolLM2's tokenizer and a tiny random model (~20x faster)."""
+
+
 class TestChatOpenAIResponsesIntegration(ChatModelIntegrationTests):
     """``ChatOpenAI(base_url=<our server>, use_responses_api=True)``: every request goes to ``/v1/responses``."""
 
     quality = _QUALITY
+
+    @pytest.fixture
+    def model(self, request: pytest.FixtureRequest):
+        """The suite's ``model`` fixture, on the demo model's server for the tests in _TRAINED."""
+        params = self.trained_params if request.node.originalname in _TRAINED else self.chat_model_params
+        extra = getattr(request, "param", None) or {}
+        return self.chat_model_class(**{**self.standard_chat_model_params, **params, **extra})
+
+    @property
+    def trained_params(self) -> dict:
+        from servers import demo_server
+
+        return {**self.chat_model_params, "model": "SmolLM2-135M-Instruct", "base_url": demo_server() + "/v1"}
 
     @pytest.fixture(autouse=True)
     def _select(self, request: pytest.FixtureRequest) -> None:
@@ -400,11 +418,13 @@ class TestChatOpenAIResponsesIntegration(ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict:
-        from servers import demo_server
+        from servers import shared_server
+
+        from fixture_models import TINY_SMOLLM2, tiny_smollm2_dir
 
         return {
-            "model": "SmolLM2-135M-Instruct",
-            "base_url": demo_server() + "/v1",
+            "model": TINY_SMOLLM2,
+            "base_url": shared_server(tiny_smollm2_dir()) + "/v1",
             "api_key": "unused",
             "use_responses_api": True,
             "temperature": 0,

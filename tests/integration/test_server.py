@@ -21,6 +21,7 @@ from servers import ThreadServer, demo_server
 from exllama_integrations import ExLlamaRuntime
 from exllama_integrations.chat.prepare import ChatRequest, prepare_chat
 
+from fixture_models import TINY_SMOLLM2
 from helpers import ADD_TOOL
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -31,6 +32,15 @@ PROMPTS = ["The capital of France is", "One, two, three,", "The sky is", "Water 
 @pytest.fixture(scope="module")
 def url(demo_dir) -> str:
     return demo_server()
+
+
+@pytest.fixture(scope="module")
+def tiny_url(tiny_dir) -> str:
+    """A server over the tiny random model (SmolLM2's tokenizer): for the tests that only compare what the server
+    answers with what the runtime answers in process."""
+    from servers import shared_server
+
+    return shared_server(tiny_dir)
 
 
 @pytest.fixture(scope="module")
@@ -164,10 +174,12 @@ def test_llama_index_openai_like_against_the_server(url):
     assert "Paris" in completion.complete(PROMPTS[0]).text
 
 
-def test_32_concurrent_clients_get_their_own_answers(url, demo_runtime):
+def test_32_concurrent_clients_get_their_own_answers(tiny_url, tiny_runtime):
     from openai import AsyncOpenAI, OpenAI
 
-    alone = {p: demo_runtime.generate(p, temperature=0, max_new_tokens=8).text for p in PROMPTS}
+    url, MODEL = tiny_url, TINY_SMOLLM2  # noqa: N806 - the module's names, on the tiny model's server
+    alone = {p: tiny_runtime.generate(p, temperature=0, max_new_tokens=8).text for p in PROMPTS}
+    assert len(set(alone.values())) == len(PROMPTS)  # an answer given to the wrong client would show
     sync = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
 
     def thread_call(i: int) -> tuple[str, str]:
@@ -332,10 +344,11 @@ def test_one_log_line_per_request(url, caplog):
     assert len(lines) == 1 and " 200 " in lines[0] and "prompt=" in lines[0] and "completion=" in lines[0]
 
 
-def test_remote_runtime_counts_tokens_locally_and_matches_in_process(url, demo_runtime):
+def test_remote_runtime_counts_tokens_locally_and_matches_in_process(tiny_url, tiny_runtime):
     from exllama_integrations.runtime.remote import RemoteRuntime
 
-    rt = RemoteRuntime(url)
+    demo_runtime = tiny_runtime
+    rt = RemoteRuntime(tiny_url)
     text = "Tokenizers count 12345 différently 🦙"
     assert rt.encode(text) == demo_runtime.encode(text) and rt.count_tokens(text) == demo_runtime.count_tokens(text)
     msgs = [{"role": "user", "content": Q}]
@@ -350,10 +363,10 @@ def test_remote_runtime_counts_tokens_locally_and_matches_in_process(url, demo_r
     rt.close()
 
 
-def test_a_remote_whole_completion_read_comes_in_a_few_events_with_the_same_result(url):
+def test_a_remote_whole_completion_read_comes_in_a_few_events_with_the_same_result(tiny_url):
     from exllama_integrations.runtime.remote import RemoteRuntime
 
-    rt = RemoteRuntime(url)
+    rt = RemoteRuntime(tiny_url)
     kw = dict(temperature=0, max_new_tokens=24, ignore_eos=True)
     live = rt.stream(PROMPTS[0], **kw)
     live_chunks = list(live)
@@ -388,12 +401,12 @@ def test_a_server_that_is_down_is_a_typed_error():
         ChatExLlama(base_url="http://127.0.0.1:9")
 
 
-async def test_served_async_keeps_the_loop_free(url):
+async def test_served_async_keeps_the_loop_free(tiny_url):
     from exllama_integrations.langchain import ChatExLlama
 
     from helpers import loop_ticks
 
-    chat = ChatExLlama(base_url=url, temperature=0, max_tokens=30)
+    chat = ChatExLlama(base_url=tiny_url, temperature=0, max_tokens=30)
     async with loop_ticks() as ticks:
         text = "".join([c.content async for c in chat.astream("Write a sentence about llamas.")])
     assert text
