@@ -87,6 +87,7 @@ def model(*mlps: Any) -> Any:
         config=SimpleNamespace(moe_cpu_hosts=None),
         fwd_modules=[(Embedding(), 0, None), *blocks, (RMSNorm(), 99, None)],
         modules=[],
+        prepare_inputs=lambda ids, params: ids,
     )
 
 
@@ -234,3 +235,14 @@ def test_an_mrope_models_text_steps_are_captured_and_an_offset_step_is_not(kinds
     params["positions"] = params["cache_seqlens"].clone()
     params["position_ids"] = torch.zeros((4, 1), dtype=torch.long)
     assert graphs.why_eager(ids, params) == "explicit positions"
+
+
+def test_at_load_only_the_row_counts_whose_moe_layers_capture_are_captured(
+    kinds: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``warmup=True`` captures every row count up to the batch at load: an MoE model's that would read back, not."""
+    graphs = DecodeGraphs(model(experts()), max_rows=64)
+    captured: list[int] = []
+    monkeypatch.setattr(graphs, "_capture", lambda key, x, params, out: captured.append(key[0]) or object())
+    done = graphs.capture_at_load(lambda ids, params: "logits", cache=object(), rows=range(1, 65), progress=False)
+    assert captured == list(range(1, 33)) and done == 32
