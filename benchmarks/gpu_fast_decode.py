@@ -21,7 +21,8 @@ reused.
   with a synchronize each; torch.profiler's kernel table (the 12 longest kernels) and GPU-busy share
 * bench: 16 and 64 jobs enqueued together, raw vs ``decode="fast"`` (same generator type, two instances),
   interleaved, ``--reps`` rounds; tokens/s, ms per step, paired ratios (``--models hybrid,hybrid-exl3``: a ~1.5B
-  Qwen3.5-shaped Gated DeltaNet hybrid, bf16 and converted to 4-bit EXL3)
+  Qwen3.5-shaped Gated DeltaNet hybrid, bf16 and converted to 4-bit EXL3; ``--models moe``: a Qwen3-MoE shape in
+  4-bit EXL3, tests/moe_models.py, whose MoE layers are captured up to 32 rows and run eagerly above)
 
     python benchmarks/gpu_fast_decode.py --out DIR [--sections profile,greedy,families,sampled,bench]
         [--models exl3,fp16] [--no-sampler-alone]   (sections also: prefill)
@@ -224,6 +225,12 @@ def load_models(args: Any) -> dict[str, Path]:
                 note(args.out, "hybrid_exl3_convert_seconds", round(convert_exl3(src, path, bits=4), 1))
                 (path / ".complete").write_text("1")
             models[name] = path
+        elif name == "moe":  # a Qwen3-MoE shape in 4-bit EXL3 (tests/moe_models.py): 6 layers, 32 experts, top-8
+            from moe_models import qwen3_moe_exl3
+
+            models[name], took = qwen3_moe_exl3()
+            for k, v in took.items():
+                note(args.out, f"moe fixture {k}", v)
     return models
 
 

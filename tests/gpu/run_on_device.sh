@@ -7,12 +7,17 @@
 #   pending: what the CPU side built that no GPU has proven yet (see the mode below), each step bounded in time, its
 #           results in $OUT as they come (a machine taken back keeps what ran)
 #   speed:  issue 53's speed rows (the captured step on a Qwen3.5-shaped hybrid, MTP at 1/16/64 jobs)
+#   moe:    issue 53's MoE layers in the captured step, in one call (~450 s: run it with timeout_s 600), each step bounded
+#           and its results in $OUT as they come: the Qwen3-MoE-shaped EXL3 fixture (tests/moe_models.py), greedy tokens
+#           vs exllamav3's own loop at 1/16/64 jobs and the report (tests/gpu/test_gpu_fast_moe.py, with the family
+#           matrix's qwen3 and qwen3_moe cases), the speed row (benchmarks/gpu_fast_decode.py --models moe). Carry .whl
+#           (exllamav3 1.6.5 and its converter's needs) and .devcache (the prebuilt extension)
 #   probe:  issue 57 in one call (~560 s: run it with timeout_s 600), each step bounded and its results in $OUT as
 #           they come: the op-level invariance probe (benchmarks/gpu_invariance_probe.py, shortened: no step section),
 #           the 1B fixture (fp16 + its 4-bit EXL3 conversion), the pinned strategy's GPU tests
 #           (tests/gpu/test_gpu_pinned.py), its benchmark row (benchmarks/gpu_fast_decode.py --pinned-row). Carry the
 #           exllamav3 1.6.5 wheel and its converter's needs (marisa-trie, pyyaml, pillow) and the prebuilt extension
-# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending|speed|probe [pytest -k / benchmark args]
+# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending|speed|probe|moe [pytest -k / benchmark args]
 set -u
 source tests/gpu/device_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -74,6 +79,20 @@ from _common import Results, exl3_model; print("fixture:", exl3_model(Results("g
     timeout -k 10 "${BENCH_S:-110}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench --models exl3 \
       --reps 3 --new 48 --no-sampler-alone --no-ahead-row --pinned-row --first-prompt 3584 2>&1 \
       | tee "$OUT/gpu_fast_decode.txt" | grep -E "ratio|rror" | cut -c1-240 ;;
+  moe)
+    # 1. ~100 s once a machine: build (bf16, on the GPU) and convert (exllamav3's converter, 4-bit) the fixture
+    timeout -k 10 "${FIXTURE_S:-200}" python3 -c 'import sys; sys.path[:0] = ["tests", "tests/gpu"]
+from moe_models import qwen3_moe_exl3; print("fixture:", *qwen3_moe_exl3())' 2>&1 | tee "$OUT/gpu_moe_fixture.txt" | tail -3
+    # 2. ~90 s: greedy tokens at 1/16/64 jobs against exllamav3's own loop, which rows were captured and which ran
+    #    eagerly (why), and the matrix's qwen3 (MRoPE: its text steps now captured) and qwen3_moe (bf16 experts: aside)
+    timeout -k 10 "${TEST_S:-140}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_fast_moe.py \
+      "tests/gpu/test_gpu_fast_decode.py::test_fast_greedy_tokens_are_exllamav3s_on_every_family[qwen3]" \
+      "tests/gpu/test_gpu_fast_decode.py::test_fast_greedy_tokens_are_exllamav3s_on_every_family[qwen3_moe]" 2>&1 \
+      | tee "$OUT/gpu_tests_moe.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|^moe|^qwen3|Error" | cut -c1-600
+    # 3. ~90 s: the speed row, raw exllamav3 vs decode="fast" at 1/16/64 jobs, interleaved -> gpu_fast_decode.json
+    timeout -k 10 "${BENCH_S:-150}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench --models moe \
+      --reps "${REPS:-3}" --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row 2>&1 \
+      | tee "$OUT/gpu_fast_decode_moe.txt" | grep -E "ratio|rror" | cut -c1-300 ;;
   mtp)
     shift || true
     python3 benchmarks/gpu_mtp.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_mtp.txt" | grep -vE "^\s*$" | tail -60 ;;

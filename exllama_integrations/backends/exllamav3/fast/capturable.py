@@ -30,11 +30,28 @@ def step_stands_aside(input_ids: Any, params: dict[str, Any], min_rows: int = 1,
         return "image embeddings or a speculative pass"
     if params.get("recurrent_states") and not recurrent:
         return "recurrent state"
-    if params.get("positions") is not None or params.get("position_ids") is not None:
+    if params.get("position_ids") is not None or not _positions_are_lengths(params):
         return "explicit positions"
     if int(input_ids.shape[0]) < min_rows:
         return f"up to {min_rows - 1} rows {LEFT_TO_EXLLAMAV3}"
     return None
+
+
+def _positions_are_lengths(params: dict[str, Any]) -> bool:
+    """The step's positions are its cache lengths: none given, or (an MRoPE model's text rows) the same values.
+
+    A model declaring MRoPE (Qwen3, Qwen3-MoE) gets per-row positions from exllamav3's generator at every step: the
+    cache length plus the job's ``alt_rope_offset``, 0 for a text-only job. The captured step reads its positions from
+    the static cache lengths (``prepare_for_attn`` sets them so when none are given), so a step whose positions are
+    those lengths is the captured one; any other offset (an image job's) runs eagerly. Both are host tensors of a
+    handful of rows (exllamav3's staging arena): compared without a device sync.
+    """
+    positions, lengths = params.get("positions"), params.get("cache_seqlens")
+    if positions is None or positions is lengths:
+        return True
+    if lengths is None or positions.device.type != "cpu" or lengths.device.type != "cpu":
+        return False
+    return tuple(positions.shape) == tuple(lengths.shape) and bool((positions == lengths).all())
 
 
 def exported(params: dict[str, Any]) -> tuple[str, ...]:

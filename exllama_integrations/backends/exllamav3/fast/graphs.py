@@ -20,10 +20,15 @@ exllamav3's own logits.
 Where it stands aside (the eager forward runs; :meth:`DecodeGraphs.report` says why and how often):
 
 * the model, for its whole life: tensor-parallel, several devices, a layer that is not a plain transformer
-  block (MoE, sliding-window rings, Mamba-2, KDA, hyper-connections, sparse attention indexers, per-layer
-  embeddings), MRoPE;
-* a step: more than one position per row (prefill, drafting, healing), image embeddings, a speculative pass over
-  recurrent state, draft-model parameters, any parameter the captured forward was not built with (a drafting
+  block (sliding-window rings, Mamba-2, KDA, hyper-connections, sparse attention indexers, per-layer embeddings),
+  MoE experts on the CPU, across devices, hash-routed or not EXL3-quantized;
+* on a model with MoE layers, a step of rows whose MoE forward reads the expert counts back on the host
+  (``rows x top_k`` past the fused kernel's row capacity, :mod:`.seam.moe`): that step runs eagerly, the report says
+  which layers and why. Up to 8 rows the fused decode kernels run (no sync); above, exllamav3's sort path, captured
+  with its ``bincount`` taken without a host read (the same counts);
+* a step: more than one position per row (prefill, drafting, healing), positions other than the cache lengths (an
+  MRoPE model's image job; its text jobs' positions are their lengths, captured), image embeddings, a speculative
+  pass over recurrent state, draft-model parameters, any parameter the captured forward was not built with (a drafting
   target's undrafted step is captured: the hidden state its drafter reads next, ``export_state_norm_keys``, is written
   by the graph into tensors of its own and handed back after the replay, as exllamav3's norm hands it back);
 * on a model with Gated DeltaNet layers, a step of up to ``bc_attn.MAX_BSZ`` (8) rows: exllamav3 runs
@@ -46,7 +51,7 @@ from typing import Any
 
 from .capturable import LEFT_TO_EXLLAMAV3, Shape, exported, step_stands_aside
 from .run_ahead import Ahead, PinnedStaging, ahead_differs, ahead_stands_aside
-from .seam import TABLE_PAD, ModelView, page_size, qkv_pointers
+from .seam import TABLE_PAD, ModelView, moe_report, page_size, qkv_pointers
 from .static import Static
 
 logger = logging.getLogger(__name__)
@@ -123,7 +128,8 @@ class DecodeGraphs:
             return "the model"
         if int(input_ids.shape[0]) > self.static.rows:
             return "more rows than the static buffers hold"
-        return step_stands_aside(input_ids, params, self.min_rows, bool(self.view.recurrent))
+        why = step_stands_aside(input_ids, params, self.min_rows, bool(self.view.recurrent))
+        return why if why is not None else self.view.moe_stands_aside(int(input_ids.shape[0]))
 
     def forward(self, eager: Callable[[Any, dict[str, Any]], Any], input_ids: Any, params: dict[str, Any]) -> Any:
         """The logits of one decode step: a captured graph where one covers it, else ``eager(input_ids, params)``."""
@@ -199,7 +205,7 @@ class DecodeGraphs:
         import torch
         from tqdm.auto import tqdm
 
-        todo = [r for r in rows if self.min_rows <= r <= self.static.rows]
+        todo = [r for r in rows if self.min_rows <= r <= self.static.rows and self.view.moe_stands_aside(r) is None]
         todo = [r for r in todo if ((r, LOAD_WIDTH), ()) not in self.shapes]
         t0 = time.perf_counter()
         for r in tqdm(todo, desc="capturing decode steps", unit="shape", disable=not progress):
@@ -405,6 +411,7 @@ class DecodeGraphs:
             "captured": True,
             "min_rows": self.min_rows,
             "recurrent_layers": dict(Counter(self.view.recurrent)),
+            **({"moe": moe_report(self.view.moe, self.static.rows)} if self.view.moe else {}),
             "max_rows": self.static.rows,
             "shapes": sorted(self.captured, key=lambda k: tuple(int(n) for n in k.split()[::3])),
             "captured_at_load": self.captured_at_load,

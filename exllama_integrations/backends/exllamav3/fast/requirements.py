@@ -113,6 +113,17 @@ REQUIREMENTS: list[Requirement] = [
     Member(f"{_MOD}.gated_delta_net", "GatedDeltaNet", "kda"),
     Constant(f"{_MOD}.attention_fn.bc_attn", "MAX_BSZ", 8),
     Constant("exllamav3.cache.recurrent_util", "advance_recurrent_states"),
+    # MoE layers in a captured step (seam/moe.py): what decides the row counts their forward serves without a host
+    # sync, and the module's torch global (bincount taken without a host read inside a capture); the forward's body
+    # is fingerprinted, so a release that changes it shows in the check
+    Member(f"{_MOD}.block_sparse_mlp", "BlockSparseMLP", "forward", ("x", "params", "out_dtype")),
+    *(Member(f"{_MOD}.block_sparse_mlp", "BlockSparseMLP", n) for n in "routing_gate router_type bc is_quantized "
+      "num_experts_per_tok fused_rows fused_mode_buffers bc_sh_exp routing_device tp_reduce".split()),
+    *(Member(f"{_MOD}.block_sparse_mlp_cpu", "BlockSparseMLP_CPU", n) for n in ("cpu_offload", "cpu_split_first")),
+    Member("exllamav3.model.config", "InferParams", "no_reconstruct"),
+    Member("exllamav3.model.config", "Config", "infer_params"),
+    Constant(f"{_MOD}.block_sparse_mlp", "MAX_BSZN", 8),
+    Constant(f"{_MOD}.block_sparse_mlp", "torch"),
     # the measured draft window (draft_rule): set before each iterate(), which reads it when it drafts
     Member(_G, "Generator", "num_draft_tokens"),
     # a drafting target's step exports the final norm's output (EXPORT_PARAMS): appended to params["export_states"]

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from ..deterministic import Pins, refuse_chunks
 from ..requirements import EXPORT_PARAMS, PAGE_SIZE, PREFILL_PARAMS, STEP_PARAMS, VERIFIED, stands_aside
 from ..step import TABLE_PAD, Forward, PageCopy
+from .moe import moe_report
 from .views import GeneratorView, JobView, ModelView, PageView, qkv_pointers, view
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ __all__ = [
     "ModelView",
     "PageCopy",
     "PageView",
+    "moe_report",
     "qkv_pointers",
     "stands_aside",
     "view",

@@ -7,8 +7,11 @@ internals; the features see exllamav3 only through them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
+
+from .moe import MoeLayer, moe_layer, sync_free_bincount
+from .moe import why_eager as moe_why_eager
 
 # ---------------------------------------------------------------------- views of jobs, pages and the generator
 
@@ -162,6 +165,9 @@ class ModelView:
         self.recurrent: list[str] = []
         """The captured kinds of recurrent layer the model has (Gated DeltaNet): their state lives in the cache's
         pools, addressed by per-row slot tensors that a captured step reads from static buffers."""
+        self.moe: list[MoeLayer] = []
+        """The model's MoE layers (``BlockSparseMLP``): captured at the row counts their forward serves without a host
+        sync (:mod:`.moe`); a step of other rows runs eagerly."""
         self.why_not = self._stands_aside()
         if self.why_not is None:
             mods = model.fwd_modules
@@ -176,8 +182,10 @@ class ModelView:
     def _stands_aside(self) -> str | None:
         try:
             from ...upstream import (
+                MAX_BSZN,
                 MLP,
                 Attention,
+                BlockSparseMLP,
                 Embedding,
                 GatedDeltaNet,
                 GatedMLP,
@@ -191,8 +199,6 @@ class ModelView:
         model = self.model
         if getattr(model, "loaded_tp", False):
             return "a tensor-parallel model"
-        if "mrope" in (getattr(model, "caps", {}) or {}):
-            return "MRoPE positions"
         if list(model._get_prefetch_layers):
             return "a layer that prefetches per-token rows"
         if getattr(model.config, "moe_cpu_hosts", None):
@@ -214,7 +220,12 @@ class ModelView:
                     type(attn) is not Attention or getattr(attn, "qsa_indexer", None) is not None
                 ):
                     return f"an attention layer of kind {type(attn).__name__}"
-                if mlp is not None and type(mlp) not in (MLP, GatedMLP):
+                if type(mlp) is BlockSparseMLP:
+                    layer = moe_layer(mlp, MAX_BSZN)
+                    if isinstance(layer, str):
+                        return layer
+                    self.moe.append(layer)
+                elif mlp is not None and type(mlp) not in (MLP, GatedMLP):
                     return f"an MLP of kind {type(mlp).__name__}"
             elif kind not in (RMSNorm, LayerNorm, Linear):
                 return f"a layer of kind {kind.__name__}"
@@ -222,6 +233,10 @@ class ModelView:
         if len(devices) != 1 or not next(iter(devices)).startswith("cuda"):
             return f"layers on {sorted(devices)} (one CUDA device only)"
         return None
+
+    def moe_stands_aside(self, rows: int) -> str | None:
+        """Why a step of ``rows`` rows runs eagerly for the model's MoE layers (naming them), or None."""
+        return moe_why_eager(self.moe, rows) if self.moe else None
 
     def has_own_graphs(self) -> bool:
         """Whether exllamav3 graphs this model's layers itself at small batches (EXL3 weights)."""
@@ -306,7 +321,8 @@ class ModelView:
         switch is a module global of exllamav3's: another model in the same process that steps during a capture (at
         load with ``warmup``, or a step of a new shape) takes exllamav3's eager attention for that step (our steps
         captured this way gave its graphed path's greedy tokens in every comparison run; a server runs each model in
-        its own engine process).
+        its own engine process). On a model with MoE layers their expert counts are taken without a host read
+        meanwhile (:func:`.moe.sync_free_bincount`: the same counts).
         """
         from ...upstream import MLP, GatedMLP, module
 
@@ -318,7 +334,8 @@ class ModelView:
         try:
             for m, _ in bcs:
                 m.bc = None
-            yield
+            with sync_free_bincount() if self.moe else nullcontext():
+                yield
         finally:
             attn_module._bc_attn_enable = saved
             for m, bc in bcs:
