@@ -132,6 +132,10 @@ SPECULATIVE = {
     "measures what each job advanced): one stream 2.89x no drafting (1.06x exllamav3's own MTP loop); at 16 jobs the "
     "rule measured window 0 (the captured step) at 2,018 tok/s and window 1 at 719, tried no longer window and drafted "
     "nothing after: 0.885x [0.696..1.013] of the runtime without drafting; the session's device time ended there",
+    "gpu_mtp_run4_h100.json": "MTP drafting, run 4 (session 9, 2026-12-07, H100; `bash tests/gpu/run_on_device.sh "
+    "pending` at 2b534c9: `--levels perfect,mix --jobs 16,64 --reps 5 --new 64 --no-stream --no-raw-batch`): the "
+    "drafter parked on the steps the rule drafts nothing on (373 parked, 1 catch-up, 5 drafting at 16 jobs): 1.031x "
+    "[0.938..1.117] of the runtime without a drafter; the call's device time ended before the mix and 64-job rows",
 }
 
 VISION = {

@@ -81,6 +81,8 @@ def test_exllamav3_label_probabilities_match_the_transformers_oracle(fixtures, n
 def test_the_paged_path_agrees_with_the_cache_free_one_and_gives_its_pages_back(fixtures) -> None:
     import math
 
+    import torch
+
     from exllama_integrations import ExLlamaRuntime
     from exllama_integrations.backends.exllamav3 import decisions
     from exllama_integrations.contract.decisions import DecisionRequest
@@ -93,8 +95,9 @@ def test_the_paged_path_agrees_with_the_cache_free_one_and_gives_its_pages_back(
         plan = decider(rt).plan(DecisionRequest(LONG_STATE, _questions() + _many_labels()))
         (job,) = plan.jobs
         assert len(job.prefix) > 256 and sum(len(lab) > 1 for lab in job.branches[-1].labels) > decisions.LABEL_ROWS
-        paged = decisions.score_labels_paged(generator, job)
-        nc = decisions.score_labels_nc(generator.model, job)
+        with torch.inference_mode():  # as the runtime's driver calls them (its step context)
+            paged = decisions.score_labels_paged(generator, job)
+            nc = decisions.score_labels_nc(generator.model, job)
         for p_row, n_row in zip(paged, nc):
             p = [math.exp(x) for x in p_row]
             n = [math.exp(x) for x in n_row]

@@ -1,5 +1,6 @@
-"""docs/decisions.md's numbers are the committed benchmark: each median [min..max] in "## The numbers" is a summary
-of benchmarks/results/cpu_decisions.json, and the ratios its prose quotes are what the rows say."""
+"""docs/decisions.md's numbers are the committed benchmarks: each median [min..max] in "## The numbers" is a summary
+of benchmarks/results/cpu_decisions.json or gpu_decisions_run1_h100.json, and the ratios its prose quotes are what
+the rows say."""
 
 from __future__ import annotations
 
@@ -25,13 +26,15 @@ def _section() -> str:
 
 
 def test_every_quoted_median_min_max_is_a_committed_summary() -> None:
-    data = json.loads((ROOT / "benchmarks" / "results" / "cpu_decisions.json").read_text())
-    summaries = [
-        *(v["seconds"] for rows in data["rows"].values() for v in rows.values()),
-        *(v["seconds"] for pairs in data["ratios"].values() for v in pairs.values()),
-    ]
+    summaries = []
+    for name in ("cpu_decisions.json", "gpu_decisions_run1_h100.json"):
+        data = json.loads((ROOT / "benchmarks" / "results" / name).read_text())
+        summaries += [
+            *(v["seconds"] for rows in data["rows"].values() for v in rows.values()),
+            *(v["seconds"] for pairs in data["ratios"].values() for v in pairs.values()),
+        ]
     quoted = TRIPLE.findall(_section())
-    assert len(quoted) == 8  # two rows: three paths' seconds and the JSON / decision ratio each
+    assert len(quoted) == 16  # the CPU's and the GPU's two rows: three paths' seconds and the JSON / decision ratio
     for median, lo, hi in quoted:
         assert any(_same(median, s["median"]) and _same(lo, s["min"]) and _same(hi, s["max"]) for s in summaries), (
             f"{median} [{lo}..{hi}] is no committed result"
@@ -51,3 +54,16 @@ def test_the_prose_ratios_are_the_rows() -> None:
     assert f"({bound[0]:.1f} and {bound[1]:.1f} by their medians)" in text
     ratios = [data["ratios"][s]["json_generation / decision"]["seconds"]["median"] for s in data["rows"]]
     assert f"{ratios[0]:.1f}x to {ratios[1]:.1f}x faster, not the 5x" in text and max(ratios) < 5
+
+
+def test_the_gpu_prose_ratios_are_the_rows() -> None:
+    data = json.loads((ROOT / "benchmarks" / "results" / "gpu_decisions_run1_h100.json").read_text())
+    text = _section()
+    rows = [data["rows"][s] for s in ("one_choice", "three_questions")]
+    floor = [r["one_token_generation"]["seconds"]["median"] for r in rows]
+    json_over_floor = [r["json_generation"]["seconds"]["median"] / f for r, f in zip(rows, floor)]
+    decision_over_floor = [r["decision"]["seconds"]["median"] / f for r, f in zip(rows, floor)]
+    assert f"({json_over_floor[0]:.1f}x and {json_over_floor[1]:.1f}x the one-token generation" in text
+    assert f"The decision pays {decision_over_floor[0]:.1f}x and {decision_over_floor[1]:.1f}x the floor" in text
+    ratios = [data["ratios"][s]["json_generation / decision"]["seconds"]["median"] for s in data["rows"]]
+    assert "Here the decision is the slower path" in text and max(ratios) < 1
