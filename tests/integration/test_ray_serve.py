@@ -1,4 +1,5 @@
-"""Ray Serve as two tiers: a real local Ray, an ingress and 2 CPU model replicas of the demo model.
+"""Ray Serve as two tiers: a real local Ray, an ingress and 2 CPU model replicas of the tiny random model (SmolLM2's
+tokenizer and template; every check here is plumbing: placement, streaming, cancelling, loopback, routing by name).
 
 Everything stays on 127.0.0.1 (checked with ``ss``); 16 concurrent clients stream through the proxy and the
 ingress and get the in-process answer; both replicas serve; a conversation's follow-up turns all go to the
@@ -24,6 +25,7 @@ from ray import serve
 from exllama_integrations.serve.ray import build_app
 
 MODEL_DIR = {model_dir!r}
+NAME = os.path.basename(MODEL_DIR)
 TINY_A, TINY_B = {tiny_a!r}, {tiny_b!r}
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 out = {{}}
@@ -36,11 +38,11 @@ serve.run(app, name="exllama", route_prefix="/")
 out["up_s"] = time.perf_counter() - t0
 url = f"http://127.0.0.1:{{port}}"
 prompt = "The capital of France is"
-want = httpx.post(url + "/v1/completions", json={{"model": "SmolLM2-135M-Instruct", "prompt": prompt,
+want = httpx.post(url + "/v1/completions", json={{"model": NAME, "prompt": prompt,
                   "max_tokens": 16, "temperature": 0}}, timeout=120).json()["choices"][0]["text"]
 results = []
 def client(i):
-    body = {{"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": 16, "temperature": 0,
+    body = {{"model": NAME, "prompt": prompt, "max_tokens": 16, "temperature": 0,
              "stream": True}}
     t = time.perf_counter(); arrivals = []; text = []
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
@@ -66,7 +68,7 @@ turns = [ask(convo + f" Turn {{i}}: and then?") for i in range(6)]
 after = httpx.get(url + "/health", timeout=30).json()["replicas"]
 out["follow_up_placement"] = {{k: after.get(k, 0) - before.get(k, 0) for k in after}}
 handle = serve.get_deployment_handle("ExLlamaModel", app_name="exllama")
-body = {{"model": "SmolLM2-135M-Instruct", "prompt": "Tell me a long story.", "max_tokens": 400,
+body = {{"model": NAME, "prompt": "Tell me a long story.", "max_tokens": 400,
          "ignore_eos": True, "stream": True}}
 with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
     lines = r.iter_lines()
@@ -127,12 +129,12 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def ray_run(demo_dir, tmp_path_factory):
+def ray_run(tiny_dir, tmp_path_factory):
     from arch_models import make_arch
 
     root = tmp_path_factory.mktemp("ray-models")
     tiny = [make_arch(arch, root / arch, seed=i) for i, arch in enumerate(("llama3", "qwen3"))]
-    return run_isolated(SCRIPT.format(model_dir=str(demo_dir), tiny_a=str(tiny[0]), tiny_b=str(tiny[1])), timeout=600)
+    return run_isolated(SCRIPT.format(model_dir=str(tiny_dir), tiny_a=str(tiny[0]), tiny_b=str(tiny[1])), timeout=600)
 
 
 def test_two_replicas_stream_sixteen_clients_on_loopback(ray_run):

@@ -99,6 +99,8 @@ def servers(scripted):
         return started[name].url
 
     yield server
+    for s in started.values():  # all told to stop first, then waited for: they wind down at once
+        s.server.should_exit = True
     for s in started.values():
         s.stop()
 
