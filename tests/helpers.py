@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 THINKS = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -143,3 +144,24 @@ def decision_questions() -> tuple[str, tuple]:
         ),
         Score("anger", "How frustrated is the customer?", labels("calm", "concerned", "angry")),
     )
+
+
+def decode_step(rows: int = 16, **extra: Any) -> tuple[Any, dict[str, Any]]:
+    """The forward of one plain decode step as exllamav3's ``Generator.iterate_gen`` calls it: the token ids and the
+    ``params`` (a fake of exllamav3's call, for the fast path's capture decisions; torch needed)."""
+    import torch
+
+    params = {
+        "attn_mode": "flash_attn",
+        "block_table": torch.zeros((rows, 16), dtype=torch.int32),
+        "cache": object(),
+        "cache_seqlens": torch.full((rows,), 130, dtype=torch.int32),
+        "recurrent_states": None,
+        "indexed_embeddings": [],
+        "positions": None,
+        "recurrent_history": False,
+        "pinned_staging": True,
+        "dev_cache": {},
+        **extra,
+    }
+    return torch.ones((rows, 1), dtype=torch.long), params

@@ -22,23 +22,9 @@ from exllama_integrations.backends.exllamav3.fast.graphs import (  # noqa: E402
     step_stands_aside,
 )
 
+from helpers import decode_step  # noqa: E402
 
-def step(rows: int = 16, **extra: Any) -> tuple[Any, dict[str, Any]]:
-    """The forward of one plain decode step as exllamav3's Generator.iterate_gen calls it."""
-    params = {
-        "attn_mode": "flash_attn",
-        "block_table": torch.zeros((rows, 16), dtype=torch.int32),
-        "cache": object(),
-        "cache_seqlens": torch.full((rows,), 130, dtype=torch.int32),
-        "recurrent_states": None,
-        "indexed_embeddings": [],
-        "positions": None,
-        "recurrent_history": False,
-        "pinned_staging": True,
-        "dev_cache": {},
-        **extra,
-    }
-    return torch.ones((rows, 1), dtype=torch.long), params
+step = decode_step
 
 
 def test_a_plain_decode_step_is_replayed() -> None:

@@ -27,6 +27,8 @@ from exllama_integrations.backends.exllamav3.fast.seam.moe import (  # noqa: E40
     why_eager,
 )
 
+from helpers import decode_step  # noqa: E402
+
 
 class Kind:
     """A fake exllamav3 module kind (the view compares ``type(module)`` to the boundary's names)."""
@@ -101,19 +103,7 @@ def kinds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(vars(upstream), "MAX_BSZN", 8)
 
 
-def step(rows: int) -> tuple[Any, dict[str, Any]]:
-    params = {
-        "attn_mode": "flash_attn",
-        "block_table": torch.zeros((rows, 16), dtype=torch.int32),
-        "cache": object(),
-        "cache_seqlens": torch.full((rows,), 130, dtype=torch.int32),
-        "recurrent_states": None,
-        "indexed_embeddings": [],
-        "positions": None,
-        "recurrent_history": False,
-        "pinned_staging": True,
-    }
-    return torch.ones((rows, 1), dtype=torch.long), params
+step = decode_step
 
 
 def test_an_moe_model_is_captured_where_its_layers_need_no_host_read(kinds: None) -> None:
