@@ -238,11 +238,7 @@ def where(request: pytest.FixtureRequest, demo_dir: Path) -> dict:
     Every test that takes it runs against both, so the adapters keep everything they have in process
     when the model is served.
     """
-    if request.param == "local":
-        return {"model_dir": str(demo_dir), "backend": "transformers"}
-    from servers import demo_server
-
-    return {"base_url": demo_server()}
+    return _placed(request.param, demo_dir)
 
 
 @pytest.fixture(scope="session")
@@ -265,8 +261,13 @@ def tiny_runtime(tiny_dir: Path):
 @pytest.fixture(scope="session", params=["local", "remote"])
 def tiny_where(request: pytest.FixtureRequest, tiny_dir: Path) -> dict:
     """As ``where``, over the tiny random model: loaded in this process, or on a real server."""
-    if request.param == "local":
-        return {"model_dir": str(tiny_dir), "backend": "transformers"}
+    return _placed(request.param, tiny_dir)
+
+
+def _placed(where: str, model_dir: Path) -> dict:
+    """The adapters' arguments for ``model_dir`` loaded in this process (``local``) or on its shared server."""
+    if where == "local":
+        return {"model_dir": str(model_dir), "backend": "transformers"}
     from servers import shared_server
 
-    return {"base_url": shared_server(tiny_dir)}
+    return {"base_url": shared_server(model_dir)}

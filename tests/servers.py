@@ -42,12 +42,9 @@ _shared: dict[str, ThreadServer] = {}
 
 def demo_server() -> str:
     """The URL of one server over the shared demo runtime, started on first use (for suites built on properties)."""
-    if "demo" not in _shared:
-        from exllama_integrations import ExLlamaRuntime
-        from exllama_integrations.demo_model import demo_model_dir
+    from exllama_integrations.demo_model import demo_model_dir
 
-        _shared["demo"] = ThreadServer(ExLlamaRuntime.shared(demo_model_dir(), "transformers"))
-    return _shared["demo"].url
+    return shared_server(demo_model_dir())
 
 
 def shared_server(model_dir: Any) -> str:
