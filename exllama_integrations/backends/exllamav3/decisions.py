@@ -95,10 +95,12 @@ def _run(generator: Any, pages: list[int], steps: tuple[Step, ...]) -> list[floa
             "last_tokens_only": step.keep,
         }
         logits = model.forward(input_ids=torch.tensor(step.rows, dtype=torch.long), params=params)
-        if step.reads:
-            lp = torch.log_softmax(logits[..., -step.keep :, : model.config.vocab_size].double(), dim=-1)
-            r = step.reads
-            picked.append(lp[[x.row for x in r], [x.at for x in r], [x.token for x in r]])
+        if step.reads:  # the distributions at the positions read only (float64, vocabulary cropped to the model's)
+            spots = {(x.row, x.at): None for x in step.reads}
+            index = {spot: i for i, spot in enumerate(spots)}
+            kept = logits[:, -step.keep :][[r for r, _ in spots], [a for _, a in spots]]
+            lp = torch.log_softmax(kept[:, : model.config.vocab_size].double(), dim=-1)
+            picked.append(lp[[index[(x.row, x.at)] for x in step.reads], [x.token for x in step.reads]])
     return torch.cat(picked).tolist() if picked else []
 
 
