@@ -141,7 +141,7 @@ def test_the_paged_path_gives_the_cache_free_paths_scores_exactly():
     assert max(len(rows) for _, rows, _ in gen.model.forwards) == decisions.LABEL_ROWS  # LABEL_ROWS a forward
 
 
-def test_a_question_under_a_page_is_one_forward_whatever_its_labels():
+def test_a_question_under_a_page_is_one_forward_its_labels_fused():
     # the benchmark's one Choice on the demo model: 60 prefix tokens, 30 of its own, labels of 2, 1 and 2 tokens
     choice = LabelScoring(tuple(range(60)), (LabelBranch(tuple(range(60, 90)), ((3, 4), (5,), (6, 7))),))
     noul = LabelScoring(tuple(range(60)), (LabelBranch(tuple(range(60, 86)), ((3,), (5,))),))

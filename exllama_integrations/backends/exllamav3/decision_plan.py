@@ -13,8 +13,8 @@ than one token:
 
 * fused, where they are few (at most :data:`LABEL_ROWS`) and their rows small (at most :data:`FUSED_TOKENS` tokens
   in all): the last chunk and the labels are one forward, a row per such label (the chunk, then that label's tokens
-  but its last), each row on pages of its own. So a question of a prompt under a page is one forward, whatever its
-  labels;
+  but its last), each row on pages of its own. So a question of a prompt under a page whose labels fuse is one
+  forward;
 * otherwise after the last chunk's own forward, as rows of forwards of :data:`LABEL_ROWS` labels, each row's table
   the question's pages then pages of its own, onto which the question's partial last page is copied first.
 

@@ -5,9 +5,9 @@ pages once for every question of the request, one page a forward; then each ques
 prefix's partial last page and the question's own tokens) chunked at page boundaries, its last chunk's logits scoring
 every label's first token, and the rest of each label of more than one token as rows (in the last chunk's forward
 where they are few and small, else in forwards of their own on copies of the question's partial page). A question
-whose prompt is under a page is one forward. It borrows pages of the generator's cache that no job references
-(``PageTable.allocate_pages`` with no hashes: fresh pages, as a new job's own; evicting prompt-cache pages as a job
-would), and gives them back when done; every read log-probability comes back to the host once, at the end.
+whose prompt is under a page, its labels fused, is one forward. It borrows pages of the generator's cache that no
+job references (``PageTable.allocate_pages`` with no hashes: fresh pages, as a new job's own; evicting prompt-cache
+pages as a job would), and gives them back when done; every read log-probability comes to the host once, at the end.
 
 The pages' K/V is overwritten, so no page keeps its old prompt-cache identity (``can_revert`` is cleared: a page
 given back becomes a fresh unreferenced page, never a cached prefix). Batch invariance follows the deterministic
