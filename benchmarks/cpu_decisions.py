@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,12 @@ TEAMS = ("billing", "technical", "sales")
 LEVELS = ("calm", "concerned", "angry")
 
 
-def measure(rt: Any, results: Results, out: Path, reps: int) -> None:
-    """The rows, on a loaded runtime (the CPU demo model here, an exllamav3 model in gpu_decisions.py)."""
+def measure(rt: Any, results: Results, out: Path, reps: int, forwards: Callable[[], int] | None = None) -> None:
+    """The rows, on a loaded runtime (the CPU demo model here, an exllamav3 model in gpu_decisions.py).
+
+    ``forwards``: the model forwards run so far, where the caller counts them: each decision's row then says how
+    many it ran.
+    """
     from exllama_integrations import Grammar
     from exllama_integrations.chat.decisions import decision_messages, question_text
     from exllama_integrations.contract.decisions import Choice, DecisionRequest, Label, Noul, Score, labels
@@ -67,9 +72,13 @@ def measure(rt: Any, results: Results, out: Path, reps: int) -> None:
         return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
     def by_decision(questions: tuple) -> dict[str, float]:
+        before = forwards() if forwards else 0
         t0 = time.perf_counter()
         r = decide.decide(DecisionRequest(state(), questions))
-        return {"seconds": time.perf_counter() - t0, "prompt_tokens": r.prompt_tokens, "new_tokens": 0}
+        row = {"seconds": time.perf_counter() - t0, "prompt_tokens": r.prompt_tokens, "new_tokens": 0}
+        if forwards:
+            row["forwards"] = forwards() - before
+        return row
 
     def by_json(questions: tuple) -> dict[str, float]:
         parts = "\n\n".join(question_text(q) for q in questions)

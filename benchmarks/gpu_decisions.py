@@ -6,9 +6,12 @@ random weights and SmolLM2-135M-Instruct's real tokenizer and chat template, so 
 tokens as a real model's would (a fixture tokenizer of bytes would lengthen it and flatter the decision). The
 weights are random (no checkpoint can be fetched on the GPU machine), which costs nothing here: the grammar holds
 the JSON path to the schema's values, and both paths' work does not depend on what the weights say. The decision
-path is exllamav3's paged scorer (the prefix read once, the labels as rows of one forward); the JSON path is
-exllamav3's generator under llguidance. The tokenizer files are carried in ``.devcache/smollm2-tokenizer/`` (copy
-them from the demo model: ``exllama-integrations prepare-demo`` prints its directory).
+path is exllamav3's paged scorer (``backends/exllamav3/decision_plan.py``: the prefix's full pages once, each
+question's prompt by pages after them, its labels' rest fused into its last forward where few and small), and each
+decision's row says how many model forwards it ran (``forwards``: ``Model.forward`` calls counted while it runs,
+nothing else running); the JSON path is exllamav3's generator under llguidance. The tokenizer files are carried in
+``.devcache/smollm2-tokenizer/`` (copy them from the demo model: ``exllama-integrations prepare-demo`` prints its
+directory).
 
     python benchmarks/gpu_decisions.py --reps 7
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
@@ -54,7 +58,15 @@ def main() -> None:
     results.note(args.out, "gpu", torch.cuda.get_device_name())
     results.note(args.out, "shape", "Llama hidden 2048, 16 layers, 16/8 heads, inter 5632, fp16, random weights")
     with ExLlamaRuntime(str(fixture(args.model_dir)), "exllamav3", max_seq_len=4096) as rt:
-        measure(rt, results, args.out, args.reps)
+        model = rt.diagnostics()["model"]
+        inner, calls = model.forward, [0]
+
+        def counted(*a: Any, **k: Any) -> Any:
+            calls[0] += 1
+            return inner(*a, **k)
+
+        model.forward = counted  # (the runtime, and its wraps, end with the block)
+        measure(rt, results, args.out, args.reps, forwards=lambda: calls[0])
 
 
 if __name__ == "__main__":

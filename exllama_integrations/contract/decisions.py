@@ -250,8 +250,9 @@ Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer
 class DecisionResult:
     """One answer per question, in the request's order; the tokens the model read; the prompt each question became.
 
-    ``prompt_tokens``: positions the model computed (the shared prefix once, each question's own tokens, and the
-    label tokens after a label's first); nothing is generated. ``prefix_tokens``: the part read once for all.
+    ``prompt_tokens``: the request's positions, each counted once (the shared prefix once, each question's own tokens,
+    and the label tokens after a label's first; a backend that computes some again, as exllamav3 does, counts them
+    once); nothing is generated. ``prefix_tokens``: the part read once for all.
     """
 
     answers: tuple[Answer, ...]
@@ -282,7 +283,7 @@ class LabelScoring:
 
     @property
     def tokens_read(self) -> int:
-        """Positions a backend computes: the prefix, each suffix, and each label's tokens after its first."""
+        """The job's positions, each once: the prefix, each suffix, and each label's tokens after its first."""
         labels_read = sum(len(lab) - 1 for b in self.branches for lab in b.labels)
         return len(self.prefix) + sum(len(b.suffix) for b in self.branches) + labels_read
 

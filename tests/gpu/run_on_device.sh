@@ -42,10 +42,11 @@ case "${1:-tests}" in
     # issue 55's GPU row first, it is short (benchmarks/gpu_decisions.py: a decision vs constrained JSON generation; carry .devcache with
     # smollm2-tokenizer/). The invariance probe (issue 57) is a call of its own: `probe`; the hybrid's EXL3 row (its
     # conversion alone takes ~90 s) one of `speed`'s: HYBRID_MODELS=hybrid-exl3.
-    timeout "${TEST_S:-210}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_mtp.py \
-      tests/gpu/test_gpu_decisions.py 2>&1 | tee "$OUT/gpu_tests_pending.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|MTP drafting|label" | cut -c1-600
+    # PENDING_TESTS: the test files of this step (default: both), e.g. PENDING_TESTS=tests/gpu/test_gpu_decisions.py
+    timeout "${TEST_S:-210}" python3 -m pytest -m gpu -v -s -p no:cacheprovider \
+      ${PENDING_TESTS:-tests/gpu/test_gpu_mtp.py tests/gpu/test_gpu_decisions.py} 2>&1 | tee "$OUT/gpu_tests_pending.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|MTP drafting|label" | cut -c1-600
     timeout "${DECIDE_S:-60}" python3 benchmarks/gpu_decisions.py --out "$OUT" --reps 7 > "$OUT/gpu_decisions.txt" 2>&1
-    grep -E "ratio|note|Error" "$OUT/gpu_decisions.txt" | cut -c1-300 | tail -12
+    grep -E "ratio|note|Error|decision:" "$OUT/gpu_decisions.txt" | cut -c1-300 | tail -14
     # MTP at 16 and 64 jobs, perfect and ~70%, 5 interleaved reps, with each section's parked / catch-up / drafting
     # steps (--no-stream: the one-stream rows met their targets in run 3, and --no-raw-batch: raw exllamav3 drafting
     # 16/64 jobs measured in run 1; `mtp` runs them all)

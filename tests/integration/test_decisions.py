@@ -418,3 +418,25 @@ def test_a_question_over_a_forwards_size_is_scored_label_by_label_alike(tiny_dec
     assert max(abs(a - b) for a, b in zip(by_label[0], packed[0])) < 1e-4
     result = tiny_decide.decide(DecisionRequest(STATE, (many,)))  # through the runtime: the label-by-label path
     assert abs(math.fsum(p for _, p in result.answers[0].probabilities) - 1) < 1e-6
+
+
+def test_on_exllamav3_the_benchmarks_requests_are_one_forward_a_question(tiny_decide):
+    """exllamav3's plan (``backends/exllamav3/decision_plan.py``) of benchmarks/gpu_decisions.py's requests on
+    SmolLM2's tokenizer (the benchmark's): a question under a page is one forward, its labels of two tokens fused
+    into it, so one Choice is one forward and three questions are three (docs/decisions.md)."""
+    from exllama_integrations.backends.exllamav3.decision_plan import plan
+    from exllama_integrations.contract.decisions import Label, Noul, Score
+
+    team = Choice(
+        "team", "Which team should handle this request?", tuple(Label(t) for t in ("billing", "technical", "sales"))
+    )
+    three = (
+        Noul("urgent", "Is this request urgent?"),
+        team,
+        Score("anger", "How frustrated is the customer?", labels("calm", "concerned", "angry")),
+    )
+    state = "Ticket 3: the app crashes on login (customer #1003). Please help."
+    for questions, forwards in (((team,), 1), (three, 3)):
+        (job,) = tiny_decide.plan(DecisionRequest(state, questions)).jobs
+        assert any(len(lab) > 1 for b in job.branches for lab in b.labels)  # labels of several tokens, no forward more
+        assert len(plan(job).steps) == forwards

@@ -67,3 +67,27 @@ def test_the_gpu_prose_ratios_are_the_rows() -> None:
     assert f"The decision pays {decision_over_floor[0]:.1f}x and {decision_over_floor[1]:.1f}x the floor" in text
     ratios = [data["ratios"][s]["json_generation / decision"]["seconds"]["median"] for s in data["rows"]]
     assert "Here the decision is the slower path" in text and max(ratios) < 1
+
+
+def test_the_bound_on_json_over_decision_is_the_committed_rows_json_over_the_floor() -> None:
+    bounds = []
+    for name in ("cpu_decisions.json", "gpu_decisions_run1_h100.json"):
+        rows = json.loads((ROOT / "benchmarks" / "results" / name).read_text())["rows"]
+        bounds += [
+            r["json_generation"]["seconds"]["median"] / r["one_token_generation"]["seconds"]["median"]
+            for r in rows.values()
+        ]
+    text = _section()
+    assert f"{min(bounds):.1f}x to {max(bounds):.1f}x on these rows (CPU and GPU), never the 5x" in text
+    assert max(bounds) < 5
+
+
+def test_the_exllamav3_rows_constants_are_the_plans() -> None:
+    from exllama_integrations.backends.exllamav3.decision_plan import FUSED_TOKENS, LABEL_ROWS
+    from exllama_integrations.backends.exllamav3.fast.requirements import PAGE_SIZE
+
+    page = (ROOT / "docs" / "decisions.md").read_text()
+    (row,) = [line for line in page.splitlines() if line.startswith("| exllamav3 |")]
+    assert f"chunked by pages ({PAGE_SIZE} tokens) from position 0" in row
+    assert f"when they are at most {LABEL_ROWS} and {FUSED_TOKENS} tokens in all" in row
+    assert f"({LABEL_ROWS} a forward)" in row

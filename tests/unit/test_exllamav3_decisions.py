@@ -1,11 +1,13 @@
-"""The exllamav3 paged label scoring's bookkeeping, against a fake paged model whose logits are a function of exactly
-the tokens a position can see (read back through the block table from the fake cache's pages).
+"""The exllamav3 paged label scoring's forwards and page bookkeeping, against a fake paged model whose logits are a
+function of exactly the tokens a position can see (read back through the block table from the fake cache's pages).
 
-What a GPU cannot be replaced for (exllamav3's numbers) tests/gpu/test_gpu_decisions.py checks; here, that the
-borrowed pages are addressed right: the prefix read once over a page boundary, each question written after it,
-label rows on pages of their own with the question's partial page copied first, rows grouped and padded, the
-tables as wide as the position needs; that the pages go back without their old prompt-cache identity; and that
-a cache without room refuses typed. The paged path must give exactly the cache-free path's scores on this model.
+What a GPU cannot be replaced for (exllamav3's numbers) tests/gpu/test_gpu_decisions.py checks; here, that the plan
+(``decision_plan.plan``) runs as it says and addresses the borrowed pages right: the prefix's full pages read once,
+each question's prompt chunked by pages from position 0 as it is asked alone, a question under a page one forward
+(its labels' rows fused with it), wider label rows on pages of their own with the question's partial page copied
+first, every table as wide as exllamav3 gives a job alone; that the pages go back without their old prompt-cache
+identity; and that a cache without room refuses typed. The paged path must give exactly the cache-free path's
+scores on this model.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import pytest
 import torch
 
 from exllama_integrations.backends.exllamav3 import decisions
+from exllama_integrations.backends.exllamav3.decision_plan import plan
+from exllama_integrations.backends.exllamav3.fast.deterministic import row_width
 from exllama_integrations.backends.exllamav3.fast.requirements import PAGE_SIZE
 from exllama_integrations.contract.decisions import LabelBranch, LabelScoring
 from exllama_integrations.errors import ServerBusyError
@@ -38,19 +42,22 @@ class FakeModel:
     def __init__(self, cache: FakeCache) -> None:
         self.cache = cache
         self.config = SimpleNamespace(vocab_size=VOCAB)
-        self.forwards: list[tuple[str, int, int]] = []
+        self.forwards: list[tuple[int, list[list[int]], list[int]]] = []  # (start, rows' tokens, each row's width)
 
     def forward(self, input_ids=None, params=None):
         ids = input_ids.tolist()
         mode, last = params["attn_mode"], params.get("last_tokens_only")
         rows = []
+        if mode != "flash_attn_nc":
+            starts = params["cache_seqlens"].tolist()
+            assert len(set(starts)) == 1  # a forward's rows start at one position
+            self.forwards.append((starts[0], ids, [len(t) for t in params["block_table"].tolist()]))
         for b, row in enumerate(ids):
             if mode == "flash_attn_nc":
                 outs = [_logits(row[: k + 1]) for k in range(len(row))]
             else:
                 assert params["cache"] is self.cache
                 table, past = params["block_table"][b].tolist(), int(params["cache_seqlens"][b])
-                self.forwards.append((mode, len(ids), len(table)))
                 for k, t in enumerate(row):  # write the row's tokens where its table puts them
                     pos = past + k
                     self.cache.data[table[pos // PAGE_SIZE]][pos % PAGE_SIZE] = t
@@ -109,16 +116,64 @@ def job() -> LabelScoring:
     )
 
 
+def edge_jobs() -> list[LabelScoring]:
+    """A prefix of exactly two pages (a question without tokens of its own ends on a shared page), a question
+    longer than a page, a question whose labels' rows are over FUSED_TOKENS, and short prompts."""
+    two_pages = tuple(i % 37 for i in range(2 * PAGE_SIZE))
+    long_q = tuple(i % 23 for i in range(PAGE_SIZE + 40))
+    wide = tuple((9, *(k % 47 for k in range(r, r + PAGE_SIZE // 2))) for r in range(3))  # 3 rows of 129 tokens
+    return [
+        LabelScoring(two_pages, (LabelBranch((), ((1, 2, 3), (2,), (4, 1))), LabelBranch((5,), ((1,), (2,))))),
+        LabelScoring(tuple(range(40)), (LabelBranch(long_q, ((1, 2), (3,))), LabelBranch((6, 7), wide))),
+        LabelScoring(tuple(range(60)), (LabelBranch(tuple(range(30)), ((4,), (5,))),)),
+    ]
+
+
 def test_the_paged_path_gives_the_cache_free_paths_scores_exactly():
+    for j in [job(), *edge_jobs()]:
+        gen = generator()
+        want = decisions.score_labels_nc(gen.model, j)
+        assert decisions.score_labels_paged(gen, j) == want
+        assert len(gen.model.forwards) == decisions.forwards_needed(j)
     gen = generator()
-    want = decisions.score_labels_nc(gen.model, job())
-    got = decisions.score_labels_paged(gen, job())
-    assert got == want
-    assert gen.cache.copies > 0  # the question's partial page was copied to the rows' own
-    forwards = gen.model.forwards
-    prefix_forwards = [f for f in forwards if f[1] == 1][:2]
-    assert len(prefix_forwards) == 2  # 300 tokens: one page a forward, read once for the three questions
-    assert max(f[1] for f in forwards) == decisions.LABEL_ROWS  # label rows batched, LABEL_ROWS a forward
+    decisions.score_labels_paged(gen, job())
+    assert gen.cache.copies > 0  # the question's partial page was copied to the label rows' own
+    assert max(len(rows) for _, rows, _ in gen.model.forwards) == decisions.LABEL_ROWS  # LABEL_ROWS a forward
+
+
+def test_a_question_under_a_page_is_one_forward_its_labels_fused():
+    # the benchmark's one Choice on the demo model: 60 prefix tokens, 30 of its own, labels of 2, 1 and 2 tokens
+    choice = LabelScoring(tuple(range(60)), (LabelBranch(tuple(range(60, 90)), ((3, 4), (5,), (6, 7))),))
+    noul = LabelScoring(tuple(range(60)), (LabelBranch(tuple(range(60, 86)), ((3,), (5,))),))
+    for j, rows in ((choice, 2), (noul, 1)):
+        gen = generator()
+        assert decisions.score_labels_paged(gen, j) == decisions.score_labels_nc(gen.model, j)
+        ((start, ids, widths),) = gen.model.forwards  # before: the prefix, the question, the labels: 3 forwards
+        assert start == 0 and len(ids) == rows and widths == [row_width(len(ids[0]) - 1, PAGE_SIZE)] * rows
+        assert ids[0][:90] == list(range(90))[: len(ids[0])]
+
+
+def test_the_prefixs_full_pages_are_read_once_and_each_question_is_chunked_by_pages_from_zero():
+    for j in [job(), *edge_jobs()]:
+        gen = generator()
+        decisions.score_labels_paged(gen, j)
+        full = len(j.prefix) // PAGE_SIZE
+        shared = gen.model.forwards[:full]
+        assert [(s, ids) for s, ids, _ in shared] == [
+            (k * PAGE_SIZE, [list(j.prefix[k * PAGE_SIZE : (k + 1) * PAGE_SIZE])]) for k in range(full)
+        ]
+        # no other forward starts before the prefix's last full page ends: the shared pages are read once
+        assert all(s >= full * PAGE_SIZE for s, _, _ in gen.model.forwards[full:])
+        for s, ids, widths in gen.model.forwards:
+            assert widths == [row_width(s + len(ids[0]) - 1, PAGE_SIZE)] * len(ids)  # as exllamav3 gives a job alone
+        for b in j.branches:  # asked alone: its prompt one page a forward from 0, then label rows at its end
+            alone = generator()
+            decisions.score_labels_paged(alone, LabelScoring(j.prefix, (b,)))
+            prompt = j.prefix + b.suffix
+            chunks = [(s, ids[0]) for s, ids, _ in alone.model.forwards if s < len(prompt)]
+            assert [s for s, _ in chunks] == list(range(0, len(prompt), PAGE_SIZE))
+            assert [t for s, row in chunks for t in row[:PAGE_SIZE]][: len(prompt)] == list(prompt)
+            assert all(s == len(prompt) for s, _, _ in alone.model.forwards if s >= len(prompt))
 
 
 def test_borrowed_pages_go_back_fresh_and_a_full_cache_refuses_typed():
@@ -133,10 +188,20 @@ def test_borrowed_pages_go_back_fresh_and_a_full_cache_refuses_typed():
 
 
 def test_a_question_is_computed_the_same_alone_and_beside_others():
-    whole = decisions.score_labels_paged(generator(), job())
-    for i, branch in enumerate(job().branches):
-        alone = decisions.score_labels_paged(generator(), LabelScoring(job().prefix, (branch,)))
-        assert alone[0] == whole[i]
+    for j in [job(), *edge_jobs()]:
+        whole = generator()
+        got = decisions.score_labels_paged(whole, j)
+        shared = len(j.prefix) // PAGE_SIZE
+        own = []
+        for i, branch in enumerate(j.branches):
+            gen = generator()
+            alone = decisions.score_labels_paged(gen, LabelScoring(j.prefix, (branch,)))
+            assert alone[0] == got[i]
+            assert gen.model.forwards[:shared] == whole.model.forwards[:shared]
+            own += gen.model.forwards[shared:]
+        # the request's forwards: the shared pages', then each question's own as it runs alone; no forward holds
+        # two questions' tokens
+        assert whole.model.forwards == whole.model.forwards[:shared] + own
 
 
 def test_a_model_with_recurrent_layers_takes_the_cache_free_path():
@@ -144,3 +209,15 @@ def test_a_model_with_recurrent_layers_takes_the_cache_free_path():
     gen.model.caps = {"recurrent_states": True}
     assert decisions.score_labels(gen, job()) == decisions.score_labels_nc(gen.model, job())
     assert gen.model.forwards == [] and gen.pagetable.given_back == []
+
+
+def test_the_plans_rows_write_pages_of_their_own_and_the_pages_borrowed_are_the_ones_used():
+    for j in [job(), *edge_jobs()]:
+        laid = plan(j)
+        used = set()
+        for step in laid.steps:
+            written = [set(t[step.start // PAGE_SIZE : step.end // PAGE_SIZE + 1]) for t in step.tables]
+            assert all(not (a & b) for i, a in enumerate(written) for b in written[i + 1 :])  # rows never collide
+            assert all(len(t) == step.end // PAGE_SIZE + 1 for t in step.tables)  # a row's pages cover its positions
+            used |= {s for t in step.tables for s in t}
+        assert used == set(range(laid.pages))  # every page borrowed is used, none past them

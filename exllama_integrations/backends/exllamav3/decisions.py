@@ -1,43 +1,37 @@
-"""Label scoring on exllamav3 (decision questions), on the driver's thread between steps: the prefix once per request.
+"""Label scoring on exllamav3 (decision questions), on the driver's thread between steps.
 
-The paged path (:func:`score_labels_paged`): the job borrows pages of the generator's cache that no job references
-(``PageTable.allocate_pages`` with no hashes: fresh pages, as a new job's own; evicting prompt-cache pages as a job
-would), and gives them back when done. Into them:
-
-1. the prefix, one page a forward (``attn_mode="flash_attn"``, the head kept to the last position), read once for
-   every question of the request;
-2. each question's own tokens after it, one forward (the logits of its last position score every label's first
-   token), written after the prefix and overwritten by the next question's;
-3. the rest of each label, as rows of one forward (``LABEL_ROWS`` labels a forward, in the question's order): each
-   row's table is the question's pages and a page of its own, onto which the question's partial last page is copied
-   first (``Cache.copy_page``), so rows never write where another reads.
+The paged path (:func:`score_labels_paged`) runs the forwards :func:`.decision_plan.plan` lays out: the prefix's full
+pages once for every question of the request, one page a forward; then each question's prompt from there (the
+prefix's partial last page and the question's own tokens) chunked at page boundaries, its last chunk's logits scoring
+every label's first token, and the rest of each label of more than one token as rows (in the last chunk's forward
+where they are few and small, else in forwards of their own on copies of the question's partial page). A question
+whose prompt is under a page, its labels fused, is one forward. It borrows pages of the generator's cache that no
+job references (``PageTable.allocate_pages`` with no hashes: fresh pages, as a new job's own; evicting prompt-cache
+pages as a job would), and gives them back when done; every read log-probability comes to the host once, at the end.
 
 The pages' K/V is overwritten, so no page keeps its old prompt-cache identity (``can_revert`` is cleared: a page
 given back becomes a fresh unreferenced page, never a cached prefix). Batch invariance follows the deterministic
-path's rules (:mod:`.fast.deterministic`): every forward holds only this question's rows, its prefix is chunked by
-pages from position 0, and each table's width is the one exllamav3 gives a job alone at that position
-(:func:`~.fast.deterministic.row_width`), so a question's numbers depend on its own tokens, never on the other
-questions of its request or on what else the generator runs. Where the cache has no room for the job now, the
-request is refused typed (503, retry) rather than answered on another path with other rounding.
+path's rules (:mod:`.fast.deterministic`): every forward holds one question's rows only (or the shared prefix's),
+each question's prompt is chunked by pages from position 0, and each table's width is the one exllamav3 gives a job
+alone at that position (:func:`~.fast.deterministic.row_width`), so a question's numbers depend on its own tokens,
+never on the other questions of its request or on what else the generator runs (the plan says why several questions
+are never rows of one forward). Where the cache has no room for the job now, the request is refused typed (503,
+retry) rather than answered on another path with other rounding.
 
 The cache-free path (:func:`score_labels_nc`, ``attn_mode="flash_attn_nc"``, as the yes/no reranker reads its logits)
 serves models with recurrent layers (their state is not paged): each question's prompt read whole, then each label
 of more than one token read again with the prompt.
-
-Unproven on a GPU until tests/gpu/test_gpu_decisions.py runs (against the transformers oracle, alone vs a burst).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...contract.decisions import LabelBranch, LabelLogprobs, LabelScoring
+from ...contract.decisions import LabelLogprobs, LabelScoring
 from ...errors import ServerBusyError
+from .decision_plan import LABEL_ROWS, Step, plan
 from .fast.deterministic import row_width
 from .fast.requirements import PAGE_SIZE
-
-LABEL_ROWS = 8
-"""Labels (of more than one token) scored by one forward, as rows: bounds the logits one forward returns."""
 
 
 def _logprobs(model: Any, ids: list[int], last: int) -> Any:
@@ -68,88 +62,46 @@ def score_labels_nc(model: Any, job: LabelScoring) -> LabelLogprobs:
 
 
 def pages_needed(job: LabelScoring) -> int:
-    """Pages the paged path borrows for ``job``: the longest question's, and one group of label rows' own."""
-    shared = max(-(-(len(job.prefix) + len(b.suffix)) // PAGE_SIZE) for b in job.branches)
-    own = 0
-    for b in job.branches:
-        start = len(job.prefix) + len(b.suffix)
-        longest = max(len(lab) - 1 for lab in b.labels)
-        if longest > 0:
-            rows = min(LABEL_ROWS, sum(len(lab) > 1 for lab in b.labels))
-            own = max(own, rows * (-(-(start % PAGE_SIZE + longest) // PAGE_SIZE)))
-    return shared + own
+    """Pages the paged path borrows for ``job`` (:func:`.decision_plan.plan`)."""
+    return plan(job).pages
 
 
-def _table(pages: list[int], end: int) -> Any:
-    """A one-row block table over ``pages`` as wide as exllamav3 gives a job alone whose next position is ``end``."""
+def forwards_needed(job: LabelScoring) -> int:
+    """Forwards the paged path runs for ``job`` (:func:`.decision_plan.plan`)."""
+    return len(plan(job).steps)
+
+
+def _table(pages: list[int], end: int) -> list[int]:
+    """A row's block table over ``pages`` as wide as exllamav3 gives a job alone whose next position is ``end``."""
+    width = row_width(end, PAGE_SIZE)
+    return pages[:width] + [pages[-1]] * max(0, width - len(pages))  # past the written positions: never read
+
+
+def _run(generator: Any, pages: list[int], steps: tuple[Step, ...]) -> list[float]:
+    """Each step's forward on ``pages``; its reads' log-probabilities, in the steps' order (one copy to the host)."""
     import torch
 
-    width = row_width(end, PAGE_SIZE)
-    row = pages[:width] + [pages[-1]] * max(0, width - len(pages))  # past the written positions: never read
-    return torch.tensor([row], dtype=torch.int32)
-
-
-class _Paged:
-    """One job's forwards on borrowed pages (see the module docstring)."""
-
-    def __init__(self, generator: Any, pages: list[int]) -> None:
-        self.model, self.cache, self.pages = generator.model, generator.cache, pages
-
-    def forward(self, ids: list[list[int]], tables: Any, seqlens: list[int], last: int | None) -> Any:
-        import torch
-
+    model, cache = generator.model, generator.cache
+    picked = []
+    for step in steps:
+        for src, dst, tokens in step.copies:  # a question's partial last page, to a label row's own
+            cache.copy_page(cache, pages[src], pages[dst], tokens)
+        tables = [_table([pages[s] for s in slots], step.end) for slots in step.tables]
         params: dict[str, Any] = {
             "attn_mode": "flash_attn",
-            "block_table": tables,
-            "cache": self.cache,
-            "cache_seqlens": torch.tensor(seqlens, dtype=torch.int32),
+            "block_table": torch.tensor(tables, dtype=torch.int32),
+            "cache": cache,
+            "cache_seqlens": torch.tensor([step.start] * len(step.rows), dtype=torch.int32),
+            "last_tokens_only": step.keep,
         }
-        if last is not None:
-            params["last_tokens_only"] = last
-        logits = self.model.forward(input_ids=torch.tensor(ids, dtype=torch.long), params=params)
-        return torch.log_softmax(logits[..., : self.model.config.vocab_size].double(), dim=-1)  # on the device
-
-    def prefix(self, ids: tuple[int, ...]) -> Any:
-        """Read the prefix one page a forward (a job's prefix is never empty); the last position's log-probabilities."""
-        last = None
-        for start in range(0, len(ids), PAGE_SIZE):
-            chunk = list(ids[start : start + PAGE_SIZE])
-            last = self.forward([chunk], _table(self.pages, start + len(chunk) - 1), [start], 1)[0, -1]
-        return last
-
-    def branch(self, branch: LabelBranch, past: int, after_prefix: Any) -> tuple[float, ...]:
-        start = past + len(branch.suffix)
-        first = after_prefix
-        if branch.suffix:
-            first = self.forward([list(branch.suffix)], _table(self.pages, start - 1), [past], 1)[0, -1]
-        import torch
-
-        heads = torch.tensor([label[0] for label in branch.labels], device=first.device)
-        scores = [float(v) for v in first[heads].tolist()]
-        longer = [i for i, label in enumerate(branch.labels) if len(label) > 1]
-        shared = start // PAGE_SIZE  # the question's pages before the one its labels start in
-        used = -(-start // PAGE_SIZE)
-        for g in range(0, len(longer), LABEL_ROWS):
-            group = longer[g : g + LABEL_ROWS]
-            width = max(len(branch.labels[i]) - 1 for i in group)
-            per_row = -(-(start % PAGE_SIZE + width) // PAGE_SIZE)
-            rows, tables = [], []
-            for r, i in enumerate(group):
-                own = self.pages[used + r * per_row : used + (r + 1) * per_row]
-                if start % PAGE_SIZE:  # the question's tokens on its partial last page, copied to the row's own
-                    self.cache.copy_page(self.cache, self.pages[shared], own[0], start % PAGE_SIZE)
-                rest = list(branch.labels[i][:-1])
-                rows.append(rest + [rest[-1]] * (width - len(rest)))  # padding after a row's tokens: never read
-                tables.append(_table(self.pages[:shared] + own, start + width - 1)[0])
-            lp = self.forward(rows, torch.stack(tables), [start] * len(group), None)
-            at = [(r, k, t) for r, i in enumerate(group) for k, t in enumerate(branch.labels[i][1:])]
-            picked = lp[[a[0] for a in at], [a[1] for a in at], [a[2] for a in at]].tolist()
-            tails: dict[int, list[float]] = {}
-            for (r, _, _), v in zip(at, picked):
-                tails.setdefault(group[r], []).append(float(v))
-            for i, values in tails.items():
-                scores[i] += sum(values)  # the first token's, plus the rest's sum: as the cache-free path adds them
-        return tuple(scores)
+        logits = model.forward(input_ids=torch.tensor(step.rows, dtype=torch.long), params=params)
+        if step.reads:  # the distributions at the positions read only (float64, vocabulary cropped to the model's)
+            spots = {(x.row, x.at): None for x in step.reads}
+            index = {spot: i for i, spot in enumerate(spots)}
+            kept = logits[:, -step.keep :][[r for r, _ in spots], [a for _, a in spots]]
+            lp = torch.log_softmax(kept[:, : model.config.vocab_size].double(), dim=-1)
+            picked.append(lp[[index[(x.row, x.at)] for x in step.reads], [x.token for x in step.reads]])
+    return torch.cat(picked).tolist() if picked else []
 
 
 def score_labels_paged(generator: Any, job: LabelScoring) -> LabelLogprobs:
@@ -158,22 +110,38 @@ def score_labels_paged(generator: Any, job: LabelScoring) -> LabelLogprobs:
     Raises:
         ServerBusyError: the cache has fewer free pages than the job needs now (503; retry shortly).
     """
+    laid = plan(job)
     table = generator.pagetable
-    need = pages_needed(job)
-    if table.num_unreferenced_pages() < need:
+    if table.num_unreferenced_pages() < laid.pages:
         raise ServerBusyError(
-            f"the cache has no room for this decision now ({need} pages needed, "
+            f"the cache has no room for this decision now ({laid.pages} pages needed, "
             f"{table.num_unreferenced_pages()} free); retry shortly."
         )
-    borrowed, _, _, _ = table.allocate_pages([], need, None)
+    borrowed, _, _, _ = table.allocate_pages([], laid.pages, None)
     try:
         for page in borrowed:
             page.can_revert = False  # its K/V is overwritten: it must not come back as the prefix it held
-        paged = _Paged(generator, [page.page_index for page in borrowed])
-        after_prefix = paged.prefix(job.prefix)
-        return tuple(paged.branch(b, len(job.prefix), after_prefix) for b in job.branches)
+        values = _run(generator, [page.page_index for page in borrowed], laid.steps)
     finally:
         table.deallocate_pages(borrowed)
+    first: dict[tuple[int, int], float] = {}
+    rest: dict[tuple[int, int], list[float]] = {}
+    for read, value in zip((r for s in laid.steps for r in s.reads), values):
+        key = (read.question, read.label)
+        if key in first:
+            rest.setdefault(key, []).append(value)
+        else:  # a label's first token is its first read (the plan reads the first tokens before the rest)
+            first[key] = value
+    out = []
+    for q, branch in enumerate(job.branches):
+        scores = []
+        for j in range(len(branch.labels)):
+            total = first[(q, j)]
+            if (q, j) in rest:
+                total += sum(rest[(q, j)])  # the first token's, plus the rest's sum: as the cache-free path adds them
+            scores.append(total)
+        out.append(tuple(scores))
+    return tuple(out)
 
 
 def score_labels(generator: Any, job: LabelScoring) -> LabelLogprobs:
@@ -184,4 +152,4 @@ def score_labels(generator: Any, job: LabelScoring) -> LabelLogprobs:
     return score_labels_paged(generator, job)
 
 
-__all__ = ["LABEL_ROWS", "pages_needed", "score_labels", "score_labels_nc", "score_labels_paged"]
+__all__ = ["LABEL_ROWS", "forwards_needed", "pages_needed", "score_labels", "score_labels_nc", "score_labels_paged"]
