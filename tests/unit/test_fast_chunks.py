@@ -268,3 +268,25 @@ def test_a_chats_next_turn_is_its_cold_next_turn(exl3: Any) -> None:
     (cold,) = run(exl3, Generator(exl3), [turn], pins)
     assert warm == cold
     assert gen.model.chunks == [(2048, 3883)]  # the last turn's block 0 reused; its last 1,535 tokens computed again
+
+
+def test_what_docs_determinism_says_of_the_chunks_is_what_the_code_does() -> None:
+    from exllama_integrations.backends.exllamav3.fast.deterministic import refuse_chunks
+    from exllama_integrations.backends.exllamav3.fast.requirements import REQUIREMENTS, Reads
+    from exllama_integrations.backends.exllamav3.options import ExLlamaV3Options, prefill_chunk
+
+    page = " ".join((Path(__file__).resolve().parents[2] / "docs" / "determinism.md").read_text().split())
+    chunk = prefill_chunk(ExLlamaV3Options(deterministic=True), 1 << 20)
+    k = refuse_chunks(chunk, chunk)
+    assert f"`max_chunk_size` ({chunk:,} tokens, {k} pages, by default" in page
+    assert f"rounded down to a multiple of {k}" in page
+    worst = max(plan([True] * n + [False], 1 << 16, k, P).recomputed for n in range(64))
+    assert f"(at most {worst}, {worst * P:,} tokens)" in page and f"up to {worst} pages ({worst * P:,} tokens)" in page
+    assert "A cold 3,584-token prompt takes the default's two forwards, `[0, 2048)` and `[2048, 3583)`" in page
+    assert chunks(3583, 0, k, P) == [(0, 2048), (2048, 3583)]
+    reads = {r.chain: r.times for r in REQUIREMENTS if isinstance(r, Reads) and r.cls == "Sequence"}
+    assert reads == {"self.max_cached_pages": 2} and "`Sequence.allocate_pages` reads `max_cached_pages` twice" in page
+    from exllama_integrations.backends.exllamav3.fast.seam.prefix import AlignedPrefix
+
+    assert {"pages_matched", "pages_reused", "pages_recomputed"} <= set(AlignedPrefix(k).report())
+    assert '`report()["prefill_blocks"]` counts the pages matched, reused and computed again' in page
