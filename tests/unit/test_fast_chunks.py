@@ -256,6 +256,8 @@ def test_beside_15_prompts_arriving_together_a_prompts_cache_is_its_cold_cache(e
     got = run(exl3, gen, prompts, pins)
     assert got[7] == cold and got[2] == cold  # X, and the same prompt arriving beside it
     assert all(a % (K * P) == 0 for a, _ in gen.model.chunks)
+    own = run(exl3, Generator(exl3, pages=160), prompts)  # exllamav3's own: X shares pages still being computed
+    assert own[7] != run(exl3, Generator(exl3, pages=160), [X])[0]
 
 
 def test_a_chats_next_turn_is_its_cold_next_turn(exl3: Any) -> None:
@@ -268,6 +270,11 @@ def test_a_chats_next_turn_is_its_cold_next_turn(exl3: Any) -> None:
     (cold,) = run(exl3, Generator(exl3), [turn], pins)
     assert warm == cold
     assert gen.model.chunks == [(2048, 3883)]  # the last turn's block 0 reused; its last 1,535 tokens computed again
+    own = Generator(exl3)  # exllamav3's own: 13 pages reused, 255 positions copied from the 14th, then one chunk
+    run(exl3, own, [X])
+    own.model.chunks.clear()
+    (theirs,) = run(exl3, own, [turn])
+    assert own.model.chunks == [(3583, 3883)] and theirs != run(exl3, Generator(exl3), [turn])[0]
 
 
 def test_what_docs_determinism_says_of_the_chunks_is_what_the_code_does() -> None:
