@@ -95,6 +95,7 @@ class Raw:
         prefill: bool = False,
         deterministic: bool = False,
         strategy: str | None = None,
+        det_chunk: int = 2048,
     ) -> None:
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
 
@@ -113,8 +114,9 @@ class Raw:
         if model is None:
             self.model.load(progressbar=False)
         self.tokenizer = Tokenizer.from_config(config)
-        # deterministic=True prefills one page a forward (max_chunk_size and shared_chunk_size 256), as the runtime does
-        chunks = {"max_chunk_size": 256, "shared_chunk_size": 256} if deterministic else {}
+        # deterministic=True prefills in chunks of whole pages from position 0, the same while others decode
+        # (max_chunk_size and shared_chunk_size equal), as the runtime does: 2048 (det_chunk), 256 for the one-page row
+        chunks = {"max_chunk_size": det_chunk, "shared_chunk_size": det_chunk} if deterministic else {}
         self.generator = Generator(self.model, self.cache, self.tokenizer, max_batch_size=64, **chunks)
         self.fast = None
         if fast:
@@ -708,9 +710,13 @@ def section_bench(args: Any, models: dict[str, Path]) -> None:
                 if f'decode="fast", {other} Jobs together' in paths:  # what each strategy costs, in the same run
                     pairs.append((f'decode="fast", {other} Jobs together', names[1]))
             ratios(args.out, section, pairs, more=("step_ms",))
-        if args.first_prompt:
+        if args.first_prompt:  # (one page a forward: the chunking before fast/chunk_plan.py, for the same run)
+            one_page = Raw(path, fast=True, deterministic=True, det_chunk=256) if args.one_page_row else None
             first_tokens(args, name, prompts, {"raw exllamav3": raw, 'decode="fast"': fast, "deterministic=True": apart,
-                                               "deterministic=True, pinned": pinned})  # fmt: skip
+                                               "deterministic=True, pinned": pinned,
+                                               "deterministic=True, one page a forward": one_page})  # fmt: skip
+            if one_page is not None:
+                one_page.close()
         note(args.out, f"bench {name} fast path report", fast.fast.report())  # type: ignore[union-attr]
         if pinned is not None:
             note(args.out, f"bench {name} pinned fast path report", pinned.fast.report())  # type: ignore[union-attr]
@@ -787,6 +793,12 @@ def main() -> None:
         type=int,
         default=0,
         help="bench: also each row's time to the first token of a cold prompt of this many tokens (0: not measured)",
+    )
+    ap.add_argument(
+        "--one-page-row",
+        dest="one_page_row",
+        action="store_true",
+        help="bench, with --first-prompt: add deterministic=True prefilling one page a forward (the former chunking)",
     )
     ap.add_argument("--batches", type=lambda v: [int(b) for b in v.split(",")], default=[1, 16, 64])
     args = ap.parse_args()

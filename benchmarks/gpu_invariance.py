@@ -18,7 +18,7 @@ token ids, ``--new`` tokens each, greedy and seeded sampled (temperature 0.8, to
 Each cell counts the probes whose tokens equal their ``alone`` tokens (of 8); ``vs own loop`` counts the greedy
 probes equal to exllamav3's own loop in the same situation. ``first token ms`` is the time to the first token of 8
 prompts of ``--prefill-prompt`` random tokens on a fresh runtime (the median; each prompt cold, after one untimed
-prompt): the cost of prefilling one page a forward with ``deterministic=True`` against the 2048-token chunks of the
+prompt): the cost of ``deterministic=True``'s prefill (2048-token chunks from position 0) against the chunks of the
 others.
 
     python benchmarks/gpu_invariance.py --out DIR [--models exl3,fp16] [--modes own,fast,deterministic,pinned]

@@ -15,7 +15,9 @@
 #   probe:  issue 57 in one call (~560 s: run it with timeout_s 600), each step bounded and its results in $OUT as
 #           they come: the op-level invariance probe (benchmarks/gpu_invariance_probe.py, shortened: no step section),
 #           the 1B fixture (fp16 + its 4-bit EXL3 conversion), the pinned strategy's GPU tests
-#           (tests/gpu/test_gpu_pinned.py), its benchmark row (benchmarks/gpu_fast_decode.py --pinned-row). Carry the
+#           (tests/gpu/test_gpu_pinned.py, with deterministic=True's 2048-token prefill chunks on long prompts with
+#           prefix hits), its benchmark row (benchmarks/gpu_fast_decode.py --pinned-row, and the first token of a
+#           3584-token prompt: default vs deterministic=True's chunks vs one page a forward). Carry the
 #           exllamav3 1.6.5 wheel and its converter's needs (marisa-trie, pyyaml, pillow) and the prebuilt extension
 # Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending|speed|probe|moe [pytest -k / benchmark args]
 set -u
@@ -60,25 +62,26 @@ case "${1:-tests}" in
     timeout "${BENCH_S:-250}" python3 benchmarks/gpu_mtp.py --out "$OUT" ${MTP_ARGS:---levels perfect,mix --jobs 16,64 --reps 5 --cache 32768 --no-served} \
       2>&1 | tee "$OUT/gpu_mtp.txt" | grep -vE "^\s*$" | cut -c1-400 | tail -40 ;;
   probe)
-    # 1. ~115 s: per op (paged attention, EXL3 and fp16 GEMMs, norms) one row alone vs in 2..64 rows, unpinned, under
-    #    the pinned strategy's pins (split_len=256; pad64+shape=7; fp16 pad64) and a few others, each pin's cost at
+    # 1. ~100 s (was 115: shortened for step 3's long-prompt test): per op (paged attention, EXL3 and fp16 GEMMs,
+    #    norms) one row alone vs in 2..64 rows, unpinned, under the pinned strategy's pins (split_len=256; pad64+shape=7; fp16 pad64) and a few others, each pin's cost at
     #    1/16/64 rows -> gpu_invariance_probe.jsonl (a line per measurement), _summary.json, .txt
     shift || true
     PINS="split_len=256,split_len=512,pad64+shape=7 (the pinned strategy's),pad16+shape=2,pad64 (one bucket),pad16"
-    timeout -k 10 "${PROBE_S:-115}" python3 benchmarks/gpu_invariance_probe.py --out "$OUT" --budget-s "${PROBE_BUDGET_S:-100}" \
-      --sections attention,exl3_gemm,fp16_gemm,norms --no-children --section-s attention=20,exl3_gemm=45,fp16_gemm=25,norms=5 \
+    timeout -k 10 "${PROBE_S:-100}" python3 benchmarks/gpu_invariance_probe.py --out "$OUT" --budget-s "${PROBE_BUDGET_S:-86}" \
+      --sections attention,exl3_gemm,fp16_gemm,norms --no-children --section-s attention=16,exl3_gemm=40,fp16_gemm=22,norms=5 \
       --time-rows 1,16,64 --pins "$PINS" "$@" 2>&1 | tee "$OUT/gpu_invariance_probe.txt" | grep -E "^(section|held)|rror" | cut -c1-240
     # 2. ~150 s once a machine: the 1B Llama (fp16) and its 4-bit EXL3 conversion (benchmarks/_common.exl3_model)
-    timeout -k 10 "${FIXTURE_S:-180}" python3 -c 'import sys; from pathlib import Path; sys.path[:0] = ["benchmarks", "tests"]
+    timeout -k 10 "${FIXTURE_S:-170}" python3 -c 'import sys; from pathlib import Path; sys.path[:0] = ["benchmarks", "tests"]
 from _common import Results, exl3_model; print("fixture:", exl3_model(Results("gpu_fixture.json"), Path("/tmp")))' \
       2>&1 | tee "$OUT/gpu_tests_pinned.txt" | tail -2
-    # 3. ~90 s: the pinned strategy's invariance table (alone == in 16 == in 64, seeded, after history, next turn)
-    timeout -k 10 "${TEST_S:-130}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_pinned.py 2>&1 \
-      | tee -a "$OUT/gpu_tests_pinned.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|^pinned," | cut -c1-600
-    # 4. ~90 s: its price: tok/s at 1/16/64 jobs and first-token time (3584-token prompt) beside raw, the default and
-    #    rows apart, interleaved -> gpu_fast_decode.json, .txt
+    # 3. ~90 s: the pinned strategy's invariance table (alone == in 16 == in 64, seeded, after history, next turn);
+    #    ~50 s: deterministic=True's 2048-token chunks, 2600-token probes cold == after prefix hits == in 16 == in 64
+    timeout -k 10 "${TEST_S:-180}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_pinned.py 2>&1 \
+      | tee -a "$OUT/gpu_tests_pinned.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|^pinned,|^deterministic," | cut -c1-600
+    # 4. ~90 s: its price: tok/s at 1/16/64 jobs and first-token time (3584-token prompt) beside raw, the default,
+    #    rows apart and deterministic=True one page a forward (the former chunking), interleaved -> gpu_fast_decode.json
     timeout -k 10 "${BENCH_S:-110}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench --models exl3 \
-      --reps 3 --new 48 --no-sampler-alone --no-ahead-row --pinned-row --first-prompt 3584 2>&1 \
+      --reps 3 --new 48 --no-sampler-alone --no-ahead-row --pinned-row --first-prompt 3584 --one-page-row 2>&1 \
       | tee "$OUT/gpu_fast_decode.txt" | grep -E "ratio|rror" | cut -c1-240 ;;
   moe)
     # 1. ~100 s once a machine: build (bf16, on the GPU) and convert (exllamav3's converter, 4-bit) the fixture

@@ -6,7 +6,9 @@ model where exllamav3's own loop and the default keep only 2 of 8 probes' tokens
 8 probes' greedy and seeded tokens alone == inside 16 == inside 64 (scattered among other prompts), == after other
 prompts sharing a page and a half of each probe were prefilled, and a chat's next turn == the same turn on a fresh
 runtime; every decode step ran pinned (no call left as it was) and whole (no row apart, replayed, run ahead). What
-the default gives on the same probes is printed beside it. Skipped without CUDA. The price:
+the default gives on the same probes is printed beside it. Last, ``deterministic=True``'s prefill in 2,048-token
+chunks (fast/chunk_plan.py): long prompts keep their cold tokens after prefix hits and in 16 and 64. Skipped without
+CUDA. The price:
 ``benchmarks/gpu_fast_decode.py --sections bench --pinned-row`` (``bash tests/gpu/run_on_device.sh probe``).
 """
 
@@ -144,3 +146,40 @@ def test_pinned_a_requests_tokens_after_another_prefix_history_are_its_cold_toke
     print(f"pinned, {weights}: after history {kept_after}/8, next turn {kept_turn}/8; {report.get('pins')}")
     assert (kept_after, kept_turn) == (8, 8)
     assert report["deterministic_strategy"] == "pinned" and report["private_pages"] >= 8, report
+
+
+@pytest.mark.parametrize("weights", ["exl3", "fp16"])
+def test_deterministic_long_prompts_keep_their_cold_tokens_after_prefix_hits_and_in_16_and_64(
+    models: dict[str, Path], weights: str
+) -> None:
+    """``deterministic=True`` (its default strategy) prefills in 2,048-token chunks from position 0 and reuses whole
+    cached chunks only (fast/chunk_plan.py): 8 probes of 2,600 tokens, alone on a fresh runtime, against the same
+    after 4,200-token histories that share with probes 0-3 their first chunk and 3 pages of the second (8 pages reused,
+    3 computed again) and with probes 4-7 their first 3 pages (none reused, 3 computed again), then inside 16 and 64
+    prompts arriving together with more such prompts (prefix hits within the batch, the probes' own pages cached)."""
+    from exllama_integrations import ExLlamaRuntime
+
+    probes, tails = ids(6, 8, 2600), ids(7, 8, 3500)
+    shared = [2048 + 3 * 256 + 5] * 4 + [3 * 256 + 5] * 4
+    history = [p[:n] + t[: 4200 - n] for p, n, t in zip(probes, shared, tails)]
+    others = [p[: 2048 + 256 * (i % 4)] + t[:400] for i, (p, t) in enumerate(zip(probes * 7, ids(8, 56, 400)))]
+    load = {"cache_size": 262144, "deterministic": True}
+    with ExLlamaRuntime(models[weights], "exllamav3", **load) as cold:
+        alone = [list(cold.generate(p, **GREEDY).token_ids) for p in probes]  # unrelated prompts: no prefix hit
+        report = cold.diagnostics()["fast_decode"].report()
+    assert report["prefill_blocks"]["pages_a_chunk"] == 8 and report["prefill_blocks"]["pages_reused"] == 0, report
+    with ExLlamaRuntime(models[weights], "exllamav3", **load) as warm:
+        warm.batch(history, **GREEDY)
+        after = [list(warm.generate(p, **GREEDY).token_ids) for p in probes]
+        blocks = dict(warm.diagnostics()["fast_decode"].report()["prefill_blocks"])
+        r16 = warm.batch(mixed(probes, others[:8], AT16), **GREEDY)
+        r64 = warm.batch(mixed(probes, others, AT64), **GREEDY)
+        report = warm.diagnostics()["fast_decode"].report()
+    got = {
+        "after history": sum(a == b for a, b in zip(after, alone)),
+        "in 16": sum(list(r16[i].token_ids) == b for i, b in zip(AT16, alone)),
+        "in 64": sum(list(r64[i].token_ids) == b for i, b in zip(AT64, alone)),
+    }
+    print(f"deterministic, {weights}, 2,600-token probes: kept {got}; blocks after history {blocks}; now {report}")
+    assert got == {"after history": 8, "in 16": 8, "in 64": 8}, got
+    assert blocks["pages_reused"] >= 4 * 8 and blocks["pages_recomputed"] >= 8 * 3, blocks  # the hits happened

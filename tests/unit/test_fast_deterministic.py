@@ -2,7 +2,8 @@
 
 The guarantee (a request's tokens as exllamav3's own loop gives it alone) is proven on the GPU
 (tests/gpu/test_gpu_fast_decode.py); here, on the CPU, what each row's forward is handed. The prefill and prefix-cache
-rules are tested through the seam in tests/unit/test_fast_seam.py.
+rules are tested through the seam in tests/unit/test_fast_seam.py, and the prefill's blocks against exllamav3's own
+page table and Job.prefill in tests/unit/test_fast_chunks.py.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def test_a_step_it_cannot_split_runs_whole() -> None:
         assert apart == 0 and calls == [int(ids.shape[0])]
 
 
-def test_a_generator_that_does_not_prefill_one_page_a_forward_is_refused_saying_both_sizes() -> None:
-    refuse_chunks(PAGE_SIZE, PAGE_SIZE)
-    with pytest.raises(ValueError, match=f"must be {PAGE_SIZE} \\(they are 2048 and {PAGE_SIZE}\\)"):
-        refuse_chunks(2048, PAGE_SIZE)
+def test_a_generator_whose_chunks_would_start_elsewhere_is_refused_saying_both_sizes() -> None:
+    assert refuse_chunks(PAGE_SIZE, PAGE_SIZE) == 1 and refuse_chunks(2048, 2048) == 8  # K: pages a chunk
+    for sizes in ((2048, PAGE_SIZE), (300, 300), (128, 128)):
+        with pytest.raises(ValueError, match=f"same multiple of {PAGE_SIZE} \\(they are {sizes[0]} and {sizes[1]}\\)"):
+            refuse_chunks(*sizes)

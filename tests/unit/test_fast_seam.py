@@ -190,23 +190,27 @@ def test_deterministic_decoding_refuses_what_would_break_its_guarantee() -> None
 # ---------------------------------------------------------------------- deterministic=True: prefill without history
 
 
-def test_deterministic_prefills_one_page_a_forward_and_refuses_a_chunk_that_contradicts_it() -> None:
+def test_deterministic_prefills_in_whole_page_chunks_and_refuses_a_chunk_that_contradicts_it() -> None:
     from exllama_integrations import InvalidSettingsError
     from exllama_integrations.backends.base import build_options
     from exllama_integrations.backends.exllamav3.options import ExLlamaV3Options, generator_kwargs, prefill_chunk
 
     det = ExLlamaV3Options(deterministic=True)
-    assert prefill_chunk(det, 65536) == PAGE_SIZE  # cold and warm runs prefill the same page-aligned chunks
+    assert prefill_chunk(det, 65536) == 2048  # exllamav3's own chunk: a cold prompt in as many forwards as the default
     kw = generator_kwargs(det, prefill_chunk(det, 65536))
-    assert (kw["max_chunk_size"], kw["shared_chunk_size"]) == (PAGE_SIZE, PAGE_SIZE)
-    assert prefill_chunk(ExLlamaV3Options(), 65536) == 2048 and prefill_chunk(ExLlamaV3Options(), 1024) == 1024
-    same = {"deterministic": True, "max_chunk_size": PAGE_SIZE, "shared_chunk_size": PAGE_SIZE}
-    assert prefill_chunk(build_options(ExLlamaV3Options, "exllamav3", same), 65536) == PAGE_SIZE  # (ExLlamaV3Options)
-    for name in ("max_chunk_size", "shared_chunk_size"):
-        with pytest.raises(InvalidSettingsError, match=f"deterministic=True prefills one page.*{name}=512") as e:
-            build_options(ExLlamaV3Options, "exllamav3", {"deterministic": True, name: 512})
-        assert "leave" in str(e.value)
-        assert build_options(ExLlamaV3Options, "exllamav3", {name: 512})  # without deterministic: as asked
+    assert (kw["max_chunk_size"], kw["shared_chunk_size"]) == (2048, 2048)  # the same chunks while others decode
+    assert prefill_chunk(det, 1024) == 1024 and prefill_chunk(ExLlamaV3Options(), 1024) == 1024
+    same = {"deterministic": True, "max_chunk_size": 512, "shared_chunk_size": 512}
+    opts = build_options(ExLlamaV3Options, "exllamav3", same)
+    assert isinstance(opts, ExLlamaV3Options) and prefill_chunk(opts, 65536) == 512
+    assert generator_kwargs(opts, 512)["shared_chunk_size"] == 512
+    with pytest.raises(InvalidSettingsError, match="whole pages.*max_chunk_size=300 is not") as e:
+        build_options(ExLlamaV3Options, "exllamav3", {"deterministic": True, "max_chunk_size": 300})
+    assert "choose a multiple of 256" in str(e.value)
+    for asked in ({"shared_chunk_size": 512}, {"max_chunk_size": 1024, "shared_chunk_size": 512}):
+        with pytest.raises(InvalidSettingsError, match="same chunks while others decode.*leave shared_chunk_size"):
+            build_options(ExLlamaV3Options, "exllamav3", {"deterministic": True, **asked})
+        assert build_options(ExLlamaV3Options, "exllamav3", asked)  # without deterministic: as asked
 
 
 class Page:
@@ -259,6 +263,7 @@ class FakeGenerator:
 
     def __init__(self, chunk: int = PAGE_SIZE) -> None:
         self.max_chunk_size = self.shared_chunk_size = chunk
+        self.recurrent_cache = None
         self.pagetable = PageTable([Page([5, 6, 7, 8], "content-other")])
         self.pending_jobs: list[HistoryJob] = []
         self.active_jobs: list[HistoryJob] = []
@@ -322,11 +327,36 @@ def test_deterministic_prefill_copies_no_partial_page_and_keeps_decoded_pages_pr
     assert after.copied == 3  # exllamav3's own prefill again
 
 
-def test_deterministic_needs_a_generator_that_prefills_one_page_a_forward() -> None:
-    from exllama_integrations.backends.exllamav3.fast.seam import Seam
+def test_deterministic_needs_the_same_whole_page_chunks_and_prefills_in_blocks_where_they_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from exllama_integrations.backends.exllamav3.fast.seam import Seam, prefix
 
     gen = FakeGenerator(chunk=2048)
+    gen.shared_chunk_size = 1024  # a prompt prefilled while others decode would be cut elsewhere
     seam = Seam(gen)
-    with pytest.raises(ValueError, match="max_chunk_size and shared_chunk_size must be 256"):
+    with pytest.raises(ValueError, match="same multiple of 256 \\(they are 2048 and 1024\\)"):
         seam.install(NoHooks(), prefill=False, pointer_table=None, deterministic=True)  # type: ignore[arg-type]
     assert not seam.installed and "iterate" not in vars(gen)
+
+    gen = FakeGenerator(chunk=2048)  # a model the fast path does not capture (here: exllamav3 is not installed)
+    seam = Seam(gen)
+    seam.install(NoHooks(), prefill=False, pointer_table=None, deterministic=True)  # type: ignore[arg-type]
+    assert (gen.max_chunk_size, gen.shared_chunk_size) == (PAGE_SIZE, PAGE_SIZE)  # one page a forward, and why
+    assert seam.blocks()["pages_a_chunk"] == 1 and "does not capture" in seam.blocks()["why"]
+    seam.remove()
+    assert (gen.max_chunk_size, gen.shared_chunk_size) == (2048, 2048)  # the generator's own again
+
+    monkeypatch.setattr(prefix, "one_page_why", lambda g: None)  # dense layers only
+    gen = FakeGenerator(chunk=2048)
+    seam = Seam(gen)
+    seam.install(NoHooks(), prefill=False, pointer_table=None, deterministic=True)  # type: ignore[arg-type]
+    assert gen.max_chunk_size == 2048 and seam.blocks() == {
+        "pages_a_chunk": 8,
+        "jobs": 0,
+        "pages_matched": 0,
+        "pages_reused": 0,
+        "pages_recomputed": 0,
+        "prompt_pages_kept_private": 0,
+    }
+    seam.remove()

@@ -110,7 +110,7 @@ class ExLlamaV3Options(BackendOptions):
     max_batch_size: int = Field(default=64, ge=1, le=1024)
     """Most jobs decoding together."""
     max_chunk_size: int | None = Field(default=None, ge=256)
-    """Prefill chunk (tokens); None: min(2048, cache), or one page (256) with ``deterministic=True``."""
+    """Prefill chunk (tokens); None: min(2048, cache). With ``deterministic=True`` a whole number of pages (256)."""
     prefill_cooldown: int | None = Field(default=0, ge=0)
     """Iterations between prefill passes while other jobs decode. 0 (ours): a caller who arrives while others
     decode starts at the next step; exllamav3's own 4 smooths running streams but, measured with 64 callers
@@ -120,7 +120,7 @@ class ExLlamaV3Options(BackendOptions):
     ``prefill_cooldown`` 0 every prompt waiting starts at the next step, and with ``decode="fast"`` their chunks run
     together in a few forwards (``fast.prefill``, with ``prefill="batched"``). exllamav3's own (half of
     ``max_chunk_size``) takes one waiting prompt a step: 64 callers arriving ms apart then start one step apart,
-    each prefilled alone. With ``deterministic=True``: one page (256), as ``max_chunk_size``."""
+    each prefilled alone. With ``deterministic=True``: ``max_chunk_size`` (another value is refused)."""
     warmup: bool = False
     """Run exllamav3's ``Model.warmup()`` at load (kernel compiles, GEMM autotuning, graph workspaces), so the first
     request pays none of it; its time is in ``model_info().details["warmup_seconds"]`` (8 s on the H200 for a
@@ -147,9 +147,10 @@ class ExLlamaV3Options(BackendOptions):
     """With ``decode="fast"``: a request's tokens do not depend on what runs beside it (the requests decoding with it,
     their number and order). Each row of a decode step runs as a step of its own, as exllamav3 runs a request alone
     (one forward per row: 0.97 of the default alone, 0.16 at 16 jobs, 0.13 at 64 on an H100), and prompts are
-    prefilled job by job, one page (256 tokens) a forward (``max_chunk_size`` and ``shared_chunk_size`` 256), so that
-    a page's K/V are the same whatever of its prefix was cached before; a partly filled cached page is not copied,
-    and a page completed while decoding is not offered to later prompts (docs/determinism.md). Without it (the
+    prefilled job by job in chunks of ``max_chunk_size`` (2,048 tokens) starting on multiples of it from position 0,
+    a cached prefix reused in whole chunks only, so that a page's K/V are the same whatever of its prefix was cached
+    before; a partly filled cached page is not copied, and a page completed while decoding, or in a prompt's last
+    chunk shorter than the others, is not offered to later prompts (docs/determinism.md). Without it (the
     default), tokens are those of exllamav3's own loop for the same schedule, which may part from the same request
     alone at near-ties."""
     progressbar: bool | None = None
@@ -227,13 +228,18 @@ class ExLlamaV3Options(BackendOptions):
             raise ValueError("deterministic=True needs decode='fast' (the rows of a step run apart there)")
         if self.deterministic and self.prefill == "batched":
             raise ValueError("deterministic=True prefills job by job: leave prefill='exllamav3'")
-        for name in ("max_chunk_size", "shared_chunk_size"):
-            chunk = getattr(self, name)
-            if self.deterministic and chunk is not None and chunk != PAGE:
-                raise ValueError(
-                    f"deterministic=True prefills one page ({PAGE} tokens) a forward, so that a prompt's K/V do not "
-                    f"depend on what was cached before it; {name}={chunk} contradicts it: leave {name} unset"
-                )
+        chunk, shared = self.max_chunk_size, self.shared_chunk_size
+        if self.deterministic and chunk is not None and chunk % PAGE:
+            raise ValueError(
+                f"deterministic=True prefills in chunks of whole pages ({PAGE} tokens) from position 0, so that a "
+                f"prompt's K/V do not depend on what was cached before it; max_chunk_size={chunk} is not: choose a "
+                f"multiple of {PAGE}, or leave max_chunk_size unset"
+            )
+        if self.deterministic and shared is not None and shared != chunk:
+            raise ValueError(
+                f"deterministic=True prefills a prompt in the same chunks while others decode, so that its K/V do "
+                f"not depend on them; shared_chunk_size={shared} contradicts it: leave shared_chunk_size unset"
+            )
         if self.deterministic and ways:
             raise ValueError(
                 f"deterministic=True runs the rows of a decode step apart, but a drafted step ({ways[0]}) verifies "
@@ -289,12 +295,10 @@ IGNORED_BY_OLD_RELEASES = ("prefill_cooldown", "shared_chunk_size")
 def prefill_chunk(options: ExLlamaV3Options, cache_tokens: int) -> int:
     """The longest prefill forward (tokens): ``max_chunk_size`` (None: 2048) within the cache.
 
-    One page when ``deterministic``: each page's K/V is then computed in a forward of that page's tokens alone, on a
-    cold cache as on a warm one.
+    Whole pages when ``deterministic`` (the chunks then start on multiples of it, cold or warm: fast/chunk_plan.py).
     """
-    if options.deterministic:
-        return PAGE
-    return min(options.max_chunk_size or 2048, cache_tokens)
+    chunk = min(options.max_chunk_size or 2048, cache_tokens)
+    return max(PAGE, chunk // PAGE * PAGE) if options.deterministic else chunk
 
 
 def generator_kwargs(options: ExLlamaV3Options, chunk: int, accepted: set[str] | None = None) -> dict[str, Any]:
@@ -311,6 +315,8 @@ def generator_kwargs(options: ExLlamaV3Options, chunk: int, accepted: set[str] |
         kw["prefill_cooldown"] = options.prefill_cooldown
     page = PAGE  # a shared chunk is whole pages, at most max_chunk_size
     kw["shared_chunk_size"] = max(page, min(options.shared_chunk_size or chunk, chunk) // page * page)
+    if options.deterministic:  # the same chunks while others decode (a value that contradicts it is refused)
+        kw["shared_chunk_size"] = chunk
     for name in IGNORED_BY_OLD_RELEASES:
         if accepted is None or name in accepted:
             continue

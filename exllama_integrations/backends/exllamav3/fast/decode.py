@@ -16,9 +16,10 @@ that: each row of a decode step runs as a step of its own (its own table width, 
 row), so a request's tokens are those exllamav3's own loop gives it alone, whatever decodes beside it; the cost is
 one forward per row (benchmarks/results, run 15); its second strategy, the whole step with every launch choice pinned
 (:mod:`.pinned`), awaits its GPU proof (:data:`.deterministic.STRATEGY`). Batched prefill is refused with it,
-and prompts are prefilled one page a forward, with no K/V copied from a partly matching page and no page completed
-while decoding offered to later prompts (:mod:`.deterministic`), so that what was cached before a request does not
-change its K/V (docs/determinism.md).
+and prompts are prefilled in chunks of ``max_chunk_size`` starting on multiples of it (:mod:`.chunk_plan`), a cached
+prefix reused in whole chunks only, with no K/V copied from a partly matching page and no page completed while
+decoding offered to later prompts (:mod:`.deterministic`), so that what was cached before a request does not change
+its K/V (docs/determinism.md).
 
 Where it stands aside (:meth:`FastDecode.report` says which and how often):
 
@@ -416,6 +417,7 @@ class FastDecode:
             "batched_tokens": self.tokens,
             **({"row_forwards": self.row_forwards} if self.deterministic else {}),
             **({"private_pages": self.seam.private_pages} if self.deterministic and self.seam is not None else {}),
+            **({"prefill_blocks": self.seam.blocks()} if self.deterministic and self.seam is not None else {}),
             "sampled_by_exllamav3": dict(self.fallback),
             "jobs_not_adopted": dict(self.not_adopted),
             "graphs": self.graphs.report() if self.graphs is not None else {"captured": False, "stands_aside": "off"},

@@ -5,15 +5,19 @@ What else its tokens would depend on, and the rule here that removes each (docs/
 * the rows decoding beside it (exllamav3's kernels choose their split and tiles by a step's rows and table width):
   each row of a decode step runs as a step of its own, with the block table exllamav3 gives that job alone
   (:func:`rows_apart`, :func:`row_width`);
-* how its prompt was chunked: prefill runs one page a forward (:func:`refuse_chunks` refuses a generator built
-  otherwise), so a page's K/V is computed in a forward of its own tokens after the same pages, warm or cold;
+* how its prompt was chunked: prefill runs in blocks of K pages from position 0 (K = ``max_chunk_size`` in pages;
+  :func:`refuse_chunks` refuses a generator whose two chunk sizes differ or are not whole pages), a prompt reuses the
+  cached pages of whole blocks only and offers later prompts only the pages of blocks it computed whole
+  (:mod:`.chunk_plan`, applied by :class:`.seam.prefix.AlignedPrefix`), so a page's K/V is computed by the same chunk
+  after the same pages, warm or cold;
 * what was cached before it: no partial page is copied into its prompt (:class:`NoPartialPages`), and a page it
   completes while decoding keeps a private hash (decode steps of one row computed it; a later prompt's cold run
-  computes it in one forward), so no later prompt reuses it (:class:`Pins`).
+  computes it in a chunk), so no later prompt reuses it (:class:`Pins`).
 
 The seam (:class:`~.seam.Seam`) applies :class:`Pins` to every job before ``iterate()`` starts it and removes its
 wraps with its own; what the pins wrap is declared in :mod:`.requirements` (``Job.prefill``, its one read of
-``all_pages``, ``Job.hash_completed_page``, the pages' ``prev_hash``/``can_revert``/``phash``).
+``all_pages``, ``Job.hash_completed_page``, ``Job.current_new_pages_required`` and ``Job.allocate_pages``, the pages'
+``prev_hash``/``can_revert``/``phash``).
 
 The rows of a decode step have a second strategy, :data:`PINNED` (:mod:`.pinned`): the whole batch in one step with
 every launch choice that follows the batch pinned; :data:`STRATEGY` chooses, and the prefill rules above hold for both.
@@ -23,7 +27,8 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from .requirements import PAGE_SIZE
 from .step import Forward, padded_width
@@ -40,17 +45,20 @@ STRATEGY = ROWS_APART
 change once the GPU proves :data:`PINNED` (docs/determinism.md)."""
 
 
-def refuse_chunks(max_chunk_size: int, shared_chunk_size: int) -> None:
-    """Refuse a generator that does not prefill one page a forward.
+def refuse_chunks(max_chunk_size: int, shared_chunk_size: int) -> int:
+    """K, the pages of a prefill chunk: refuses a generator whose chunks would not start on the same blocks.
 
     Raises:
-        ValueError: either chunk size is not one page.
+        ValueError: the two chunk sizes differ (a prompt prefilled while others decode would be cut elsewhere), or
+            are not whole pages.
     """
-    if (max_chunk_size, shared_chunk_size) != (PAGE_SIZE, PAGE_SIZE):
+    if max_chunk_size != shared_chunk_size or max_chunk_size < PAGE_SIZE or max_chunk_size % PAGE_SIZE:
         raise ValueError(
-            f"deterministic=True prefills one page a forward: the Generator's max_chunk_size and shared_chunk_size "
-            f"must be {PAGE_SIZE} (they are {max_chunk_size} and {shared_chunk_size})"
+            f"deterministic=True prefills in blocks of whole pages from position 0: the Generator's max_chunk_size "
+            f"and shared_chunk_size must be the same multiple of {PAGE_SIZE} (they are {max_chunk_size} and "
+            f"{shared_chunk_size})"
         )
+    return max_chunk_size // PAGE_SIZE
 
 
 # ---------------------------------------------------------------------- prefill and the prefix cache
@@ -76,11 +84,28 @@ class NoPartialPages:
         setattr(self._table, name, value)
 
 
-class Pins:
-    """The jobs whose prompt is prefilled as on a fresh cache, whatever was cached before; removed as one unit."""
+class Blocks(Protocol):
+    """Whole blocks of K pages (:class:`.seam.prefix.AlignedPrefix`).
 
-    def __init__(self) -> None:
+    A job's cached pages limited for a call, and which page its prefill completed may take its content hash.
+    """
+
+    def limited(self, job: Any, counted: bool = False) -> AbstractContextManager[None]: ...
+
+    def publishes(self, seq: Any, page_idx: int) -> bool: ...
+
+
+class Pins:
+    """The jobs whose prompt is prefilled as on a fresh cache, whatever was cached before; removed as one unit.
+
+    ``blocks``: prefill chunks of more than one page (None: one page a forward, every prompt page published).
+    """
+
+    WRAPS = ("prefill", "hash_completed_page", "current_new_pages_required", "allocate_pages")
+
+    def __init__(self, blocks: Blocks | None = None) -> None:
         self._pinned: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.blocks = blocks
         self.private_pages = 0  # pages completed while decoding, kept from later prompts
 
     def pin_new(self, jobs: Iterable[Any]) -> None:
@@ -93,9 +118,10 @@ class Pins:
         """``job``'s prefill copies no partial page, and a page it completes while decoding keeps its private hash.
 
         ``hash_completed_page`` while decoding is exllamav3's less the publishing: the next page is linked as
-        ``receive_sample`` links a page whose hash it defers.
+        ``receive_sample`` links a page whose hash it defers. With :attr:`blocks`, so is a prompt page of a chunk
+        shorter than its block, and the job's cached pages are whole blocks (its allocation's count and lookup).
         """
-        own_prefill, own_hash = job.prefill, job.hash_completed_page
+        own_prefill, own_hash, blocks = job.prefill, job.hash_completed_page, self.blocks
         prefilling = [False]
 
         def prefill(results: list[Any], chunk_size: int | None = None) -> Any:
@@ -107,9 +133,10 @@ class Pins:
                 job.pagetable, prefilling[0] = table, False
 
         def hash_completed_page(seq: Any, page_idx: int) -> Any:
-            if prefilling[0]:  # a prompt page prefill computed in one forward
+            if prefilling[0] and (blocks is None or blocks.publishes(seq, page_idx)):  # its whole block in a chunk
                 return own_hash(seq, page_idx)
-            self.private_pages += 1
+            if not prefilling[0]:
+                self.private_pages += 1
             pages = seq.allocated_pages
             if page_idx + 1 < len(pages):
                 pages[page_idx + 1].prev_hash, pages[page_idx + 1].can_revert = pages[page_idx].phash, False
@@ -117,12 +144,24 @@ class Pins:
 
         self._pinned.add(job)
         job.prefill, job.hash_completed_page = prefill, hash_completed_page
+        if blocks is not None:  # whole cached blocks only: limited while exllamav3 counts and allocates its pages
+            own_count, own_allocate = job.current_new_pages_required, job.allocate_pages
+
+            def current_new_pages_required() -> Any:
+                with blocks.limited(job):
+                    return own_count()
+
+            def allocate_pages() -> Any:
+                with blocks.limited(job, counted=True):
+                    return own_allocate()
+
+            job.current_new_pages_required, job.allocate_pages = current_new_pages_required, allocate_pages
 
     def remove(self) -> None:
         """Unpin every job still alive (its own ``prefill`` and ``hash_completed_page`` again)."""
         for job in list(self._pinned):
-            vars(job).pop("prefill", None)
-            vars(job).pop("hash_completed_page", None)
+            for name in self.WRAPS:
+                vars(job).pop(name, None)
         self._pinned.clear()
 
 
@@ -165,4 +204,14 @@ def rows_apart(one: Callable[[Any, dict[str, Any]], Any], step: Forward) -> tupl
     return out, rows
 
 
-__all__ = ["PINNED", "ROWS_APART", "STRATEGY", "NoPartialPages", "Pins", "refuse_chunks", "row_width", "rows_apart"]
+__all__ = [
+    "PINNED",
+    "ROWS_APART",
+    "STRATEGY",
+    "Blocks",
+    "NoPartialPages",
+    "Pins",
+    "refuse_chunks",
+    "row_width",
+    "rows_apart",
+]

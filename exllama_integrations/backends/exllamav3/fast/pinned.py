@@ -27,7 +27,7 @@ why each holds (read in exllamav3 1.6.5's source; proven by ``tests/gpu/test_gpu
   they do in every captured step; norms, RoPE, the cache write and the sampler are computed row by row already.
 
 A pinned step's tokens are the same alone, in 16 or in 64; they are not exllamav3's own loop's for the request alone
-(that loop takes the GEMV at one row). Prefill is unchanged: one page a forward (:mod:`.deterministic`). The pins
+(that loop takes the GEMV at one row). Prefill is unchanged: in blocks of pages (:mod:`.chunk_plan`). The pins
 apply to the eager forwards and captures of decode steps only (a replay runs the kernels they recorded); the
 patches themselves are the seam's (:mod:`.seam.pins`), which also says where the strategy stands aside.
 """

@@ -83,6 +83,19 @@ REQUIREMENTS: list[Requirement] = [
     Member(_J, "Job", "prefill", ("results", "chunk_size")),
     Member(_J, "Job", "hash_completed_page", ("seq", "page_idx")),
     Reads(_J, "Job", "prefill", "self.pagetable.all_pages"),
+    # deterministic=True's prefill in blocks of K pages (seam/prefix.py, chunk_plan.py): a job's cached pages limited
+    # to whole blocks for the length of exllamav3's count and allocation of its pages (Sequence.allocate_pages reads
+    # max_cached_pages twice, the count reads it and all_unique_hashes, the allocation protects all_unique_hashes),
+    # a page found complete by its hash (get_live_page); the chunk sizes, set to one page on a recurrent model
+    Member(_J, "Job", "current_new_pages_required", ()),
+    Member(_J, "Job", "allocate_pages", ()),
+    Member(_J, "Job", "all_unique_hashes"),
+    Reads(_J, "Job", "current_new_pages_required", "s.max_cached_pages", 2),
+    Reads(_J, "Job", "current_new_pages_required", "self.all_unique_hashes"),
+    Reads(_J, "Job", "allocate_pages", "self.all_unique_hashes"),
+    Reads(_P, "Sequence", "allocate_pages", "self.max_cached_pages", 2),
+    *(Member(_P, "Sequence", n) for n in "page_hashes max_cached_pages sequence_ids".split()),
+    Member(_P, "PageTable", "get_live_page", ("phash",)),
     DictKeys(_G, "Generator", "iterate_gen", "params", STEP_PARAMS - {"dev_cache", "position_ids"}),
     DictKeys(_J, "Job", "prefill", "params", PREFILL_PARAMS),
     # read

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from ..deterministic import Pins, refuse_chunks
 from ..requirements import EXPORT_PARAMS, PAGE_SIZE, PREFILL_PARAMS, STEP_PARAMS, VERIFIED, stands_aside
 from ..step import TABLE_PAD, Forward, PageCopy
+from . import prefix
 from .moe import moe_report
 from .views import GeneratorView, JobView, ModelView, PageView, qkv_pointers, view
 
@@ -81,6 +82,7 @@ class Seam:
         self._undo: list[tuple[Any, str, bool, Any]] = []  # (object, name, had an instance value, that value)
         self._job_wraps: weakref.WeakSet[Any] = weakref.WeakSet()  # adopted jobs still alive
         self.pins: Pins | None = None  # deterministic: jobs whose prefill ignores the cache's history
+        self.one_page: str | None = None  # deterministic: why prompts are prefilled one page a forward here
         self.own_forward: Callable[..., Any] = generator.model.forward  # exllamav3's own Model.forward
 
     def _wrap(self, obj: Any, name: str, new: Any) -> None:
@@ -95,17 +97,25 @@ class Seam:
 
         ``prefill``: also ``Model.prefill`` and ``Cache.copy_page``; ``pointer_table(mq)``: a ``c_ptrs`` for each sliced
         Q/K/V GEMM; ``deterministic``: every job's prefill ignores what was cached before it
-        (:class:`~..deterministic.Pins`; the generator must prefill one page a forward).
+        (:class:`~..deterministic.Pins`), in blocks of ``max_chunk_size`` from position 0
+        (:class:`.prefix.AlignedPrefix`; one page a forward on a model with recurrent layers, whose checkpoints
+        exllamav3 places on pages).
 
         Raises:
-            ValueError: ``deterministic`` with a generator whose prefill chunks are not one page.
+            ValueError: ``deterministic`` with a generator whose two chunk sizes differ or are not whole pages.
         """
         gen = self.generator
         model, cache = gen.model, gen.cache
-        if deterministic:
-            refuse_chunks(gen.max_chunk_size, gen.shared_chunk_size)
-        pins = self.pins = Pins() if deterministic else None
+        k = refuse_chunks(gen.max_chunk_size, gen.shared_chunk_size) if deterministic else 1
+        pins = self.pins = None
         try:
+            if deterministic:
+                self.one_page = prefix.one_page_why(gen) if k > 1 else None
+                if self.one_page is not None:  # blocks of pages do not hold for this model: one page a forward
+                    self._wrap(gen, "max_chunk_size", PAGE_SIZE)
+                    self._wrap(gen, "shared_chunk_size", PAGE_SIZE)
+                    k = 1
+                pins = self.pins = Pins(prefix.AlignedPrefix(k) if k > 1 else None)
             iterate, iterate_gen, forward = gen.iterate, gen.iterate_gen, model.forward
             self.own_forward = forward
 
@@ -172,6 +182,13 @@ class Seam:
         self._job_wraps.clear()
         if self.pins is not None:
             self.pins.remove()
+
+    def blocks(self) -> dict[str, Any]:
+        """``deterministic``: the prefill's block and what its rule reused and computed again, or why one page."""
+        blocks = self.pins.blocks if self.pins is not None else None
+        if isinstance(blocks, prefix.AlignedPrefix):
+            return blocks.report()
+        return {"pages_a_chunk": 1, **({"why": self.one_page} if self.one_page else {})}
 
     @property
     def private_pages(self) -> int:
