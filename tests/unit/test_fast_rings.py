@@ -113,6 +113,7 @@ def test_a_ring_model_is_captured_at_every_row_count(kinds: None) -> None:
         assert graphs.why_eager(ids, params) is None, rows
     ids, params = decode_step(16, recurrent_states=[object()] * 16, recurrent_history=True)
     assert graphs.why_eager(ids, params) == "image embeddings or a speculative pass"
+    assert graphs.why_eager(*decode_step(16)) == "a sliding-window step without its ring states"
     report = graphs.report()
     assert report["captured"] is True and report["recurrent_layers"] == {}
     assert report["rings"] == {"layers": 10, "ring_tokens": 768, "window": 127, "row_shifts": 0}

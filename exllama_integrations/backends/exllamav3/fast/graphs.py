@@ -38,11 +38,10 @@ Where it stands aside (the eager forward runs; :meth:`DecodeGraphs.report` says 
   through static per-row slot tensors copied in each step, each row's state advanced after the replay as
   ``Model.forward`` does; such a step is never run ahead (it writes the state in place);
 * on a model with sliding-window rings (``SlidingAttention``: gpt-oss, Gemma 4, MiMo-V2) nothing more, at every
-  row count: a ring's host-side offsets (each row's page table in its ring, its length there) are static tensors the
-  graph reads, copied in before each replay; a row's page shift (host-decided) runs before it by exllamav3's own
-  ``_decode_state_prep``; the states advance after it as ``Model.forward`` does; never run ahead (why it is exact:
-  :mod:`.seam.rings`). Plain ``Attention`` with a window over the paged cache (Gemma 2/3, Cohere2, OLMo3) was
-  captured before: its window is a kernel constant;
+  row count: each row's page table in its ring and its length there are static tensors the graph reads, copied in
+  before each replay; a row's page shift (host-decided) runs before it by exllamav3's own ``_decode_state_prep``; the
+  states advance after it as ``Model.forward`` does; never run ahead (why it is exact: :mod:`.seam.rings`). Plain
+  ``Attention`` with a window over the paged cache (Gemma 2/3, Cohere2, OLMo3) was captured before (a kernel constant);
 * a shape whose capture failed (said once in the log; that shape stays eager), past :data:`MAX_GRAPHS` shapes.
 
 The next step's forward is replayed ahead of its step where the fast path foresees its rows (:mod:`.run_ahead`).
@@ -137,6 +136,8 @@ class DecodeGraphs:
         if int(input_ids.shape[0]) > self.static.rows:
             return "more rows than the static buffers hold"
         why = step_stands_aside(input_ids, params, self.min_rows, self.view.stateful)
+        if why is None and self.view.rings is not None and not params.get("recurrent_states"):
+            return "a sliding-window step without its ring states"
         return why if why is not None else self.view.moe_stands_aside(int(input_ids.shape[0]))
 
     def forward(self, eager: Callable[[Any, dict[str, Any]], Any], input_ids: Any, params: dict[str, Any]) -> Any:

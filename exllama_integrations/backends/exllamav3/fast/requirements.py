@@ -129,6 +129,7 @@ REQUIREMENTS: list[Requirement] = [
     # both bodies fingerprinted), its own graphed path's switch (a global of its module), the per-row state it reads
     Member(f"{_MOD}.sliding_attn", "SlidingAttention", "decode_flash_attn", ("x", "bsz", "seqlen", "params")),
     Member(f"{_MOD}.sliding_attn", "SlidingAttention", "_decode_state_prep", ("rsg", "k_states", "v_states", "seqlen")),
+    Reads(f"{_MOD}.sliding_attn", "SlidingAttention", "decode_flash_attn", "self._decode_state_prep"),  # the one read
     *(Member(f"{_MOD}.sliding_attn", "SlidingAttention", n) for n in "kv_state_size sliding_window window_right "
       "num_kv_heads layer_idx".split()),
     Constant(f"{_MOD}.sliding_attn", "_bc_attn_enable"),
