@@ -21,7 +21,7 @@
 #           step bounded and its results in $OUT as they come: the GPT-OSS (4-bit EXL3) and Gemma 4 (bf16) fixtures
 #           (tests/ring_models.py, transformers' own classes), greedy tokens vs exllamav3's own loop at 1/16/64 jobs with
 #           prompts that cross the ring's end while decoding, and the report (tests/gpu/test_gpu_fast_rings.py), the
-#           speed row (benchmarks/gpu_fast_decode.py --models rings). Carry .whl (exllamav3 1.6.5 and its converter's
+#           speed row (benchmarks/gpu_fast_decode.py --models rings-gemma4). Carry .whl (exllamav3 1.6.5 and its converter's
 #           needs) and .devcache (the prebuilt extension)
 # Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending|speed|probe|moe|swa [pytest -k / benchmark args]
 set -u
@@ -112,8 +112,10 @@ for name, build in sorted(FIXTURES.items()):
     #    decoding; the report (captured, row shifts, what ran eagerly and why)
     timeout -k 10 "${TEST_S:-140}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_fast_rings.py 2>&1 \
       | tee "$OUT/gpu_tests_swa.txt" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rings|Error" | cut -c1-900
-    # 3. ~120 s: the speed row, raw exllamav3 vs decode="fast" at 1/16/64 jobs on GPT-OSS EXL3, interleaved
-    timeout -k 10 "${BENCH_S:-150}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench --models rings \
+    # 3. ~120 s: the speed row, raw exllamav3 vs decode="fast" at 1/16/64 jobs on Gemma 4 (every row count captured;
+    #    GPT-OSS's MoE layers keep its steps of more than 8 rows eager: RING_MODELS=rings for its row), interleaved
+    timeout -k 10 "${BENCH_S:-150}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench \
+      --models "${RING_MODELS:-rings-gemma4}" \
       --reps "${REPS:-3}" --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row 2>&1 \
       | tee "$OUT/gpu_fast_decode_swa.txt" | grep -E "ratio|rror" | cut -c1-300 ;;
   mtp)
