@@ -178,6 +178,34 @@ def test_inside_a_capture_ring_layers_read_the_static_tensors_and_their_own_grap
     assert all("_decode_state_prep" not in vars(m) for m in layers)
 
 
+class SlicedMultiLinear(Kind): ...
+
+
+def test_a_ring_models_sliced_qkv_gets_the_capturable_pointer_table(
+    kinds: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """exllamav3's own ``SlicedMultiLinear.c_ptrs`` uploads its table with a pageable copy, which a capture refuses: the
+    seam gives every sliced Q/K/V GEMM of a captured model its pinned table. Before: only a model the view captured
+    without ``recurrent`` got it, so a ring (or GDN) model's EXL3 attention at 2-32 rows would fail its capture."""
+    from exllama_integrations.backends.exllamav3.fast.seam import Seam
+
+    monkeypatch.setitem(vars(upstream), "SlicedMultiLinear", SlicedMultiLinear)
+    mq = SlicedMultiLinear()
+    local = ring(0, multi_qkv=mq)
+    m = model(local, Attention(qsa_indexer=None, sliding_window=-1, multi_qkv=None))
+    m.modules = [blk for blk, _, _ in m.fwd_modules[1:3]]
+    for blk in m.modules:
+        blk.modules = [blk.attn]
+    m.forward, m.prefetch_tokens = (lambda *a, **k: None), (lambda ids: None)
+    gen = SimpleNamespace(model=m, cache=object(), iterate=lambda: None, iterate_gen=lambda r, d=None: None)
+    table = object()
+    seam = Seam(gen)
+    seam.install(SimpleNamespace(), prefill=False, pointer_table=lambda got: table if got is mq else None)  # type: ignore[arg-type]
+    assert vars(mq).get("c_ptrs") is table
+    seam.remove()
+    assert "c_ptrs" not in vars(mq)
+
+
 # ---------------------------------------------------------------------- exactness, against exllamav3's own source
 
 
