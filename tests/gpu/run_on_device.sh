@@ -19,7 +19,7 @@
 #           exllamav3 1.6.5 wheel and its converter's needs (marisa-trie, pyyaml, pillow) and the prebuilt extension
 #   swa:    issue 53's sliding-window rings in the captured step, in one call (~490 s: run it with timeout_s 600), each
 #           step bounded and its results in $OUT as they come: the GPT-OSS (4-bit EXL3) and Gemma 4 (bf16) fixtures
-#           (tests/ring_models.py, transformers' own classes), greedy tokens vs exllamav3's own loop at 1/16/64 jobs with
+#           (tests/ring_models.py, transformers' own classes), greedy tokens vs exllamav3's own loop at 1/8/16/64 jobs with
 #           prompts that cross the ring's end while decoding, and the report (tests/gpu/test_gpu_fast_rings.py), the
 #           speed row (benchmarks/gpu_fast_decode.py --models rings-gemma4). Carry .whl (exllamav3 1.6.5 and its converter's
 #           needs) and .devcache (the prebuilt extension)
@@ -108,7 +108,7 @@ for name, build in sorted(FIXTURES.items()):
     try: print("fixture:", name, *build(), flush=True)
     except Exception as e: print("fixture:", name, "FAILED", type(e).__name__, str(e)[-1500:], flush=True)' \
       2>&1 | tee "$OUT/gpu_swa_fixture.txt" | grep -E "^fixture|rror" | cut -c1-600
-    # 2. ~120 s: greedy tokens at 1/16/64 jobs against exllamav3's own loop on both, rows crossing the ring's end while
+    # 2. ~120 s: greedy tokens at 1/8/16/64 jobs against exllamav3's own loop on both, rows crossing the ring's end while
     #    decoding; the report (captured, row shifts, what ran eagerly and why)
     timeout -k 10 "${TEST_S:-140}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_fast_rings.py 2>&1 \
       | tee "$OUT/gpu_tests_swa.txt" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rings|Error" | cut -c1-900
