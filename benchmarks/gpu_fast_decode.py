@@ -22,7 +22,9 @@ reused.
 * bench: 16 and 64 jobs enqueued together, raw vs ``decode="fast"`` (same generator type, two instances),
   interleaved, ``--reps`` rounds; tokens/s, ms per step, paired ratios (``--models hybrid,hybrid-exl3``: a ~1.5B
   Qwen3.5-shaped Gated DeltaNet hybrid, bf16 and converted to 4-bit EXL3; ``--models moe``: a Qwen3-MoE shape in
-  4-bit EXL3, tests/moe_models.py, whose MoE layers are captured up to 32 rows and run eagerly above)
+  4-bit EXL3, tests/moe_models.py, whose MoE layers are captured up to 32 rows and run eagerly above; ``--models
+  rings``: GPT-OSS in 4-bit EXL3 with its sliding-window rings captured, ``rings-gemma4`` Gemma 4 bf16,
+  tests/ring_models.py)
 
     python benchmarks/gpu_fast_decode.py --out DIR [--sections profile,greedy,families,sampled,bench]
         [--models exl3,fp16] [--no-sampler-alone]   (sections also: prefill)
@@ -233,6 +235,12 @@ def load_models(args: Any) -> dict[str, Path]:
             models[name], took = qwen3_moe_exl3()
             for k, v in took.items():
                 note(args.out, f"moe fixture {k}", v)
+        elif name in ("rings", "rings-gemma4"):  # sliding-window rings (tests/ring_models.py): GPT-OSS 4-bit EXL3,
+            from ring_models import gemma4_bf16, gpt_oss_exl3  # or Gemma 4 bf16
+
+            models[name], took = (gpt_oss_exl3 if name == "rings" else gemma4_bf16)()
+            for k, v in took.items():
+                note(args.out, f"{name} fixture {k}", v)
     return models
 
 

@@ -19,7 +19,13 @@
 #           prefix hits), its benchmark row (benchmarks/gpu_fast_decode.py --pinned-row, and the first token of a
 #           3584-token prompt: default vs deterministic=True's chunks vs one page a forward). Carry the
 #           exllamav3 1.6.5 wheel and its converter's needs (marisa-trie, pyyaml, pillow) and the prebuilt extension
-# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending|speed|probe|moe [pytest -k / benchmark args]
+#   swa:    issue 53's sliding-window rings in the captured step, in one call (~490 s: run it with timeout_s 600), each
+#           step bounded and its results in $OUT as they come: the GPT-OSS (4-bit EXL3) and Gemma 4 (bf16) fixtures
+#           (tests/ring_models.py, transformers' own classes), greedy tokens vs exllamav3's own loop at 1/8/16/64 jobs with
+#           prompts that cross the ring's end while decoding, and the report (tests/gpu/test_gpu_fast_rings.py), the
+#           speed row (benchmarks/gpu_fast_decode.py --models rings-gemma4). Carry .whl (exllamav3 1.6.5 and its converter's
+#           needs) and .devcache (the prebuilt extension)
+# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending|speed|probe|moe|swa [pytest -k / benchmark args]
 set -u
 source tests/gpu/device_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -97,6 +103,25 @@ from moe_models import qwen3_moe_exl3; print("fixture:", *qwen3_moe_exl3())' 2>&
     timeout -k 10 "${BENCH_S:-150}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench --models moe \
       --reps "${REPS:-3}" --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row 2>&1 \
       | tee "$OUT/gpu_fast_decode_moe.txt" | grep -E "ratio|rror" | cut -c1-300 ;;
+  swa)
+    # 1. ~150 s once a machine: build GPT-OSS (bf16, on the GPU) and convert it (exllamav3's converter, 4-bit), build
+    #    Gemma 4 (bf16; the multimodal class exllamav3 reads, a tiny vision tower)
+    timeout -k 10 "${FIXTURE_S:-200}" python3 -c 'import sys; sys.path[:0] = ["tests", "tests/gpu"]
+from ring_models import FIXTURES
+for name, build in sorted(FIXTURES.items()):
+    try: print("fixture:", name, *build(), flush=True)
+    except Exception as e: print("fixture:", name, "FAILED", type(e).__name__, str(e)[-1500:], flush=True)' \
+      2>&1 | tee "$OUT/gpu_swa_fixture.txt" | grep -E "^fixture|rror" | cut -c1-600
+    # 2. ~120 s: greedy tokens at 1/8/16/64 jobs against exllamav3's own loop on both, rows crossing the ring's end while
+    #    decoding; the report (captured, row shifts, what ran eagerly and why)
+    timeout -k 10 "${TEST_S:-140}" python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/gpu/test_gpu_fast_rings.py 2>&1 \
+      | tee "$OUT/gpu_tests_swa.txt" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rings|Error" | cut -c1-900
+    # 3. ~120 s: the speed row, raw exllamav3 vs decode="fast" at 1/16/64 jobs on Gemma 4 (every row count captured;
+    #    GPT-OSS's MoE layers keep its steps of more than 8 rows eager: RING_MODELS=rings for its row), interleaved
+    timeout -k 10 "${BENCH_S:-150}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench \
+      --models "${RING_MODELS:-rings-gemma4}" \
+      --reps "${REPS:-3}" --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row 2>&1 \
+      | tee "$OUT/gpu_fast_decode_swa.txt" | grep -E "ratio|rror" | cut -c1-300 ;;
   mtp)
     shift || true
     python3 benchmarks/gpu_mtp.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_mtp.txt" | grep -vE "^\s*$" | tail -60 ;;

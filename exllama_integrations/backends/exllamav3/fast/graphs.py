@@ -20,8 +20,9 @@ exllamav3's own logits.
 Where it stands aside (the eager forward runs; :meth:`DecodeGraphs.report` says why and how often):
 
 * the model, for its whole life: tensor-parallel, several devices, a layer that is not a plain transformer
-  block (sliding-window rings, Mamba-2, KDA, hyper-connections, sparse attention indexers, per-layer embeddings),
-  MoE experts on the CPU, across devices, hash-routed or not EXL3-quantized;
+  block (Mamba-2, KDA, hyper-connections, sparse attention indexers, per-layer embeddings; sliding-window rings of
+  several sizes, or beside recurrent layers, or looking ahead), MoE experts on the CPU, across devices, hash-routed
+  or not EXL3-quantized;
 * on a model with MoE layers, a step of rows whose MoE forward reads the expert counts back on the host
   (``rows x top_k`` past the fused kernel's row capacity, :mod:`.seam.moe`): that step runs eagerly, the report says
   which layers and why. Up to 8 rows the fused decode kernels run (no sync); above, exllamav3's sort path, captured
@@ -36,6 +37,11 @@ Where it stands aside (the eager forward runs; :meth:`DecodeGraphs.report` says 
   captures, which cannot nest in ours). Above it the whole step is captured, the layers' state pools addressed
   through static per-row slot tensors copied in each step, each row's state advanced after the replay as
   ``Model.forward`` does; such a step is never run ahead (it writes the state in place);
+* on a model with sliding-window rings (``SlidingAttention``: gpt-oss, Gemma 4, MiMo-V2) nothing more, at every
+  row count: each row's page table in its ring and its length there are static tensors the graph reads, copied in
+  before each replay; a row's page shift (host-decided) runs before it by exllamav3's own ``_decode_state_prep``; the
+  states advance after it as ``Model.forward`` does; never run ahead (why it is exact: :mod:`.seam.rings`). Plain
+  ``Attention`` with a window over the paged cache (Gemma 2/3, Cohere2, OLMo3) was captured before (a kernel constant);
 * a shape whose capture failed (said once in the log; that shape stays eager), past :data:`MAX_GRAPHS` shapes.
 
 The next step's forward is replayed ahead of its step where the fast path foresees its rows (:mod:`.run_ahead`).
@@ -47,6 +53,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from typing import Any
 
 from .capturable import LEFT_TO_EXLLAMAV3, Shape, exported, step_stands_aside
@@ -128,7 +135,9 @@ class DecodeGraphs:
             return "the model"
         if int(input_ids.shape[0]) > self.static.rows:
             return "more rows than the static buffers hold"
-        why = step_stands_aside(input_ids, params, self.min_rows, bool(self.view.recurrent))
+        why = step_stands_aside(input_ids, params, self.min_rows, self.view.stateful)
+        if why is None and self.view.rings is not None and not params.get("recurrent_states"):
+            return "a sliding-window step without its ring states"
         return why if why is not None else self.view.moe_stands_aside(int(input_ids.shape[0]))
 
     def forward(self, eager: Callable[[Any, dict[str, Any]], Any], input_ids: Any, params: dict[str, Any]) -> Any:
@@ -177,13 +186,15 @@ class DecodeGraphs:
             st.x[:rows].copy_(self.view.embed(x, params), non_blocking=True)
             st.block_tables[width][:rows].copy_(block_table, non_blocking=True)
             st.cache_seqlens[:rows].copy_(cache_seqlens, non_blocking=True)
-            if self.view.recurrent:
+            if self.view.stateful:
                 slots, slots_scan = self.view.slot_tensors(params)
                 st.slots[:rows].copy_(slots, non_blocking=True)
                 st.slots_scan[:rows].copy_(slots_scan, non_blocking=True)
+            if self.view.rings is not None:  # (after any page shift)
+                self.view.rings.stage(params["recurrent_states"], st.ring_tables[:rows], st.ring_lengths[:rows])
             shape.graph.replay()
             shape.hand_back(params)
-            if self.view.recurrent:
+            if self.view.stateful:
                 self.view.advance(input_ids, params)  # as Model.forward does after its layers
         shape.replays += 1
         self.replays += 1
@@ -200,7 +211,7 @@ class DecodeGraphs:
         first page: nothing owns a page yet, and a job writes every position it reads. Returns how many were
         captured.
         """
-        if self.why_not is not None or self.view.recurrent:  # (a recurrent step needs states: captured when it runs)
+        if self.why_not is not None or self.view.stateful:  # (a recurrent step needs states: captured when it runs)
             return 0
         import torch
         from tqdm.auto import tqdm
@@ -240,7 +251,8 @@ class DecodeGraphs:
             # the same ids again, for the embedding's shape and dtype (its pinned staging buffer takes equal bytes)
             emb = self.view.embed(x, dict(params))
             st = self.static
-            st.ensure(emb, out, width, self.view.device)
+            rings = self.view.rings
+            st.ensure(emb, out, width, self.view.device, rings.pages if rings is not None else 0)
             static: dict[str, Any] = {
                 "attn_mode": "flash_attn",
                 "block_table": st.block_tables[width][:rows],
@@ -251,12 +263,12 @@ class DecodeGraphs:
                 "recurrent_history": False,
                 "pinned_staging": True,
             }
-            if self.view.recurrent:  # the states of the step captured: the graph reads only their cache's pools
+            if self.view.stateful:  # the states of the step captured: the graph reads only their cache's pools
                 static["recurrent_states"] = params["recurrent_states"]
             if shape.exports:  # the norms append their outputs to static["export_states"] inside the capture
                 static["export_state_norm_keys"] = set(shape.exports)
             self.view.prepare_inputs(x, static)
-            if self.view.recurrent:  # (after prepare_inputs, which sets the step's own slot tensors)
+            if self.view.stateful:  # (after prepare_inputs, which sets the step's own slot tensors)
                 static["recurrent_slots"], static["recurrent_slots_scan"] = st.slots[:rows], st.slots_scan[:rows]
                 slots, slots_scan = self.view.slot_tensors(params)
                 st.slots[:rows].copy_(slots)
@@ -268,10 +280,17 @@ class DecodeGraphs:
             graph = torch.cuda.CUDAGraph()
             self._capturing = shape.keep
             try:
-                with self.pinned.applied() if self.pinned is not None else self.view.own_graphs_off():
-                    with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="relaxed"):
-                        logits = self.view.run_layers(st.x[:rows], static)
-                        st.logits[:rows].copy_(logits)
+                with ExitStack() as inside:
+                    inside.enter_context(
+                        self.pinned.applied() if self.pinned is not None else self.view.own_graphs_off()
+                    )
+                    if rings is not None:  # the ring layers read the static page tables and lengths
+                        inside.enter_context(rings.read_static(st.ring_tables[:rows], st.ring_lengths[:rows]))
+                    inside.enter_context(
+                        torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="relaxed")
+                    )
+                    logits = self.view.run_layers(st.x[:rows], static)
+                    st.logits[:rows].copy_(logits)
             finally:
                 self._capturing = None
             shape.exported = static.pop("export_states", None) or []
@@ -324,7 +343,7 @@ class DecodeGraphs:
         last, self._last = self._last, None
         if last is None or self.why_not is not None:
             return False
-        if self.view.recurrent:  # a step run ahead writes each row's recurrent state in place: a miss would keep it
+        if self.view.stateful:  # a step run ahead writes each row's recurrent state or ring in place: a miss keeps it
             self.ahead_missed["not launched: recurrent state"] += 1
             return False
         key, shape, block_table, cache_seqlens = last
@@ -412,6 +431,7 @@ class DecodeGraphs:
             "min_rows": self.min_rows,
             "recurrent_layers": dict(Counter(self.view.recurrent)),
             **({"moe": moe_report(self.view.moe, self.static.rows)} if self.view.moe else {}),
+            **({"rings": self.view.rings.report()} if self.view.rings is not None else {}),
             "max_rows": self.static.rows,
             "shapes": sorted(self.captured, key=lambda k: tuple(int(n) for n in k.split()[::3])),
             "captured_at_load": self.captured_at_load,

@@ -137,6 +137,19 @@ REQUIREMENTS: list[Requirement] = [
     Member("exllamav3.model.config", "Config", "infer_params"),
     Constant(f"{_MOD}.block_sparse_mlp", "MAX_BSZN", 8),
     Constant(f"{_MOD}.block_sparse_mlp", "torch"),
+    # sliding-window rings in a captured step (seam/rings.py): the kind and what decides it is captured; the decode
+    # path's host part (run on the shifting rows before a replay, replaced by the static tensors inside a capture;
+    # both bodies fingerprinted), its own graphed path's switch (a global of its module), the per-row state it reads
+    Member(f"{_MOD}.sliding_attn", "SlidingAttention", "decode_flash_attn", ("x", "bsz", "seqlen", "params")),
+    Member(f"{_MOD}.sliding_attn", "SlidingAttention", "_decode_state_prep", ("rsg", "k_states", "v_states", "seqlen")),
+    Reads(f"{_MOD}.sliding_attn", "SlidingAttention", "decode_flash_attn", "self._decode_state_prep"),  # the one read
+    *(Member(f"{_MOD}.sliding_attn", "SlidingAttention", n) for n in "kv_state_size sliding_window window_right "
+      "num_kv_heads layer_idx".split()),
+    Constant(f"{_MOD}.sliding_attn", "_bc_attn_enable"),
+    *(Member(f"{_MOD}.sliding_attn", "SWAState", n) for n in "slot position window_beg wshift cache "
+      "post_advance".split()),
+    Member(f"{_MOD}.sliding_attn", "SWALayerState", "get_state_tensors"),
+    Member("exllamav3.cache.cache", "Cache", "get_recurrent_layer", ("layer_instance",)),
     # the measured draft window (draft_rule): set before each iterate(), which reads it when it drafts
     Member(_G, "Generator", "num_draft_tokens"),
     # a drafting target's step exports the final norm's output (EXPORT_PARAMS): appended to params["export_states"]

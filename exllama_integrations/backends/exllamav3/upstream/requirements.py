@@ -61,14 +61,17 @@ NAMES: dict[str, str] = {
     # MoE layers in the captured step (the seam's model view, fast/seam/moe.py)
     "MAX_BSZN": f"{_MOD}.block_sparse_mlp",
     "advance_recurrent_states": f"{_X}.cache.recurrent_util",
+    # sliding-window rings in the captured step (fast/seam/rings.py)
+    "SlidingAttention": f"{_MOD}.sliding_attn",
 }  # fmt: skip
 """Every exllamav3 name the package imports -> the module that defines it (``from ..upstream import Model``)."""
 
 MODULES = frozenset(
-    {f"{_MOD}.attn", f"{_MOD}.attention_fn.triton_paged", f"{_MOD}.quant.exl3", f"{_MOD}.block_sparse_mlp"}
-)
-"""exllamav3 modules reached as modules, for a global of theirs (the seam turns ``_bc_attn_enable`` off, and gives
-``block_sparse_mlp`` a sync-free ``torch.bincount`` inside a capture; the pins wrap
+    {f"{_MOD}.attn", f"{_MOD}.attention_fn.triton_paged", f"{_MOD}.quant.exl3", f"{_MOD}.block_sparse_mlp",
+     f"{_MOD}.sliding_attn"}
+)  # fmt: skip
+"""exllamav3 modules reached as modules, for a global of theirs (the seam turns attn's and sliding_attn's
+``_bc_attn_enable`` off, and gives ``block_sparse_mlp`` a sync-free ``torch.bincount`` inside a capture; the pins wrap
 ``triton_paged.paged_attn_triton_decode`` and call the extension as ``exl3.ext``)."""
 
 _LIN, _CUSTOM = f"{_MOD}.linear", f"{_S}.custom"

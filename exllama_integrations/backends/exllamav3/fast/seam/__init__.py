@@ -145,8 +145,9 @@ class Seam:
                 own_prefill, copy_page = model.prefill, cache.copy_page
                 self._wrap(model, "prefill", lambda *a, **k: hooks.prefill_chunk(Forward.of(own_prefill, a, k)))
                 self._wrap(cache, "copy_page", lambda *a, **k: hooks.copy_page(PageCopy.of(copy_page, a, k, cache)))
-            if pointer_table is not None:
-                for mq in ModelView(model).sliced_qkv() if ModelView(model).why_not is None else []:
+            if pointer_table is not None:  # (recurrent: a ring or GDN model's attention runs sliced Q/K/V GEMMs too)
+                captured = ModelView(model, recurrent=True)
+                for mq in captured.sliced_qkv() if captured.why_not is None else []:
                     if "c_ptrs" not in vars(mq):
                         self._wrap(mq, "c_ptrs", pointer_table(mq))
         except Exception:

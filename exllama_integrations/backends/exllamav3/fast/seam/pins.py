@@ -37,6 +37,8 @@ def pins_stand_aside(view: ModelView) -> str | None:
         return f"the decode step is not captured ({view.why_not})"
     if view.recurrent:
         return f"recurrent layers ({', '.join(sorted(set(view.recurrent)))}: their own graphed rows are not pinned)"
+    if getattr(view, "rings", None) is not None:  # (sliding_attn calls its own import of the decode kernel)
+        return "sliding-window rings (their attention's splits are not pinned)"
     import torch
 
     if getattr(torch.version, "hip", None):

@@ -12,6 +12,7 @@ from typing import Any
 
 from .moe import MoeLayer, moe_layer, sync_free_bincount
 from .moe import why_eager as moe_why_eager
+from .rings import Rings, rings_stand_aside
 
 # ---------------------------------------------------------------------- views of jobs, pages and the generator
 
@@ -168,6 +169,9 @@ class ModelView:
         self.moe: list[MoeLayer] = []
         """The model's MoE layers (``BlockSparseMLP``): captured at the row counts their forward serves without a host
         sync (:mod:`.moe`); a step of other rows runs eagerly."""
+        self.rings: Rings | None = None
+        """The model's sliding-window rings (``SlidingAttention``, with ``recurrent``): their page tables and lengths
+        static tensors the graph reads, their page shifts run before the replay (:mod:`.rings`)."""
         self.why_not = self._stands_aside()
         if self.why_not is None:
             mods = model.fwd_modules
@@ -175,7 +179,7 @@ class ModelView:
 
     def release(self) -> None:
         """Drop every reference to the model (it is about to unload)."""
-        self.model = self.embedding = self.device = None
+        self.model = self.embedding = self.device = self.rings = None
         self.layers = []
         self.why_not = self.why_not or "closed"
 
@@ -192,6 +196,7 @@ class ModelView:
                 LayerNorm,
                 Linear,
                 RMSNorm,
+                SlidingAttention,
                 TransformerBlock,
             )
         except ImportError as e:
@@ -207,7 +212,8 @@ class ModelView:
         if not mods or type(mods[0][0]) is not Embedding:
             return "the first module is not a token embedding"
         devices = set()
-        for module, _, _ in mods[1:]:
+        rings: list[tuple[Any, int]] = []
+        for module, instance, _ in mods[1:]:
             kind = type(module)
             if kind is TransformerBlock:
                 if getattr(module, "attn_hc", None) or getattr(module, "mlp_hc", None):
@@ -216,6 +222,8 @@ class ModelView:
                 # Gated DeltaNet proven on the GPU (2026-12-07); Mamba-2 reads its slots the same way, unproven yet
                 if self.capture_recurrent and type(attn) is GatedDeltaNet and not getattr(attn, "kda", False):
                     self.recurrent.append(type(attn).__name__)
+                elif self.capture_recurrent and type(attn) is SlidingAttention:
+                    rings.append((attn, instance))
                 elif attn is not None and (
                     type(attn) is not Attention or getattr(attn, "qsa_indexer", None) is not None
                 ):
@@ -232,7 +240,19 @@ class ModelView:
             devices.add(str(module.device))
         if len(devices) != 1 or not next(iter(devices)).startswith("cuda"):
             return f"layers on {sorted(devices)} (one CUDA device only)"
+        if rings:
+            if self.recurrent:  # (no exllamav3 1.6.5 model has both: one recurrent state class a model)
+                return "sliding-window rings beside recurrent layers"
+            why = rings_stand_aside([m for m, _ in rings])
+            if why is not None:
+                return why
+            self.rings = Rings(rings)
         return None
+
+    @property
+    def stateful(self) -> bool:
+        """A step carries per-row state (``recurrent_states``) that the captured step reads and advances."""
+        return bool(self.recurrent) or self.rings is not None
 
     def moe_stands_aside(self, rows: int) -> str | None:
         """Why a step of ``rows`` rows runs eagerly for the model's MoE layers (naming them), or None."""
@@ -276,7 +296,10 @@ class ModelView:
         )
 
     def advance(self, input_ids: Any, params: dict[str, Any]) -> None:
-        """What ``Model.forward`` does after the layers: each row's recurrent state one position further."""
+        """What ``Model.forward`` does after the layers: each row's recurrent state one position further.
+
+        (A ring's ``window_beg`` moves by its ``wshift``.)
+        """
         from ...upstream import advance_recurrent_states
 
         advance_recurrent_states(input_ids, params, self.model)
