@@ -51,7 +51,8 @@ TOOLS_ONLY = "TestChatExLlamaIntegrationLlama3Tools"
 
 # `./dev test` runs pytest in two worker processes (pytest-xdist). The tests below run alone: while one runs, the
 # other worker waits between its tests. Each is held to a time bound that CPU taken by the other worker could
-# break, or starts a cluster of processes. Node-id prefix -> why.
+# break, or starts a cluster of processes. Node-id prefix -> why. (The other tests of test_multi_model,
+# test_serve_cli and test_admission_and_engine_budgets wait 20 s or more for what they check: they run beside others.)
 _ENGINES = "tests/integration/test_engine_process.py::"  # its other tests run beside others
 EXCLUSIVE = {
     "tests/integration/test_ray_serve.py": "a Ray cluster with two replicas and 16 clients",
@@ -62,9 +63,19 @@ EXCLUSIVE = {
     f"{_ENGINES}test_an_engine_never_outlives_its_parent": "an orphaned engine gone within 5 s",
     f"{_ENGINES}test_close_leaves_no_process_and_no_file": "close done within 10 s",
     f"{_ENGINES}test_two_engines_share_the_load": "two engine processes, each idle within 10 s",
-    "tests/integration/test_serve_cli.py": "serve in a subprocess, a 1.5 s header timeout checked within 5 s",
+    "tests/integration/test_serve_cli.py::test_serve_closes_connections_whose_headers_never_come": "a 1.5 s header "
+    "timeout checked within 5 s",
     "tests/integration/test_engine_door_and_hung_engine.py::test_a_hung_engine": "a stopped engine seen within 6.2 s",
-    "tests/integration/test_admission_and_engine_budgets.py": "an engine hung after 3 s; grammar budgets 0.2 s, 1 s",
+    **{
+        f"tests/integration/test_admission_and_engine_budgets.py::{name}": why
+        for name, why in {
+            "test_a_raw_grammar_over_the_size_bound": "an engine hung after 3 s; refused within 5 s",
+            "test_a_grammar_that_compiles_for_seconds": "an engine hung after 3 s; grammar budgets 0.2 s, 1 s",
+            "test_a_long_scored_prompt_holds": "an engine hung after 3 s; its progress seen meanwhile",
+            "test_a_response_template_that_backtracks": "each refused within 2 s",
+            "test_a_reply_that_makes_the_templates_regex_backtrack": "ended within its budget",
+        }.items()
+    },
     "tests/integration/test_template_sandbox.py::test_hostile_templates_are_refused_fast": "each refused within 2 s",
     "tests/integration/test_template_sandbox.py::test_sandbox_widths_hold": "each example within 3 s",
     "tests/integration/test_server_limits.py::test_a_client_that_trickles": "a 1.5 s body timeout answered within 5 s",
@@ -73,7 +84,6 @@ EXCLUSIVE = {
     "tests/unit/test_media_budget.py": "refusals within 1 s and 1.5 s, and the process's peak memory",
     "tests/unit/test_streaming.py::test_a_run_of_invalid_bytes_streams_in_linear_time": "4000 tokens in 0.5 s",
     "tests/unit/test_model_registry.py::test_keep_alive_per_model_and_per_request": "a 0.3 s keep_alive, 0.6 s waits",
-    "tests/integration/test_multi_model.py": "serve in a subprocess: five engine processes, two streams at once",
     "tests/integration/test_smg_gateway.py": "a gateway process in front of two servers, ready within 60 s",
     "tests/integration/test_request_bounds.py": "a 1 MB bad body answered within 2 s, /health within 1 s meanwhile",
 }
