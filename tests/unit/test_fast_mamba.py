@@ -181,6 +181,7 @@ class Kernels:
         self.calls: list[tuple[str, int, int]] = []  # (kernel, slot tensor's address, pool's address)
 
     def mamba2_dt_op(self, dt_raw: Any, dt_bias: Any, a_log: Any, dt: Any, g: Any, lo: float, hi: float) -> None:
+        """(gdn.cu's ``mamba2_dt_op_kernel``, line for line: it has no torch reference in the source)"""
         v = torch.nn.functional.softplus(dt_raw + dt_bias).clamp(lo, hi)
         g.copy_(-torch.exp(a_log) * v)
         dt.copy_(v.to(torch.bfloat16))
@@ -209,7 +210,7 @@ class Kernels:
 HIDDEN, HEADS, HEAD_DIM, GROUPS, STATE, KERNEL, VOCAB, SLOTS = 32, 4, 8, 2, 16, 4, 48, 6
 
 
-def mamba2_model(seed: int, kernels: Kernels, forward: Any, norm: Any) -> tuple[Any, Any, dict[tuple[int, int], Any]]:
+def mamba2_model(seed: int, forward: Any, norm: Any) -> tuple[Any, Any, dict[tuple[int, int], Any]]:
     """Two Mamba-2 blocks (exllamav3's ``Mamba2.forward`` over seeded weights), their cache's pools, an embedding and a
     head; returns the model, the cache and the pools by layer."""
     gen = torch.Generator().manual_seed(seed)
@@ -328,7 +329,7 @@ def run_schedule(captured: bool, monkeypatch: pytest.MonkeyPatch, steps: int = 4
     forward = source_functions("modules/mamba2.py", {"forward": "Mamba2"}, scope)["forward"]
     norm = source_functions("modules/gated_rmsnorm.py", {"forward_torch": "GatedRMSNorm"}, {"torch": torch,
                             "F": torch.nn.functional})["forward_torch"]  # fmt: skip
-    m, cache, pools = mamba2_model(5, kernels, forward, norm)
+    m, cache, pools = mamba2_model(5, forward, norm)
     m.prepare_inputs = lambda ids, params: (rec["prepare_for_recurrence"](ids, params, m), ids)[1]
     monkeypatch.setitem(vars(upstream), "get_for_device", util["get_for_device"])
     monkeypatch.setitem(vars(upstream), "advance_recurrent_states", rec["advance_recurrent_states"])
@@ -392,3 +393,4 @@ def test_the_captured_mamba2_step_is_exllamav3s_own_step_by_step(kinds: None, mo
     last = calls[-4:]  # the last step (3 rows, replayed): each layer's conv and scan
     assert [k for k, _, _ in last] == ["conv", "scan"] * 2
     assert {ptr for _, ptr, _ in last} <= static, last
+    assert {pool for _, _, pool in last} == {t.data_ptr() for both in got_pools.values() for t in both}  # the cache's
