@@ -24,7 +24,8 @@ reused.
   Qwen3.5-shaped Gated DeltaNet hybrid, bf16 and converted to 4-bit EXL3; ``--models moe``: a Qwen3-MoE shape in
   4-bit EXL3, tests/moe_models.py, whose MoE layers are captured up to 32 rows and run eagerly above; ``--models
   rings``: GPT-OSS in 4-bit EXL3 with its sliding-window rings captured, ``rings-gemma4`` Gemma 4 bf16,
-  tests/ring_models.py)
+  tests/ring_models.py; ``--models mamba,mamba-exl3``: a Nemotron-H shape with Mamba-2 layers, bf16 and 4-bit EXL3,
+  tests/mamba_models.py)
 
     python benchmarks/gpu_fast_decode.py --out DIR [--sections profile,greedy,families,sampled,bench]
         [--models exl3,fp16] [--no-sampler-alone]   (sections also: prefill)
@@ -239,6 +240,12 @@ def load_models(args: Any) -> dict[str, Path]:
             from ring_models import gemma4_bf16, gpt_oss_exl3  # or Gemma 4 bf16
 
             models[name], took = (gpt_oss_exl3 if name == "rings" else gemma4_bf16)()
+            for k, v in took.items():
+                note(args.out, f"{name} fixture {k}", v)
+        elif name in ("mamba", "mamba-exl3"):  # a Nemotron-H shape (tests/mamba_models.py): 7 Mamba-2 layers, bf16
+            from mamba_models import nemotron_h_bf16, nemotron_h_exl3  # or 4-bit EXL3
+
+            models[name], took = (nemotron_h_bf16 if name == "mamba" else nemotron_h_exl3)()
             for k, v in took.items():
                 note(args.out, f"{name} fixture {k}", v)
     return models

@@ -25,7 +25,13 @@
 #           prompts that cross the ring's end while decoding, and the report (tests/gpu/test_gpu_fast_rings.py), the
 #           speed row (benchmarks/gpu_fast_decode.py --models rings-gemma4). Carry .whl (exllamav3 1.6.5 and its converter's
 #           needs) and .devcache (the prebuilt extension)
-# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending|speed|probe|moe|swa [pytest -k / benchmark args]
+#   mamba:  issue 53's Mamba-2 layers in the captured step, in one call (< 480 s: run it with timeout_s 560), each step
+#           bounded and its results in $OUT as they come: the Nemotron-H-shaped fixtures (tests/mamba_models.py,
+#           transformers' own NemotronHForCausalLM: bf16, then its 4-bit EXL3 conversion if the step's time allows),
+#           greedy tokens vs exllamav3's own loop at 1/8/16/64 jobs and the report (tests/gpu/test_gpu_fast_mamba.py, on
+#           the fixtures built), the speed row (benchmarks/gpu_fast_decode.py --models mamba). Carry .whl (exllamav3
+#           1.6.5 and its converter's needs) and .devcache (the prebuilt extension)
+# Usage: bash tests/gpu/run_on_device.sh tests|bench|spec|mtp|pending|speed|probe|moe|swa|mamba [pytest -k / bench args]
 set -u
 source tests/gpu/device_env.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -122,6 +128,28 @@ for name, build in sorted(FIXTURES.items()):
       --models "${RING_MODELS:-rings-gemma4}" \
       --reps "${REPS:-3}" --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row 2>&1 \
       | tee "$OUT/gpu_fast_decode_swa.txt" | grep -E "ratio|rror" | cut -c1-300 ;;
+  mamba)
+    # 1. <= 150 s once a machine: build the Nemotron-H shape (bf16, on the GPU; ~30 s), then convert it (exllamav3's
+    #    converter, 4-bit): a conversion cut off by the bound leaves that fixture out of steps 2 and 3
+    timeout -k 10 "${FIXTURE_S:-150}" python3 -c 'import sys; sys.path[:0] = ["tests", "tests/gpu"]
+from mamba_models import FIXTURES
+for name in ("nemotron_h_bf16", "nemotron_h_exl3"):
+    try: print("fixture:", name, *FIXTURES[name](), flush=True)
+    except Exception as e: print("fixture:", name, "FAILED", type(e).__name__, str(e)[-1500:], flush=True)' \
+      2>&1 | tee "$OUT/gpu_mamba_fixture.txt" | grep -E "^fixture|rror" | cut -c1-600
+    BUILT=nemotron_h_bf16; [ -f /tmp/models/nemotronh-mamba-exl3/.complete ] && BUILT=$BUILT,nemotron_h_exl3
+    [ -f /tmp/models/nemotronh-mamba-bf16/.complete ] || BUILT=
+    echo "built: ${BUILT:-none}" | tee -a "$OUT/gpu_mamba_fixture.txt"
+    # 2. <= 150 s: greedy tokens at 1/8/16/64 jobs against exllamav3's own loop on each fixture built; the report
+    #    (captured, min_rows, replays, what ran eagerly and why)
+    [ -n "$BUILT" ] && MAMBA_FIXTURES=$BUILT timeout -k 10 "${TEST_S:-150}" python3 -m pytest -m gpu -v -s -p no:cacheprovider \
+      tests/gpu/test_gpu_fast_mamba.py 2>&1 | tee "$OUT/gpu_tests_mamba.txt" \
+      | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|mamba|Error" | cut -c1-900
+    # 3. <= 150 s: the speed row, raw exllamav3 vs decode="fast" at 1/16/64 jobs on the bf16 fixture (every row count
+    #    captured; MAMBA_MODELS=mamba-exl3 for the EXL3 one, captured above 8 rows), interleaved -> gpu_fast_decode.json
+    [ -n "$BUILT" ] && timeout -k 10 "${BENCH_S:-150}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench \
+      --models "${MAMBA_MODELS:-mamba}" --reps "${REPS:-3}" --new 48 --no-sampler-alone --no-ahead-row \
+      --no-deterministic-row 2>&1 | tee "$OUT/gpu_fast_decode_mamba.txt" | grep -E "ratio|rror" | cut -c1-300 ;;
   mtp)
     shift || true
     python3 benchmarks/gpu_mtp.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_mtp.txt" | grep -vE "^\s*$" | tail -60 ;;

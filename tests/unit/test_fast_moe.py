@@ -98,7 +98,7 @@ def kinds(monkeypatch: pytest.MonkeyPatch) -> None:
     """The boundary hands the fakes out as exllamav3's module kinds."""
     for name, kind in [("Embedding", Embedding), ("TransformerBlock", TransformerBlock), ("Attention", Attention),
                        ("BlockSparseMLP", BlockSparseMLP), ("RMSNorm", RMSNorm), ("MLP", Other), ("GatedMLP", Other),
-                       ("GatedDeltaNet", Other), ("SlidingAttention", Other), ("LayerNorm", Other),
+                       ("GatedDeltaNet", Other), ("Mamba2", Other), ("SlidingAttention", Other), ("LayerNorm", Other),
                        ("Linear", Other)]:  # fmt: skip
         monkeypatch.setitem(vars(upstream), name, kind)  # (a module attribute comes before its __getattr__)
     monkeypatch.setitem(vars(upstream), "MAX_BSZN", 8)

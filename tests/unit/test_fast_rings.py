@@ -69,7 +69,7 @@ class Other(Kind): ...
 def kinds(monkeypatch: pytest.MonkeyPatch) -> None:
     """The boundary hands the fakes out as exllamav3's module kinds."""
     for name, kind in [("Embedding", Embedding), ("TransformerBlock", TransformerBlock), ("Attention", Attention),
-                       ("SlidingAttention", SlidingAttention), ("GatedDeltaNet", GatedDeltaNet),
+                       ("SlidingAttention", SlidingAttention), ("GatedDeltaNet", GatedDeltaNet), ("Mamba2", Other),
                        ("GatedMLP", GatedMLP), ("RMSNorm", RMSNorm), ("MLP", Other), ("BlockSparseMLP", Other),
                        ("LayerNorm", Other), ("Linear", Other)]:  # fmt: skip
         monkeypatch.setitem(vars(upstream), name, kind)  # (a module attribute comes before its __getattr__)

@@ -142,10 +142,13 @@ class ExLlamaV3Options(BackendOptions):
     rows too (up to 8, exllamav3's own graphed layers run), each row's recurrent state addressed through static slot
     tensors (``fast.graphs``). Greedy tokens exllamav3's own at 1, 16 and 64 jobs on an H100 (2026-12-07,
     ``tests/gpu/family_matrix.py``'s fast phase). False: such a model's forward runs eagerly (the batched sampler
-    still runs). Mamba-2 layers (Nemotron-H) are not captured yet: unproven on the GPU. On a model with sliding-window
-    rings (exllamav3's ``SlidingAttention``: gpt-oss, Gemma 4, MiMo-V2) it also captures their decode steps at every
-    row count, each ring's page table and length static tensors the graph reads (``fast.seam.rings``; greedy tokens
-    against exllamav3's own loop: ``tests/gpu/test_gpu_fast_rings.py``); False: such a model runs eagerly."""
+    still runs). Mamba-2 layers (Nemotron-H) are captured the same way, above 8 rows on EXL3 weights (up to 8 its own
+    graphed ``BC_Mamba2`` runs) and at every row count on fp16 / bf16 weights (its torch path throughout;
+    ``fast.seam.mamba``; greedy tokens against exllamav3's own loop: ``tests/gpu/test_gpu_fast_mamba.py``, 1/8/16/64
+    jobs). On a model with sliding-window rings (exllamav3's ``SlidingAttention``: gpt-oss, Gemma 4, MiMo-V2) it
+    also captures their decode steps at every row count, each ring's page table and length static tensors the graph
+    reads (``fast.seam.rings``; greedy tokens against exllamav3's own loop: ``tests/gpu/test_gpu_fast_rings.py``);
+    False: such a model runs eagerly."""
     deterministic: bool = False
     """With ``decode="fast"``: a request's tokens do not depend on what runs beside it (the requests decoding with it,
     their number and order). Each row of a decode step runs as a step of its own, as exllamav3 runs a request alone

@@ -89,7 +89,8 @@ class FastDecode:
         ``prefill``: run the prompt chunks of a step in a few batched forwards; ``deterministic``: each row of a
         decode step as a step of its own, or (``strategy``, default :data:`.deterministic.STRATEGY`) the whole step
         with its launch choices pinned; ``max_rows``: the generator's largest batch; ``recurrent``: capture the
-        steps of Gated DeltaNet hybrids and of sliding-window rings (gpt-oss, Gemma 4) too (``fast_recurrent``).
+        steps of Gated DeltaNet and Mamba-2 hybrids and of sliding-window rings (gpt-oss, Gemma 4) too
+        (``fast_recurrent``).
         """
         self.generator = generator
         self.deterministic = deterministic

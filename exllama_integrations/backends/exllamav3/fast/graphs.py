@@ -20,9 +20,9 @@ exllamav3's own logits.
 Where it stands aside (the eager forward runs; :meth:`DecodeGraphs.report` says why and how often):
 
 * the model, for its whole life: tensor-parallel, several devices, a layer that is not a plain transformer
-  block (Mamba-2, KDA, hyper-connections, sparse attention indexers, per-layer embeddings; sliding-window rings of
-  several sizes, or beside recurrent layers, or looking ahead), MoE experts on the CPU, across devices, hash-routed
-  or not EXL3-quantized;
+  block (KDA, hyper-connections, sparse attention indexers, per-layer embeddings; a Mamba-2 layer of one head;
+  sliding-window rings of several sizes, or beside recurrent layers, or looking ahead), MoE experts on the CPU,
+  across devices, hash-routed or not EXL3-quantized;
 * on a model with MoE layers, a step of rows whose MoE forward reads the expert counts back on the host
   (``rows x top_k`` past the fused kernel's row capacity, :mod:`.seam.moe`): that step runs eagerly, the report says
   which layers and why. Up to 8 rows the fused decode kernels run (no sync); above, exllamav3's sort path, captured
@@ -32,11 +32,12 @@ Where it stands aside (the eager forward runs; :meth:`DecodeGraphs.report` says 
   pass over recurrent state, draft-model parameters, any parameter the captured forward was not built with (a drafting
   target's undrafted step is captured: the hidden state its drafter reads next, ``export_state_norm_keys``, is written
   by the graph into tensors of its own and handed back after the replay, as exllamav3's norm hands it back);
-* on a model with Gated DeltaNet layers, a step of up to ``bc_attn.MAX_BSZ`` (8) rows: exllamav3 runs
-  those layers through graphs of its own there (their kernels differ from the torch path's, and their second call
-  captures, which cannot nest in ours). Above it the whole step is captured, the layers' state pools addressed
-  through static per-row slot tensors copied in each step, each row's state advanced after the replay as
-  ``Model.forward`` does; such a step is never run ahead (it writes the state in place);
+* on a model with Gated DeltaNet layers, or Mamba-2 layers with EXL3 projections (Nemotron-H, :mod:`.seam.mamba`),
+  a step of up to ``bc_attn.MAX_BSZ`` (8) rows: exllamav3 runs those layers through graphs of its own there (their
+  kernels differ from the torch path's, and their second call captures, which cannot nest in ours). Above it (and
+  at every row count for Mamba-2 on fp16 / bf16 weights, which takes the torch path throughout) the whole step is
+  captured, the layers' state pools addressed through static per-row slot tensors copied in each step, each row's
+  state advanced after the replay as ``Model.forward`` does; such a step is never run ahead (it writes in place);
 * on a model with sliding-window rings (``SlidingAttention``: gpt-oss, Gemma 4, MiMo-V2) nothing more, at every
   row count: each row's page table in its ring and its length there are static tensors the graph reads, copied in
   before each replay; a row's page shift (host-decided) runs before it by exllamav3's own ``_decode_state_prep``; the
@@ -98,7 +99,7 @@ class DecodeGraphs:
 
         ``max_rows``: the largest batch (the static buffers' rows); ``min_rows``: the fewest rows captured (fewer run
         as exllamav3 runs them); ``ahead``: :meth:`launch_ahead` runs (False: it declines, for comparison);
-        ``recurrent``: Gated DeltaNet layers are captured (False: such a model stands aside; Mamba-2 always does).
+        ``recurrent``: Gated DeltaNet and Mamba-2 layers are captured (False: such a model stands aside).
         """
         self.view = ModelView(model, recurrent)
         self.why_not = self.view.why_not

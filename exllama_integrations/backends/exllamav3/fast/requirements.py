@@ -126,6 +126,16 @@ REQUIREMENTS: list[Requirement] = [
     Member(f"{_MOD}.gated_delta_net", "GatedDeltaNet", "kda"),
     Constant(f"{_MOD}.attention_fn.bc_attn", "MAX_BSZ", 8),
     Constant("exllamav3.cache.recurrent_util", "advance_recurrent_states"),
+    # Mamba-2 layers in a captured step (seam/mamba.py): the kind; what picks its decode path (its own graphed BC_Mamba2
+    # up to bc_attn's MAX_BSZ rows where it has one, ssd_chunked's host read where seqlen >= num_v_heads; the forward's
+    # body is fingerprinted, so a release that changes the choice shows in the check); the state it shares with Gated
+    # DeltaNet (GDNLayerState's pools, the slot tensors, the slotted kernels)
+    Member(f"{_MOD}.mamba2", "Mamba2", "forward", ("x", "params")),
+    *(Member(f"{_MOD}.mamba2", "Mamba2", n) for n in "bc num_v_heads num_k_heads layer_state_cls tp_reduce "
+      "has_split_cache".split()),
+    Constant(f"{_MOD}.mamba2", "_BC_MAX_BSZ"),
+    *(Mentions(f"{_MOD}.mamba2", "Mamba2", "forward", k) for k in ("recurrent_states", "recurrent_slots",
+      "recurrent_slots_scan")),
     # MoE layers in a captured step (seam/moe.py): what decides the row counts their forward serves without a host
     # sync, and the module's torch global (bincount taken without a host read inside a capture); the forward's body
     # is fingerprinted, so a release that changes it shows in the check

@@ -57,6 +57,7 @@ NAMES: dict[str, str] = {
     "get_for_device": f"{_X}.util.tensor",
     # recurrent layers in the captured step (the seam's model view)
     "GatedDeltaNet": f"{_MOD}.gated_delta_net",
+    "Mamba2": f"{_MOD}.mamba2",
     "MAX_BSZ": f"{_MOD}.attention_fn.bc_attn",
     # MoE layers in the captured step (the seam's model view, fast/seam/moe.py)
     "MAX_BSZN": f"{_MOD}.block_sparse_mlp",

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+from .mamba import mamba_stands_aside, own_rows
 from .moe import MoeLayer, moe_layer, sync_free_bincount
 from .moe import why_eager as moe_why_eager
 from .rings import Rings, rings_stand_aside
@@ -164,8 +165,10 @@ class ModelView:
         self.layers: list[Any] = []
         self.device: Any = None
         self.recurrent: list[str] = []
-        """The captured kinds of recurrent layer the model has (Gated DeltaNet): their state lives in the cache's
-        pools, addressed by per-row slot tensors that a captured step reads from static buffers."""
+        """The captured kinds of recurrent layer the model has (Gated DeltaNet, Mamba-2): their state lives in the
+        cache's pools, addressed by per-row slot tensors that a captured step reads from static buffers."""
+        self.mamba: list[Any] = []
+        """The model's Mamba-2 layers (:mod:`.mamba`: captured as Gated DeltaNet's are)."""
         self.moe: list[MoeLayer] = []
         """The model's MoE layers (``BlockSparseMLP``): captured at the row counts their forward serves without a host
         sync (:mod:`.moe`); a step of other rows runs eagerly."""
@@ -180,7 +183,7 @@ class ModelView:
     def release(self) -> None:
         """Drop every reference to the model (it is about to unload)."""
         self.model = self.embedding = self.device = self.rings = None
-        self.layers = []
+        self.layers, self.mamba = [], []
         self.why_not = self.why_not or "closed"
 
     def _stands_aside(self) -> str | None:
@@ -195,6 +198,7 @@ class ModelView:
                 GatedMLP,
                 LayerNorm,
                 Linear,
+                Mamba2,
                 RMSNorm,
                 SlidingAttention,
                 TransformerBlock,
@@ -219,9 +223,15 @@ class ModelView:
                 if getattr(module, "attn_hc", None) or getattr(module, "mlp_hc", None):
                     return "hyper-connections"
                 attn, mlp = module.attn, module.mlp
-                # Gated DeltaNet proven on the GPU (2026-12-07); Mamba-2 reads its slots the same way, unproven yet
+                # Gated DeltaNet proven on the GPU (2026-12-07); Mamba-2 keeps its state in the same pools (.mamba)
                 if self.capture_recurrent and type(attn) is GatedDeltaNet and not getattr(attn, "kda", False):
                     self.recurrent.append(type(attn).__name__)
+                elif self.capture_recurrent and type(attn) is Mamba2:
+                    why = mamba_stands_aside(attn)
+                    if why is not None:
+                        return why
+                    self.recurrent.append(type(attn).__name__)
+                    self.mamba.append(attn)
                 elif self.capture_recurrent and type(attn) is SlidingAttention:
                     rings.append((attn, instance))
                 elif attn is not None and (
@@ -272,15 +282,18 @@ class ModelView:
     def own_recurrent_rows(self) -> int:
         """Up to how many rows exllamav3 runs a recurrent layer's decode step its own graphed way (0: no such layer).
 
-        ``BC_GatedDeltaNetSplit`` and Mamba-2's, up to ``bc_attn.MAX_BSZ`` rows: the first call of a shape runs
-        eagerly and the next captures a graph of its own, which synchronizes the device (inside our capture that
-        fails), and its kernels are not the torch path's. Above it exllamav3 takes the torch path, which our capture
-        records kernel for kernel.
+        ``BC_GatedDeltaNetSplit`` and ``BC_Mamba2`` (EXL3 projections), up to ``bc_attn.MAX_BSZ`` rows: the first
+        call of a shape runs eagerly and the next captures a graph of its own, which synchronizes the device (inside
+        our capture that fails), and its kernels are not the torch path's. Above it exllamav3 takes the torch path,
+        which our capture records kernel for kernel. A Mamba-2 model without ``BC_Mamba2`` (fp16 / bf16 weights) takes
+        the torch path at every row count (:func:`.mamba.own_rows`).
         """
         if not self.recurrent:
             return 0
         from ...upstream import MAX_BSZ
 
+        if len(self.mamba) == len(self.recurrent):  # (a model's recurrent layers are of one kind)
+            return own_rows(self.mamba, int(MAX_BSZ))
         return int(MAX_BSZ)
 
     def slot_tensors(self, params: dict[str, Any]) -> tuple[Any, Any]:
