@@ -107,7 +107,7 @@ from moe_models import qwen3_moe_exl3; print("fixture:", *qwen3_moe_exl3())' 2>&
       | tee "$OUT/gpu_tests_moe.txt" | grep -E "PASSED|FAILED|ERROR|passed|failed|^moe|^qwen3|Error" | cut -c1-600
     # 3. ~90 s: the speed row, raw exllamav3 vs decode="fast" at 1/16/64 jobs, interleaved -> gpu_fast_decode.json
     timeout -k 10 "${BENCH_S:-150}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench --models moe \
-      --reps "${REPS:-3}" --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row 2>&1 \
+      --reps "${REPS:-5}" --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row 2>&1 \
       | tee "$OUT/gpu_fast_decode_moe.txt" | grep -E "ratio|rror" | cut -c1-300 ;;
   swa)
     # 1. ~150 s once a machine: build GPT-OSS (bf16, on the GPU) and convert it (exllamav3's converter, 4-bit), build
@@ -126,7 +126,7 @@ for name, build in sorted(FIXTURES.items()):
     #    GPT-OSS's MoE layers keep its steps of more than 8 rows eager: RING_MODELS=rings for its row), interleaved
     timeout -k 10 "${BENCH_S:-150}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench \
       --models "${RING_MODELS:-rings-gemma4}" \
-      --reps "${REPS:-3}" --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row 2>&1 \
+      --reps "${REPS:-5}" --new 48 --no-sampler-alone --no-ahead-row --no-deterministic-row 2>&1 \
       | tee "$OUT/gpu_fast_decode_swa.txt" | grep -E "ratio|rror" | cut -c1-300 ;;
   mamba)
     # 1. <= 150 s once a machine: build the Nemotron-H shape (bf16, on the GPU; ~30 s), then convert it (exllamav3's
@@ -148,7 +148,7 @@ for name in ("nemotron_h_bf16", "nemotron_h_exl3"):
     # 3. <= 150 s: the speed row, raw exllamav3 vs decode="fast" at 1/16/64 jobs on the bf16 fixture (every row count
     #    captured; MAMBA_MODELS=mamba-exl3 for the EXL3 one, captured above 8 rows), interleaved -> gpu_fast_decode.json
     [ -n "$BUILT" ] && timeout -k 10 "${BENCH_S:-150}" python3 benchmarks/gpu_fast_decode.py --out "$OUT" --sections bench \
-      --models "${MAMBA_MODELS:-mamba}" --reps "${REPS:-3}" --new 48 --no-sampler-alone --no-ahead-row \
+      --models "${MAMBA_MODELS:-mamba}" --reps "${REPS:-5}" --new 48 --no-sampler-alone --no-ahead-row \
       --no-deterministic-row 2>&1 | tee "$OUT/gpu_fast_decode_mamba.txt" | grep -E "ratio|rror" | cut -c1-300 ;;
   mtp)
     shift || true
