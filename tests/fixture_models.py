@@ -405,3 +405,34 @@ def _write_tiny_smollm2(out: Path, demo_dir: Path, seed: int) -> None:
     LlamaForCausalLM(LlamaConfig(**config)).save_pretrained(out, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(demo_dir / name, out / name)
+
+
+def converted_once(src: Path, out: Path, took: dict[str, float]) -> Path:
+    """``src`` converted to 4-bit EXL3 into ``out`` by exllamav3's own converter, once (``out/.complete`` says it was
+    done); the seconds it took this call in ``took["convert_s"]``."""
+    if not (out / ".complete").exists():
+        took["convert_s"] = round(convert_exl3(src, out, bits=4, timeout=300), 1)
+        (out / ".complete").write_text("1")
+    return out
+
+
+def arch_exl3(arch: Any, src: Path, out: Path, seed: int) -> tuple[Path, dict[str, float]]:
+    """An architecture's random-weight checkpoint (tests/arch_models.py, its GPU size), built on the GPU in bf16 with
+    the config keys exllamav3 reads (as the runtime adds them) into ``src``, then converted to 4-bit EXL3 into ``out``,
+    each once; and the seconds each part took this call."""
+    import time
+
+    from arch_models import make_arch
+
+    from exllama_integrations.backends.exllamav3 import patches
+
+    took: dict[str, float] = {}
+    if not (src / ".complete").exists():
+        t0 = time.perf_counter()
+        make_arch(arch, src, size="gpu", seed=seed, device="cuda")
+        config = json.loads((src / "config.json").read_text())
+        config.update(patches.config_overrides(config))
+        (src / "config.json").write_text(json.dumps(config, indent=1))
+        (src / ".complete").write_text("1")
+        took["build_s"] = round(time.perf_counter() - t0, 1)
+    return converted_once(src, out, took), took

@@ -165,3 +165,21 @@ def decode_step(rows: int = 16, **extra: Any) -> tuple[Any, dict[str, Any]]:
         **extra,
     }
     return torch.ones((rows, 1), dtype=torch.long), params
+
+
+@contextlib.contextmanager
+def plain_and_fast(name: str, fixtures: dict[str, Any], cache_size: int) -> Any:
+    """A GPU fixture checkpoint (``fixtures[name]()`` builds it once; the tests skip, saying why, where it cannot be)
+    loaded twice: under exllamav3's own loop, and under ``decode="fast"`` (the default). Yields (name, plain, fast)."""
+    import pytest
+
+    from exllama_integrations import ExLlamaRuntime
+
+    try:
+        path, took = fixtures[name]()
+    except Exception as e:  # noqa: BLE001 - the other fixtures' tests still run; the reason is printed
+        pytest.skip(f"{name}: the fixture was not built ({type(e).__name__}: {str(e)[:300]})")
+    print(f"{name} fixture: {path} {took}")
+    with ExLlamaRuntime(path, "exllamav3", cache_size=cache_size, decode="exllamav3") as plain:
+        with ExLlamaRuntime(path, "exllamav3", cache_size=cache_size) as fast:
+            yield name, plain, fast

@@ -25,7 +25,7 @@ from pathlib import Path
 from arch_families import ARCHS_2026
 from arch_models import make_arch
 
-from fixture_models import convert_exl3
+from fixture_models import converted_once
 
 M, A, P = "linear_attention", "full_attention", "mlp"
 LAYERS = [M, P, M, P, M, A, P, M, P, M, P, M, A, P, M, P]
@@ -98,10 +98,7 @@ def nemotron_h_exl3(root: Path = Path("/tmp/models"), seed: int = 23) -> tuple[P
     """The same, converted to 4-bit EXL3 by exllamav3's own converter (once under ``root``), and the seconds taken."""
     src, took = nemotron_h_bf16(root, seed)
     out = root / "nemotronh-mamba-exl3"
-    if not (out / ".complete").exists():
-        took["convert_s"] = round(convert_exl3(src, out, bits=4, timeout=300), 1)
-        (out / ".complete").write_text("1")
-    return out, took
+    return converted_once(src, out, took), took
 
 
 FIXTURES = {"nemotron_h_bf16": nemotron_h_bf16, "nemotron_h_exl3": nemotron_h_exl3}

@@ -11,13 +11,11 @@ the conversion about a minute on an H100).
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
 from pathlib import Path
 
-from arch_models import ARCHS, make_arch
+from arch_models import ARCHS
 
-from fixture_models import convert_exl3
+from fixture_models import arch_exl3
 
 QWEN3_MOE = dataclasses.replace(
     ARCHS["qwen3_moe"],
@@ -40,22 +38,7 @@ TOP_K = 8
 
 def qwen3_moe_exl3(root: Path = Path("/tmp/models"), seed: int = 11) -> tuple[Path, dict[str, float]]:
     """The EXL3 checkpoint (built and converted once under ``root``), and the seconds each part took this call."""
-    from exllama_integrations.backends.exllamav3 import patches
-
-    src, out = root / "qwen3moe-bf16", root / "qwen3moe-exl3"
-    took: dict[str, float] = {}
-    if not (src / ".complete").exists():
-        t0 = time.perf_counter()
-        make_arch(QWEN3_MOE, src, size="gpu", seed=seed, device="cuda")
-        config = json.loads((src / "config.json").read_text())  # the keys exllamav3 reads (as the runtime adds them)
-        config.update(patches.config_overrides(config))
-        (src / "config.json").write_text(json.dumps(config, indent=1))
-        (src / ".complete").write_text("1")
-        took["build_s"] = round(time.perf_counter() - t0, 1)
-    if not (out / ".complete").exists():
-        took["convert_s"] = round(convert_exl3(src, out, bits=4, timeout=300), 1)
-        (out / ".complete").write_text("1")
-    return out, took
+    return arch_exl3(QWEN3_MOE, root / "qwen3moe-bf16", root / "qwen3moe-exl3", seed)
 
 
 __all__ = ["QWEN3_MOE", "TOP_K", "qwen3_moe_exl3"]

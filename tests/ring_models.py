@@ -18,13 +18,12 @@ rounded to pages): a row crosses its end, and its ring moves a page down, at pos
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
-from arch_models import ARCHS, make_arch
+from arch_models import ARCHS
 
-from fixture_models import convert_exl3
+from fixture_models import arch_exl3
 
 RING_TOKENS = 768
 """Tokens in a ring of these fixtures (window 128: ``kv_state_size`` = 127 + 512 rounded up to 256-token pages)."""
@@ -46,22 +45,7 @@ GEMMA4_GPU = {
 
 def gpt_oss_exl3(root: Path = Path("/tmp/models"), seed: int = 13) -> tuple[Path, dict[str, float]]:
     """The GPT-OSS EXL3 checkpoint (built and converted once under ``root``), and the seconds each part took."""
-    from exllama_integrations.backends.exllamav3 import patches
-
-    src, out = root / "gptoss-rings-bf16", root / "gptoss-rings-exl3"
-    took: dict[str, float] = {}
-    if not (src / ".complete").exists():
-        t0 = time.perf_counter()
-        make_arch(ARCHS["gpt_oss"], src, size="gpu", seed=seed, device="cuda")
-        config = json.loads((src / "config.json").read_text())  # the keys exllamav3 reads (as the runtime adds them)
-        config.update(patches.config_overrides(config))
-        (src / "config.json").write_text(json.dumps(config, indent=1))
-        (src / ".complete").write_text("1")
-        took["build_s"] = round(time.perf_counter() - t0, 1)
-    if not (out / ".complete").exists():
-        took["convert_s"] = round(convert_exl3(src, out, bits=4, timeout=300), 1)
-        (out / ".complete").write_text("1")
-    return out, took
+    return arch_exl3(ARCHS["gpt_oss"], root / "gptoss-rings-bf16", root / "gptoss-rings-exl3", seed)
 
 
 def gemma4_bf16(root: Path = Path("/tmp/models"), seed: int = 17) -> tuple[Path, dict[str, float]]:

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from mamba_models import FIXTURES
 
+from helpers import plain_and_fast
+
 pytestmark = pytest.mark.gpu
 NEW = 32
 WORDS = "the sea and its tides its fish its ships a harbour at dawn the wind in the sails".split()
@@ -28,17 +30,8 @@ CHOSEN = [n for n in os.environ.get("MAMBA_FIXTURES", ",".join(sorted(FIXTURES))
 
 @pytest.fixture(scope="module", params=CHOSEN)
 def runtimes(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any, Any]]:
-    from exllama_integrations import ExLlamaRuntime
-
-    try:
-        path, took = FIXTURES[request.param]()
-    except Exception as e:  # noqa: BLE001 - the other fixture's tests still run; the reason is printed
-        pytest.skip(f"{request.param}: the fixture was not built ({type(e).__name__}: {str(e)[:300]})")
-    print(f"{request.param} fixture: {path} {took}")
-    cache = 32768  # 64 jobs x ~300 tokens
-    with ExLlamaRuntime(path, "exllamav3", cache_size=cache, decode="exllamav3") as plain:
-        with ExLlamaRuntime(path, "exllamav3", cache_size=cache) as fast:  # the default: decode="fast"
-            yield request.param, plain, fast
+    with plain_and_fast(request.param, FIXTURES, cache_size=32768) as loaded:  # 64 jobs x ~300 tokens
+        yield loaded
 
 
 def prompts(n: int) -> list[str]:

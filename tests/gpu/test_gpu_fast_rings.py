@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from ring_models import FIXTURES, RING_TOKENS
 
+from helpers import plain_and_fast
+
 pytestmark = pytest.mark.gpu
 NEW = 40
 WORDS = "the sea and its tides its fish its ships a harbour at dawn the wind in the sails".split()
@@ -27,17 +29,8 @@ WORDS = "the sea and its tides its fish its ships a harbour at dawn the wind in 
 
 @pytest.fixture(scope="module", params=sorted(FIXTURES))
 def runtimes(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any, Any]]:
-    from exllama_integrations import ExLlamaRuntime
-
-    try:
-        path, took = FIXTURES[request.param]()
-    except Exception as e:  # noqa: BLE001 - the other fixture's tests still run; the reason is printed
-        pytest.skip(f"{request.param}: the fixture was not built ({type(e).__name__}: {str(e)[:300]})")
-    print(f"{request.param} fixture: {path} {took}")
-    cache = 65536  # 64 jobs x ~820 tokens
-    with ExLlamaRuntime(path, "exllamav3", cache_size=cache, decode="exllamav3") as plain:
-        with ExLlamaRuntime(path, "exllamav3", cache_size=cache) as fast:  # the default: decode="fast"
-            yield request.param, plain, fast
+    with plain_and_fast(request.param, FIXTURES, cache_size=65536) as loaded:  # 64 jobs x ~820 tokens
+        yield loaded
 
 
 def prompts(rt: Any, n: int) -> list[str]:

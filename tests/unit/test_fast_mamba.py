@@ -24,23 +24,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fake_kinds import Kind, fake_model, install  # noqa: E402
+
 from exllama_integrations.backends.exllamav3 import upstream  # noqa: E402
 from exllama_integrations.backends.exllamav3.fast import graphs as graphs_module  # noqa: E402
 from exllama_integrations.backends.exllamav3.fast.graphs import DecodeGraphs  # noqa: E402
 
 from helpers import decode_step  # noqa: E402
-
-
-class Kind:
-    """A fake exllamav3 module kind (the view compares ``type(module)`` to the boundary's names)."""
-
-    def __init__(self, **attrs: Any) -> None:
-        self.device = "cuda:0"
-        self.modules: list[Any] = []
-        self.__dict__.update(attrs)
-
-    def prepare_for_device(self, x: Any, params: dict[str, Any]) -> Any:
-        return x
 
 
 class Embedding(Kind):
@@ -67,19 +57,10 @@ class RMSNorm(Kind):
         return x @ self.head
 
 
-class Other(Kind): ...
-
-
 @pytest.fixture
 def kinds(monkeypatch: pytest.MonkeyPatch) -> None:
     """The boundary hands the fakes out as exllamav3's module kinds."""
-    for name, kind in [("Embedding", Embedding), ("TransformerBlock", TransformerBlock), ("Attention", Attention),
-                       ("Mamba2", Mamba2), ("GatedDeltaNet", GatedDeltaNet), ("RMSNorm", RMSNorm),
-                       ("SlidingAttention", Other), ("GatedMLP", Other), ("MLP", Other), ("BlockSparseMLP", Other),
-                       ("LayerNorm", Other), ("Linear", Other)]:  # fmt: skip
-        monkeypatch.setitem(vars(upstream), name, kind)  # (a module attribute comes before its __getattr__)
-    monkeypatch.setitem(vars(upstream), "MAX_BSZ", 8)
-    monkeypatch.setitem(vars(upstream), "MAX_BSZN", 8)
+    install(monkeypatch, Embedding, TransformerBlock, Attention, Mamba2, GatedDeltaNet, RMSNorm)
 
 
 def mamba(idx: int, heads: int = 8, bc: Any = None, **over: Any) -> Mamba2:
@@ -91,15 +72,7 @@ def mamba(idx: int, heads: int = 8, bc: Any = None, **over: Any) -> Mamba2:
 def model(*attns: Any) -> Any:
     blocks = [(TransformerBlock(attn=a, mlp=None, attn_hc=None, mlp_hc=None), i + 1, None)
               for i, a in enumerate(attns)]  # fmt: skip
-    return SimpleNamespace(
-        loaded_tp=False,
-        caps={},
-        _get_prefetch_layers=[],
-        config=SimpleNamespace(moe_cpu_hosts=None),
-        fwd_modules=[(Embedding(), 0, None), *blocks, (RMSNorm(), 99, None)],
-        modules=[],
-        prepare_inputs=lambda ids, params: ids,
-    )
+    return fake_model(Embedding(), blocks, RMSNorm())
 
 
 def nemotron_h_like(bc: Any = None) -> Any:

@@ -16,6 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fake_kinds import Kind, fake_model, install  # noqa: E402
+
 from exllama_integrations.backends.exllamav3 import upstream  # noqa: E402
 from exllama_integrations.backends.exllamav3.fast.graphs import DecodeGraphs  # noqa: E402
 from exllama_integrations.backends.exllamav3.fast.seam.moe import (  # noqa: E402
@@ -28,15 +30,6 @@ from exllama_integrations.backends.exllamav3.fast.seam.moe import (  # noqa: E40
 )
 
 from helpers import decode_step  # noqa: E402
-
-
-class Kind:
-    """A fake exllamav3 module kind (the view compares ``type(module)`` to the boundary's names)."""
-
-    def __init__(self, **attrs: Any) -> None:
-        self.device = "cuda:0"
-        self.modules: list[Any] = []
-        self.__dict__.update(attrs)
 
 
 class Embedding(Kind): ...
@@ -52,9 +45,6 @@ class BlockSparseMLP(Kind): ...
 
 
 class RMSNorm(Kind): ...
-
-
-class Other(Kind): ...
 
 
 def experts(**over: Any) -> BlockSparseMLP:
@@ -82,26 +72,13 @@ def experts(**over: Any) -> BlockSparseMLP:
 def model(*mlps: Any) -> Any:
     blocks = [(TransformerBlock(attn=Attention(qsa_indexer=None), mlp=m, attn_hc=None, mlp_hc=None), i, None)
               for i, m in enumerate(mlps)]  # fmt: skip
-    return SimpleNamespace(
-        loaded_tp=False,
-        caps={},
-        _get_prefetch_layers=[],
-        config=SimpleNamespace(moe_cpu_hosts=None),
-        fwd_modules=[(Embedding(), 0, None), *blocks, (RMSNorm(), 99, None)],
-        modules=[],
-        prepare_inputs=lambda ids, params: ids,
-    )
+    return fake_model(Embedding(), blocks, RMSNorm())
 
 
 @pytest.fixture
 def kinds(monkeypatch: pytest.MonkeyPatch) -> None:
     """The boundary hands the fakes out as exllamav3's module kinds."""
-    for name, kind in [("Embedding", Embedding), ("TransformerBlock", TransformerBlock), ("Attention", Attention),
-                       ("BlockSparseMLP", BlockSparseMLP), ("RMSNorm", RMSNorm), ("MLP", Other), ("GatedMLP", Other),
-                       ("GatedDeltaNet", Other), ("Mamba2", Other), ("SlidingAttention", Other), ("LayerNorm", Other),
-                       ("Linear", Other)]:  # fmt: skip
-        monkeypatch.setitem(vars(upstream), name, kind)  # (a module attribute comes before its __getattr__)
-    monkeypatch.setitem(vars(upstream), "MAX_BSZN", 8)
+    install(monkeypatch, Embedding, TransformerBlock, Attention, BlockSparseMLP, RMSNorm)
 
 
 step = decode_step

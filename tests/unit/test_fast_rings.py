@@ -22,6 +22,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fake_kinds import Kind, fake_model, install  # noqa: E402
+
 from exllama_integrations.backends.exllamav3 import upstream  # noqa: E402
 from exllama_integrations.backends.exllamav3.fast.graphs import DecodeGraphs  # noqa: E402
 from exllama_integrations.backends.exllamav3.fast.seam.pins import pins_stand_aside  # noqa: E402
@@ -30,15 +32,6 @@ from exllama_integrations.backends.exllamav3.fast.seam.rings import Rings  # noq
 from helpers import decode_step  # noqa: E402
 
 PAGE = 256
-
-
-class Kind:
-    """A fake exllamav3 module kind (the view compares ``type(module)`` to the boundary's names)."""
-
-    def __init__(self, **attrs: Any) -> None:
-        self.device = "cuda:0"
-        self.modules: list[Any] = []
-        self.__dict__.update(attrs)
 
 
 class Embedding(Kind): ...
@@ -62,19 +55,10 @@ class GatedMLP(Kind): ...
 class RMSNorm(Kind): ...
 
 
-class Other(Kind): ...
-
-
 @pytest.fixture
 def kinds(monkeypatch: pytest.MonkeyPatch) -> None:
     """The boundary hands the fakes out as exllamav3's module kinds."""
-    for name, kind in [("Embedding", Embedding), ("TransformerBlock", TransformerBlock), ("Attention", Attention),
-                       ("SlidingAttention", SlidingAttention), ("GatedDeltaNet", GatedDeltaNet), ("Mamba2", Other),
-                       ("GatedMLP", GatedMLP), ("RMSNorm", RMSNorm), ("MLP", Other), ("BlockSparseMLP", Other),
-                       ("LayerNorm", Other), ("Linear", Other)]:  # fmt: skip
-        monkeypatch.setitem(vars(upstream), name, kind)  # (a module attribute comes before its __getattr__)
-    monkeypatch.setitem(vars(upstream), "MAX_BSZ", 8)
-    monkeypatch.setitem(vars(upstream), "MAX_BSZN", 8)
+    install(monkeypatch, Embedding, TransformerBlock, Attention, SlidingAttention, GatedDeltaNet, GatedMLP, RMSNorm)
 
 
 def ring(idx: int, window: int = 127, size: int = 768, **over: Any) -> SlidingAttention:
@@ -86,15 +70,7 @@ def ring(idx: int, window: int = 127, size: int = 768, **over: Any) -> SlidingAt
 def model(*attns: Any) -> Any:
     blocks = [(TransformerBlock(attn=a, mlp=GatedMLP(), attn_hc=None, mlp_hc=None), i + 1, None)
               for i, a in enumerate(attns)]  # fmt: skip
-    return SimpleNamespace(
-        loaded_tp=False,
-        caps={},
-        _get_prefetch_layers=[],
-        config=SimpleNamespace(moe_cpu_hosts=None),
-        fwd_modules=[(Embedding(), 0, None), *blocks, (RMSNorm(), 99, None)],
-        modules=[],
-        prepare_inputs=lambda ids, params: ids,
-    )
+    return fake_model(Embedding(), blocks, RMSNorm())
 
 
 def gemma4_like() -> Any:
