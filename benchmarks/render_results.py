@@ -270,15 +270,15 @@ FAST_DECODE = {
     "tests/gpu/run_on_device.sh speed`); up to 8 rows the step is left to exllamav3's own per-layer graphs",
     "gpu_fast_decode_rings_run1_h100.json": "rings run 1 (2026-12-07, H100 80GB HBM3): the captured step over "
     "sliding-window rings on a Gemma 4-shaped bf16 fixture (tests/ring_models.py: hidden 1024, five local layers of "
-    "window 128 to one global, random weights), raw exllamav3 vs `decode=\"fast\"` at 1, 16 and 64 jobs, 48 new "
+    'window 128 to one global, random weights), raw exllamav3 vs `decode="fast"` at 1, 16 and 64 jobs, 48 new '
     "tokens, 3 interleaved repetitions (`bash tests/gpu/run_on_device.sh swa`, before the mode's default became 5)",
     "gpu_fast_decode_mamba_run1_h100.json": "Mamba run 1 (2026-12-07, H100 80GB HBM3): the captured step over Mamba-2 "
     "layers on a Nemotron-H-shaped bf16 fixture (tests/mamba_models.py: hidden 1024, 16 layers, 7 Mamba-2 mixers, "
-    "random weights), every row count captured, raw exllamav3 vs `decode=\"fast\"` at 1, 16 and 64 jobs, 48 new "
+    'random weights), every row count captured, raw exllamav3 vs `decode="fast"` at 1, 16 and 64 jobs, 48 new '
     "tokens, 3 interleaved repetitions (`bash tests/gpu/run_on_device.sh mamba`, before the mode's default became 5)",
     "gpu_fast_decode_moe_run1_h100.json": "MoE run 1 (2026-12-07, H100 80GB HBM3): the captured step over MoE layers "
     "on a Qwen3-MoE-shaped 4-bit EXL3 fixture (tests/moe_models.py: hidden 1024, 6 layers, 32 experts of width 256, "
-    "top-8, random weights), captured at 1-32 rows and eager at 33-64, raw exllamav3 vs `decode=\"fast\"` at 1, 16 "
+    'top-8, random weights), captured at 1-32 rows and eager at 33-64, raw exllamav3 vs `decode="fast"` at 1, 16 '
     "and 64 jobs, 48 new tokens, 5 interleaved repetitions (`bash tests/gpu/run_on_device.sh moe`)",
     "gpu_fast_decode_run14_batched_prefill.json": "run 14 (2026-12-04, evening), batched prefill (`--sections "
     "prefill --models exl3 --reps 5 --new 128`): the first step of 64 jobs interleaved with exllamav3's job-by-job "
