@@ -136,6 +136,10 @@ SPECULATIVE = {
     "pending` at 2b534c9: `--levels perfect,mix --jobs 16,64 --reps 5 --new 64 --no-stream --no-raw-batch`): the "
     "drafter parked on the steps the rule drafts nothing on (373 parked, 1 catch-up, 5 drafting at 16 jobs): 1.031x "
     "[0.938..1.117] of the runtime without a drafter; the call's device time ended before the mix and 64-job rows",
+    "gpu_mtp_run5_h100.json": "MTP drafting, run 5 (2026-12-07, H100; `bash tests/gpu/run_on_device.sh pending` at "
+    "f434b02, the same options as run 4): the drafter parked, 'perfect' and 'mix' at 16 and 64 jobs, 5 interleaved "
+    "repetitions; mix at 16 jobs 0.921 [0.826..1.016] of the runtime without a drafter, under the >= 1.0 target; the "
+    "rule's exploring share was above its 1% cap in most buckets (the notes' `exploring_share`)",
 }
 
 VISION = {
@@ -264,6 +268,18 @@ FAST_DECODE = {
     "gpu_fast_decode_run17_hybrid_h100.json": "run 17 (2026-12-07, session 8, H100 80GB HBM3): the same ~1.5B "
     "Qwen3.5-shaped bf16 hybrid at 1, 16 and 64 jobs, 48 new tokens, 5 interleaved repetitions (`bash "
     "tests/gpu/run_on_device.sh speed`); up to 8 rows the step is left to exllamav3's own per-layer graphs",
+    "gpu_fast_decode_rings_run1_h100.json": "rings run 1 (2026-12-07, H100 80GB HBM3): the captured step over "
+    "sliding-window rings on a Gemma 4-shaped bf16 fixture (tests/ring_models.py: hidden 1024, five local layers of "
+    'window 128 to one global, random weights), raw exllamav3 vs `decode="fast"` at 1, 16 and 64 jobs, 48 new '
+    "tokens, 3 interleaved repetitions (`bash tests/gpu/run_on_device.sh swa`, before the mode's default became 5)",
+    "gpu_fast_decode_mamba_run1_h100.json": "Mamba run 1 (2026-12-07, H100 80GB HBM3): the captured step over Mamba-2 "
+    "layers on a Nemotron-H-shaped bf16 fixture (tests/mamba_models.py: hidden 1024, 16 layers, 7 Mamba-2 mixers, "
+    'random weights), every row count captured, raw exllamav3 vs `decode="fast"` at 1, 16 and 64 jobs, 48 new '
+    "tokens, 3 interleaved repetitions (`bash tests/gpu/run_on_device.sh mamba`, before the mode's default became 5)",
+    "gpu_fast_decode_moe_run1_h100.json": "MoE run 1 (2026-12-07, H100 80GB HBM3): the captured step over MoE layers "
+    "on a Qwen3-MoE-shaped 4-bit EXL3 fixture (tests/moe_models.py: hidden 1024, 6 layers, 32 experts of width 256, "
+    'top-8, random weights), captured at 1-32 rows and eager at 33-64, raw exllamav3 vs `decode="fast"` at 1, 16 '
+    "and 64 jobs, 48 new tokens, 5 interleaved repetitions (`bash tests/gpu/run_on_device.sh moe`)",
     "gpu_fast_decode_run14_batched_prefill.json": "run 14 (2026-12-04, evening), batched prefill (`--sections "
     "prefill --models exl3 --reps 5 --new 128`): the first step of 64 jobs interleaved with exllamav3's job-by-job "
     "prefill (0.173 of it) and with reconstruct forced, the kernel tables, and greedy tokens against exllamav3's own "

@@ -1,5 +1,5 @@
 """docs/decisions.md's numbers are the committed benchmarks: each median [min..max] in "## The numbers" is a summary
-of benchmarks/results/cpu_decisions.json or gpu_decisions_run1_h100.json, and the ratios its prose quotes are what
+of benchmarks/results/cpu_decisions.json or gpu_decisions_run{1,2}_h100.json, and the ratios its prose quotes are what
 the rows say."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM = r"\d+(?:\.\d+)?"
+GPU_RUNS = ("cpu_decisions.json", "gpu_decisions_run1_h100.json", "gpu_decisions_run2_h100.json")
 TRIPLE = re.compile(rf"({NUM})(?: s)? \[({NUM})\.\.({NUM})\]")
 
 
@@ -27,14 +28,14 @@ def _section() -> str:
 
 def test_every_quoted_median_min_max_is_a_committed_summary() -> None:
     summaries = []
-    for name in ("cpu_decisions.json", "gpu_decisions_run1_h100.json"):
+    for name in GPU_RUNS:
         data = json.loads((ROOT / "benchmarks" / "results" / name).read_text())
         summaries += [
             *(v["seconds"] for rows in data["rows"].values() for v in rows.values()),
             *(v["seconds"] for pairs in data["ratios"].values() for v in pairs.values()),
         ]
     quoted = TRIPLE.findall(_section())
-    assert len(quoted) == 16  # the CPU's and the GPU's two rows: three paths' seconds and the JSON / decision ratio
+    assert len(quoted) == 24  # the CPU's and the GPU runs' two rows: three paths' seconds and the JSON / decision ratio
     for median, lo, hi in quoted:
         assert any(_same(median, s["median"]) and _same(lo, s["min"]) and _same(hi, s["max"]) for s in summaries), (
             f"{median} [{lo}..{hi}] is no committed result"
@@ -69,9 +70,29 @@ def test_the_gpu_prose_ratios_are_the_rows() -> None:
     assert "Here the decision is the slower path" in text and max(ratios) < 1
 
 
+def test_the_new_paths_gpu_run_is_what_the_prose_says() -> None:
+    """Run 2 measured the path that runs one question in 1 forward and three in 3 (run 1's path took 3 and 5)."""
+    data = json.loads((ROOT / "benchmarks" / "results" / "gpu_decisions_run2_h100.json").read_text())
+    text = _section()
+    forwards = [{r["forwards"] for r in data["runs"][s]["decision"]} for s in ("one_choice", "three_questions")]
+    assert forwards == [{1}, {3}]
+    assert "in 1 and 3\nforwards instead of 3 and 5" in text and "1 and 3 in\nevery round" in text
+    rows = [data["rows"][s] for s in ("one_choice", "three_questions")]
+    floor = [r["one_token_generation"]["seconds"]["median"] for r in rows]
+    over = [r["decision"]["seconds"]["median"] / f for r, f in zip(rows, floor)]
+    json_over = [r["json_generation"]["seconds"]["median"] / f for r, f in zip(rows, floor)]
+    ratios = [data["ratios"][s]["json_generation / decision"]["seconds"]["median"] for s in data["rows"]]
+    assert over[0] < 1 and f"({over[0]:.1f}x the floor by the medians)" in text
+    assert f"{ratios[0]:.2f}x JSON generation,\nwhere JSON pays {json_over[0]:.1f}x the floor" in text
+    assert f"{over[1]:.1f}x the floor against JSON's {json_over[1]:.1f}x, a narrow {ratios[1]:.2f}x" in text
+    assert min(ratios) > 1 and "so the decision is the faster path" in text
+    slowest = max(r["seconds"] for r in data["runs"]["three_questions"]["decision"])
+    assert f"one round of the decision took {slowest:.1f} s" in text
+
+
 def test_the_bound_on_json_over_decision_is_the_committed_rows_json_over_the_floor() -> None:
     bounds = []
-    for name in ("cpu_decisions.json", "gpu_decisions_run1_h100.json"):
+    for name in GPU_RUNS:
         rows = json.loads((ROOT / "benchmarks" / "results" / name).read_text())["rows"]
         bounds += [
             r["json_generation"]["seconds"]["median"] / r["one_token_generation"]["seconds"]["median"]
