@@ -51,14 +51,21 @@ class _Arm:
     steps: int = 0  # measured, the settling ones included
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     rate: float = 0.0  # the median of ``recent`` (kept: the rule reads it several times a step)
+    tokens: int = 0  # what its last counted step gave
 
-    def add(self, rate: float) -> None:
-        self.recent.append(rate)
+    def add(self, tokens: int, seconds: float) -> None:
+        self.recent.append(tokens / seconds)
         self.rate = statistics.median(self.recent)
+        self.tokens = tokens
+
+    def slowest(self) -> float:
+        """The time its slowest recent rate takes for the tokens its last step gave (seconds)."""
+        return self.tokens / min(self.recent)
 
 
 @dataclass
 class _Bucket:
+    key: int
     arms: dict[int, _Arm]
     steps: int = 0
     last: int | None = None
@@ -68,7 +75,12 @@ class _Bucket:
     best: int = 0  # the arm with the highest rate (kept: read every step)
     seconds: float = 0.0  # the bucket's measured time (catch-up steps included)
     spent: float = 0.0  # of it, what exploring cost: time over what the best arm takes for the same tokens
+    measuring: float = 0.0  # what the first measure of a window cost the same way (its catch-up)
     catch_ups: int = 0
+    catch_up: tuple[int, float] | None = None  # the last catch-up's tokens and seconds
+    exploring: int | None = None  # the window of the exploration under way (its catch-up, then its step)
+    episode: float = 0.0  # what the exploration under way cost so far
+    explored_cost: dict[int, float] = field(default_factory=dict)  # what the last exploration of each window cost
 
 
 @dataclass
@@ -88,17 +100,45 @@ class DraftRule:
         with self._lock:
             b = self._bucket(rows)
             b.steps += 1
+            b.exploring = None  # an exploration is its catch-up and its one step: over by the next choice
             choice = self._untried(b)
             if choice is None:
                 best = choice = b.best
                 b.since += 1
-                if b.since > self.explore_every and b.spent <= self.explore_share * b.seconds:
+                if b.since > self.explore_every:
                     near = [k for k in (best - 1, best + 1) if k in b.arms]
-                    choice = near[b.explored % len(near)]  # a neighbour again, so that the choice can move
-                    b.explored += 1
-                    b.since = 0
+                    k = near[b.explored % len(near)]  # a neighbour again, so that the choice can move
+                    # its cost predicted from what it measured, so that the exploration fits in the budget after it
+                    if b.spent + self._predicted(b, k) <= self.explore_share * b.seconds:
+                        choice = b.exploring = k
+                        b.episode = 0.0
+                        b.explored += 1
+                        b.since = 0
             b.last = choice
             return choice
+
+    def _predicted(self, b: _Bucket, k: int) -> float:
+        """What exploring window ``k`` once costs in ``b`` (seconds), predicted from measured steps.
+
+        Its slowest recent step's time over the best arm's time for as many tokens, and, where the best runs parked
+        (window 0, after a catch-up was measured in ``b``), the last catch-up's cost; at least what its last
+        exploration cost (settling steps included). A window ``b`` has not measured takes the nearest smaller
+        bucket's prediction, scaled by the two buckets' best step times; 0 where nothing measured it.
+        """
+        best = b.arms[b.best]
+        if best.rate <= 0:
+            return 0.0
+        arm, cost = b.arms[k], b.explored_cost.get(k, 0.0)
+        if arm.recent:
+            catch = self._lost(b, *b.catch_up) if b.catch_up is not None and b.best == 0 < k else 0.0
+            return max(cost, self._lost(b, arm.tokens, arm.slowest()) + catch)
+        below = [v for key, v in sorted(self._buckets.items()) if key < b.key and v.arms[k].recent]
+        if below and below[-1].arms[below[-1].best].rate > 0:
+            src = below[-1]
+            src_step = src.arms[src.best].tokens / src.arms[src.best].rate
+            if src_step > 0:
+                return max(cost, self._predicted(src, k) * (best.tokens / best.rate) / src_step)
+        return cost
 
     @staticmethod
     def _lost(b: _Bucket, tokens: int, seconds: float) -> float:
@@ -125,32 +165,43 @@ class DraftRule:
         with self._lock:
             b = self._bucket(rows)
             if window != b.best and self._untried(b) is None:  # an exploration: its cost, before its rate
-                b.spent += self._lost(b, tokens, seconds)
+                lost = self._lost(b, tokens, seconds)
+                b.spent += lost
+                if b.exploring == window:
+                    b.explored_cost[window] = b.episode + lost
+                    b.exploring = None
             b.seconds += seconds
             arm = b.arms[window]
             arm.steps += 1
             if arm.steps > self.settle:
-                arm.add(tokens / seconds)
+                arm.add(tokens, seconds)
                 b.best = max((k for k, a in b.arms.items() if a.recent), key=lambda k: b.arms[k].rate)
 
     def caught_up(self, rows: int, tokens: int, seconds: float) -> None:
         """A catch-up step of ``rows`` rows (the drafter back after parked steps, drafting nothing).
 
-        Counted in what exploring costs (its time over the best arm's for its ``tokens``), not in any window's rate.
+        Its time over the best arm's for its ``tokens`` is counted in what exploring costs, or, before a window
+        measured for the first time in the bucket, in what measuring costs; not in any window's rate.
         """
         if seconds <= 0:
             return
         with self._lock:
             b = self._bucket(rows)
-            b.spent += self._lost(b, tokens, seconds)
+            lost = self._lost(b, tokens, seconds)
+            if b.exploring is None and self._untried(b) is not None:
+                b.measuring += lost
+            else:
+                b.spent += lost
+                b.episode += lost
             b.seconds += seconds
             b.catch_ups += 1
+            b.catch_up = (tokens, seconds)
 
     def _bucket(self, rows: int) -> _Bucket:
         key = bucket(rows)
         b = self._buckets.get(key)
         if b is None:
-            b = self._buckets[key] = _Bucket({k: _Arm() for k in range(self.max_window + 1)})
+            b = self._buckets[key] = _Bucket(key, {k: _Arm() for k in range(self.max_window + 1)})
             below = [v for k, v in sorted(self._buckets.items()) if k < key and self._trusted(v, 1)]
             if below:  # the largest smaller bucket that measured one drafted token against none
                 b.drafting_lost_below = below[-1].arms[1].rate < below[-1].arms[0].rate
@@ -173,6 +224,7 @@ class DraftRule:
                     "steps": {k: a.steps for k, a in b.arms.items() if a.steps},
                     "catch_up_steps": b.catch_ups,
                     "exploring_share": round(b.spent / b.seconds, 4) if b.seconds else 0.0,
+                    "measuring_share": round(b.measuring / b.seconds, 4) if b.seconds else 0.0,
                 }
                 for key, b in sorted(self._buckets.items())
             }
