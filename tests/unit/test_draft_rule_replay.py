@@ -96,7 +96,7 @@ def test_run_5_at_64_jobs_explores_within_its_cap_in_every_bucket():
         run.batch16()
     for _ in range(6):
         run.batch64()
-    # before: 32 and 64 rows explored window 1 on their 33rd step, with nothing yet in the budget (share 0.17 at 32
+    # before: 32 and 64 rows explored window 1 on their 33rd step, with nothing yet in the budget (share 0.126 at 32
     # rows right after it), and every bucket ended above the cap
     assert {rows: share <= CAP for rows, share in run.shares.items()} == {1: True, 16: True, 32: True, 64: True}
     assert all(r["window"] == 0 for k, r in run.rule.report().items() if k != "1 rows")
