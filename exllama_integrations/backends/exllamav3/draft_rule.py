@@ -24,11 +24,12 @@ rows):
   :mod:`.mtp_parking`; :meth:`DraftRule.caught_up`) costs the same way. The prediction is the window's slowest
   recent step so costed, plus the bucket's last catch-up where the best runs parked, and at least what its last
   exploration cost; a window the bucket never measured (a bucket that started without drafting) takes the nearest
-  smaller bucket's prediction, scaled by the two buckets' best step times. So the cap holds after every step, not
-  only between explorations: checked without the cost, one exploration overshot it, by all of it on a bucket of a
-  few hundred steps (an H100, MTP run 5: 0.0122-0.0282 at 16-64 rows; ``tests/unit/test_draft_rule_replay.py``
-  replays its step times). A change of acceptance or load still moves the choice (and a window left out above is
-  reached one neighbour at a time).
+  smaller bucket's prediction, scaled by the two buckets' best step times (else the costliest window it measured).
+  So the cap holds after every step, not only between explorations, wherever a step costs no more than predicted
+  (one slower than its window's slowest recent step overshoots by the difference): checked without the cost, one
+  exploration overshot it, by all of it on a bucket of a few hundred steps (an H100, MTP run 5: 0.0122-0.0282 at
+  16-64 rows; ``tests/unit/test_draft_rule_replay.py`` replays its step times). A change of acceptance or load still
+  moves the choice (and a window left out above is reached one neighbour at a time).
 
 Exploring is paced by the measured gap, not stopped: a window whose step costs little over the best is explored
 every ``explore_every`` steps, one that costs much rarely. At 16 rows on that H100 a parked step took 6.8 ms for 16
@@ -145,7 +146,7 @@ class DraftRule:
         Its slowest recent step's time over the best arm's time for as many tokens, and, where the best runs parked
         (window 0, after a catch-up was measured in ``b``), the last catch-up's cost; at least what its last
         exploration cost (settling steps included). A window ``b`` has not measured takes the nearest smaller
-        bucket's prediction, scaled by the two buckets' best step times; 0 where nothing measured it.
+        bucket's prediction, scaled by the two buckets' best step times, or else the costliest window ``b`` measured.
         """
         best = b.arms[b.best]
         if best.rate <= 0:
@@ -160,7 +161,8 @@ class DraftRule:
             src_step = src.arms[src.best].tokens / src.arms[src.best].rate
             if src_step > 0:
                 return max(cost, self._predicted(src, k) * (best.tokens / best.rate) / src_step)
-        return cost
+        measured = [self._predicted(b, j) for j, a in b.arms.items() if a.recent and j != b.best]
+        return max([cost, *measured])
 
     @staticmethod
     def _lost(b: _Bucket, tokens: int, seconds: float) -> float:
