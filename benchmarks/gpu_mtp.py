@@ -323,8 +323,12 @@ def batch_rows(args: Any, rt: Any, rt_plain: Any, loop: RawExLlamaV3, level: str
             after = parking.report()
             steps = {k: after[k] - before.get(k, 0) for k in after}
             note(args.out, f"{bsec}: steps of ours, parked (no drafter) / catch-up / drafting", steps)
-        if rt.diagnostics().get("draft_window") is not None:
-            note(args.out, f"{bsec}: draft windows chosen, ours", rt.diagnostics()["draft_window"].report())
+        rule = rt.diagnostics().get("draft_window")
+        if rule is not None:
+            chosen = rule.report()
+            note(args.out, f"{bsec}: draft windows chosen, ours", chosen)
+            over = {k: r["exploring_share"] for k, r in chosen.items() if r["exploring_share"] > rule.explore_share}
+            note(args.out, f"{bsec}: exploring_share <= {rule.explore_share} in every bucket met", over or True)
         graphs = rt.diagnostics()["fast_decode"].report().get("graphs", {})
         note(
             args.out,

@@ -17,12 +17,34 @@ rows):
 * a new bucket above one where drafting a token already lost (a larger batch, whose step is even more GPU-bound)
   starts without drafting: its drafted windows are left to exploration too;
 * then the best arm runs, and a neighbour of the best runs at most once every ``explore_every`` steps of a bucket,
-  and only while what exploring cost so far is at most ``explore_share`` of the bucket's measured time: a step of
-  another window costs its time less the time the best arm takes for the tokens it gave (a drafted step gives more
-  tokens than a plain one, so its cost is in seconds, not in rates), and an MTP drafter's catch-up step (the first
-  step back after steps it was parked on, :mod:`.mtp_parking`; :meth:`DraftRule.caught_up`) costs the same way; a
-  change of acceptance or load still moves the choice (and a window left out above is reached one neighbour at a
-  time).
+  and only where what exploring cost so far *and what this exploration is predicted to cost* stay within
+  ``explore_share`` of the bucket's measured time. A step of another window costs its time less the time the best
+  arm takes for the tokens it gave (a drafted step gives more tokens than a plain one, so its cost is in seconds,
+  not in rates), and an MTP drafter's catch-up step before it (the first step back after steps it was parked on,
+  :mod:`.mtp_parking`; :meth:`DraftRule.caught_up`) costs the same way. The prediction is the window's slowest
+  recent step so costed, plus the bucket's last catch-up where the best runs parked, and at least what its last
+  exploration cost; a window the bucket never measured (a bucket that started without drafting) takes the nearest
+  smaller bucket's prediction, scaled by the two buckets' best step times (else the costliest window it measured).
+  So the cap holds after every step, not only between explorations, wherever a step costs no more than predicted
+  (one slower than its window's slowest recent step overshoots by the difference): checked without the cost, one
+  exploration overshot it, by all of it on a bucket of a few hundred steps (an H100, MTP run 5: 0.0122-0.0282 at
+  16-64 rows; ``tests/unit/test_draft_rule_replay.py`` replays its step times). A change of acceptance or load still
+  moves the choice (and a window left out above is reached one neighbour at a time).
+
+Exploring is paced by the measured gap, not stopped: a window whose step costs little over the best is explored
+every ``explore_every`` steps, one that costs much rarely. At 16 rows on that H100 a parked step took 6.8 ms for 16
+tokens and a step drafting one token 48 ms for ~27 (its catch-up 11 ms for 16): one exploration costs ~41 ms, about
+6 parked steps, so 1% of the time pays for one every ~600 steps (~4 s of decoding), and at 64 rows (~118 ms an
+exploration, 27 ms a step) one every ~440. Could it stop once window 0 is far ahead? At full acceptance window 1
+gives at most 2 tokens a row, so there it wins only once its step costs under twice a parked one (measured: 7x);
+acceptance cannot close that gap, but the step's costs can (a long context makes the plain step read its cache
+once per token, which a drafted step shares over two; a captured drafted step drops its host cost), and nothing
+else would notice. At most 1% is what noticing costs.
+
+What the rule does not cap, it reports (``report()``): the catch-up before a window's first measure in a bucket
+(``measuring_share``; the window's measuring steps are not counted as exploring either) and a catch-up before the
+best window after steps parked in another bucket (``switching_share``: a batch shrinking into a bucket where
+drafting wins, its tail). Each comes with such an event (a bucket entered after parked steps), not on a schedule.
 
 The measure is what the step cost and gave, acceptance and rows included: nothing is modelled. ``window`` is None for
 a step the rule does not decide (no row decoding). Greedy output does not depend on the window (the target verifies
@@ -51,14 +73,21 @@ class _Arm:
     steps: int = 0  # measured, the settling ones included
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     rate: float = 0.0  # the median of ``recent`` (kept: the rule reads it several times a step)
+    tokens: int = 0  # what its last counted step gave
 
-    def add(self, rate: float) -> None:
-        self.recent.append(rate)
+    def add(self, tokens: int, seconds: float) -> None:
+        self.recent.append(tokens / seconds)
         self.rate = statistics.median(self.recent)
+        self.tokens = tokens
+
+    def slowest(self) -> float:
+        """The time its slowest recent rate takes for the tokens its last step gave (seconds)."""
+        return self.tokens / min(self.recent)
 
 
 @dataclass
 class _Bucket:
+    key: int
     arms: dict[int, _Arm]
     steps: int = 0
     last: int | None = None
@@ -68,7 +97,13 @@ class _Bucket:
     best: int = 0  # the arm with the highest rate (kept: read every step)
     seconds: float = 0.0  # the bucket's measured time (catch-up steps included)
     spent: float = 0.0  # of it, what exploring cost: time over what the best arm takes for the same tokens
+    measuring: float = 0.0  # what the first measure of a window cost the same way (its catch-up)
+    switching: float = 0.0  # what the catch-ups before the best window cost (after parked steps of another bucket)
     catch_ups: int = 0
+    catch_up: tuple[int, float] | None = None  # the last catch-up's tokens and seconds
+    exploring: int | None = None  # the window of the exploration under way (its catch-up, then its step)
+    episode: float = 0.0  # what the exploration under way cost so far
+    explored_cost: dict[int, float] = field(default_factory=dict)  # what the last exploration of each window cost
 
 
 @dataclass
@@ -88,17 +123,46 @@ class DraftRule:
         with self._lock:
             b = self._bucket(rows)
             b.steps += 1
+            b.exploring = None  # an exploration is its catch-up and its one step: over by the next choice
             choice = self._untried(b)
             if choice is None:
                 best = choice = b.best
                 b.since += 1
-                if b.since > self.explore_every and b.spent <= self.explore_share * b.seconds:
+                if b.since > self.explore_every:
                     near = [k for k in (best - 1, best + 1) if k in b.arms]
-                    choice = near[b.explored % len(near)]  # a neighbour again, so that the choice can move
-                    b.explored += 1
-                    b.since = 0
+                    k = near[b.explored % len(near)]  # a neighbour again, so that the choice can move
+                    # its cost predicted from what it measured, so that the exploration fits in the budget after it
+                    if b.spent + self._predicted(b, k) <= self.explore_share * b.seconds:
+                        choice = b.exploring = k
+                        b.episode = 0.0
+                        b.explored += 1
+                        b.since = 0
             b.last = choice
             return choice
+
+    def _predicted(self, b: _Bucket, k: int) -> float:
+        """What exploring window ``k`` once costs in ``b`` (seconds), predicted from measured steps.
+
+        Its slowest recent step's time over the best arm's time for as many tokens, and, where the best runs parked
+        (window 0, after a catch-up was measured in ``b``), the last catch-up's cost; at least what its last
+        exploration cost (settling steps included). A window ``b`` has not measured takes the nearest smaller
+        bucket's prediction, scaled by the two buckets' best step times, or else the costliest window ``b`` measured.
+        """
+        best = b.arms[b.best]
+        if best.rate <= 0:
+            return 0.0
+        arm, cost = b.arms[k], b.explored_cost.get(k, 0.0)
+        if arm.recent:
+            catch = self._lost(b, *b.catch_up) if b.catch_up is not None and b.best == 0 < k else 0.0
+            return max(cost, self._lost(b, arm.tokens, arm.slowest()) + catch)
+        below = [v for key, v in sorted(self._buckets.items()) if key < b.key and v.arms[k].recent]
+        if below and below[-1].arms[below[-1].best].rate > 0:
+            src = below[-1]
+            src_step = src.arms[src.best].tokens / src.arms[src.best].rate
+            if src_step > 0:
+                return max(cost, self._predicted(src, k) * (best.tokens / best.rate) / src_step)
+        measured = [self._predicted(b, j) for j, a in b.arms.items() if a.recent and j != b.best]
+        return max([cost, *measured])
 
     @staticmethod
     def _lost(b: _Bucket, tokens: int, seconds: float) -> float:
@@ -125,32 +189,47 @@ class DraftRule:
         with self._lock:
             b = self._bucket(rows)
             if window != b.best and self._untried(b) is None:  # an exploration: its cost, before its rate
-                b.spent += self._lost(b, tokens, seconds)
+                lost = self._lost(b, tokens, seconds)
+                b.spent += lost
+                if b.exploring == window:
+                    b.explored_cost[window] = b.episode + lost
+                    b.exploring = None
             b.seconds += seconds
             arm = b.arms[window]
             arm.steps += 1
             if arm.steps > self.settle:
-                arm.add(tokens / seconds)
+                arm.add(tokens, seconds)
                 b.best = max((k for k, a in b.arms.items() if a.recent), key=lambda k: b.arms[k].rate)
 
     def caught_up(self, rows: int, tokens: int, seconds: float) -> None:
         """A catch-up step of ``rows`` rows (the drafter back after parked steps, drafting nothing).
 
-        Counted in what exploring costs (its time over the best arm's for its ``tokens``), not in any window's rate.
+        Its time over the best arm's for its ``tokens`` is counted in what exploring costs where an exploration
+        follows it; before a window's first measure in the bucket, in what measuring costs; before the bucket's best
+        window (the drafter back after steps parked in another bucket), in what switching costs; never in a
+        window's rate.
         """
         if seconds <= 0:
             return
         with self._lock:
             b = self._bucket(rows)
-            b.spent += self._lost(b, tokens, seconds)
+            lost = self._lost(b, tokens, seconds)
+            if b.exploring is not None:
+                b.spent += lost
+                b.episode += lost
+            elif self._untried(b) is not None:
+                b.measuring += lost
+            else:  # the best window back after steps parked in another bucket (a batch that shrank, its tail)
+                b.switching += lost
             b.seconds += seconds
             b.catch_ups += 1
+            b.catch_up = (tokens, seconds)
 
     def _bucket(self, rows: int) -> _Bucket:
         key = bucket(rows)
         b = self._buckets.get(key)
         if b is None:
-            b = self._buckets[key] = _Bucket({k: _Arm() for k in range(self.max_window + 1)})
+            b = self._buckets[key] = _Bucket(key, {k: _Arm() for k in range(self.max_window + 1)})
             below = [v for k, v in sorted(self._buckets.items()) if k < key and self._trusted(v, 1)]
             if below:  # the largest smaller bucket that measured one drafted token against none
                 b.drafting_lost_below = below[-1].arms[1].rate < below[-1].arms[0].rate
@@ -163,7 +242,9 @@ class DraftRule:
     def report(self) -> dict[str, Any]:
         """Per batch size bucket: the window chosen last, each window's measured tokens per second and steps.
 
-        And the bucket's catch-up steps, and the share of its measured time exploring cost (catch-ups included).
+        And the bucket's catch-up steps, and the shares of its measured time that exploring (capped at
+        ``explore_share``), the first measures and the switches back from another bucket's parked steps cost,
+        each with its catch-ups.
         """
         with self._lock:
             return {
@@ -173,6 +254,8 @@ class DraftRule:
                     "steps": {k: a.steps for k, a in b.arms.items() if a.steps},
                     "catch_up_steps": b.catch_ups,
                     "exploring_share": round(b.spent / b.seconds, 4) if b.seconds else 0.0,
+                    "measuring_share": round(b.measuring / b.seconds, 4) if b.seconds else 0.0,
+                    "switching_share": round(b.switching / b.seconds, 4) if b.seconds else 0.0,
                 }
                 for key, b in sorted(self._buckets.items())
             }
