@@ -205,21 +205,34 @@ def get_weather(city: str, unit: str = "celsius") -> str:
     return "sunny"
 
 
-@pytest.mark.parametrize("choice", ["any", "add", "get_weather", {"type": "function", "function": {"name": "add"}}])
+def _valid_call(msg: AIMessage) -> dict:
+    """The one tool call of a forced reply, checked: an id, arguments valid for its tool, finish_reason."""
+    assert len(msg.tool_calls) == 1 and not msg.invalid_tool_calls
+    call = msg.tool_calls[0]
+    assert call["id"].startswith("call_")
+    if call["name"] == "add":
+        assert set(call["args"]) == {"a", "b"} and all(isinstance(v, int) for v in call["args"].values())
+    else:
+        assert "city" in call["args"] and isinstance(call["args"]["city"], str)
+    assert msg.response_metadata["finish_reason"] == "tool_calls"
+    return call
+
+
+@pytest.mark.parametrize("choice", ["any", "add", "get_weather"])
 def test_forced_tool_calls_are_always_valid(chat: ChatExLlama, choice):
     bound = chat.bind_tools([add, get_weather], tool_choice=choice)
     for q in ["What is 2 + 3?", "Weather in Paris?", "Tell me a story about ümlauts and 日本."]:
-        msg = bound.invoke(q)
-        assert len(msg.tool_calls) == 1 and not msg.invalid_tool_calls
-        call = msg.tool_calls[0]
-        assert call["id"].startswith("call_")
-        if call["name"] == "add":
-            assert set(call["args"]) == {"a", "b"} and all(isinstance(v, int) for v in call["args"].values())
-        else:
-            assert "city" in call["args"] and isinstance(call["args"]["city"], str)
-        if isinstance(choice, str) and choice not in ("any",):
+        call = _valid_call(bound.invoke(q))
+        if choice != "any":
             assert call["name"] == choice
-        assert msg.response_metadata["finish_reason"] == "tool_calls"
+
+
+def test_a_tool_choice_given_as_a_dict_forces_that_tool(chat: ChatExLlama):
+    """OpenAI's spelling of a named choice forces the tool it names, as the name does: asked for the weather, the
+    model still calls ``add``. The forced grammar it resolves to is the name's, checked on every prompt by
+    test_forced_tool_calls_are_always_valid[add]."""
+    bound = chat.bind_tools([add, get_weather], tool_choice={"type": "function", "function": {"name": "add"}})
+    assert _valid_call(bound.invoke("Weather in Paris?"))["name"] == "add"
 
 
 def test_streamed_tool_call_aggregates_and_keeps_unicode(chat: ChatExLlama):

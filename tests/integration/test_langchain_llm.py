@@ -39,7 +39,7 @@ class Tokens(BaseCallbackHandler):
 
 
 def test_invoke_in_a_chain(where):
-    llm = ExLlamaLLM(**where, temperature=0, max_new_tokens=24)
+    llm = ExLlamaLLM(**where, temperature=0, max_new_tokens=8)  # Paris is the first word
     chain = PromptTemplate.from_template("{subject} is") | llm | StrOutputParser()
     assert "Paris" in chain.invoke({"subject": "The capital of France"})
 

@@ -44,7 +44,8 @@ def test_metadata_is_read_from_the_model(tiny: ExLlamaLLM):
     assert md.model_name == TINY_SMOLLM2  # the model directory's name
 
 
-def test_complete_and_stream_complete(llm: ExLlamaLLM):
+def test_complete_and_stream_complete(where):
+    llm = ExLlamaLLM(**where, temperature=0, max_new_tokens=8)  # Paris comes first; the model would write 29 tokens
     r = llm.complete("The capital of France is")
     assert "Paris" in r.text and r.raw["usage"]["prompt_tokens"] == len(
         llm.exllama_runtime.encode("The capital of France is", add_special_tokens=True)

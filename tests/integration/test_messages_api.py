@@ -2,7 +2,8 @@
 
 The ``anthropic`` client (whole and streamed, a tool round trip, thinking, stop sequences, token counting, keys,
 Anthropic-shaped errors) and ``langchain_anthropic.ChatAnthropic(base_url=...)`` through LangChain's standard
-integration suite. One server per shape, all over the one shared demo runtime (no model is loaded twice).
+integration suite. One server per shape, all over the one shared demo runtime (no model is loaded twice); the
+standard suite's protocol tests on a server over the tiny random model (its _TRAINED tests on the demo model's).
 """
 
 from __future__ import annotations
@@ -37,14 +38,19 @@ _servers: dict[str, ThreadServer] = {}
 
 
 def _server(kind: str = "main") -> ThreadServer:
-    """A server over the shared demo runtime, started on first use (the standard suite's properties need it too)."""
+    """A server over the shared demo runtime (``tiny``: over the tiny random model with SmolLM2's tokenizer), started
+    on first use (the standard suite's properties need it too)."""
     if kind not in _servers:
         from exllama_integrations import ExLlamaRuntime
         from exllama_integrations.demo_model import demo_model_dir
 
-        runtime = ExLlamaRuntime.shared(demo_model_dir(), "transformers")
+        from fixture_models import tiny_smollm2_dir
+
+        model_dir = tiny_smollm2_dir() if kind == "tiny" else demo_model_dir()
+        runtime = ExLlamaRuntime.shared(model_dir, "transformers")
         extra: dict[str, Any] = {
             "main": {},
+            "tiny": {},
             "thinks": {"chat_template": THINKS},  # SmolLM2 "thinks" in a block its prompt opens
             "small": {"limits": ServeLimits(max_body_bytes=4096, max_pending=0)},
         }[kind]
@@ -123,7 +129,7 @@ def _blocks(events: list[tuple[str, dict]]) -> list[dict]:
 
 
 def test_create_whole_and_streamed_agree() -> None:
-    client = _client()
+    client = _client("tiny")  # the protocol's shapes: no trained model's answer is needed
     msgs = [{"role": "user", "content": "Name a colour."}]
     whole = _create(client, max_tokens=12, messages=msgs, system=[{"type": "text", "text": "Answer briefly."}])
     assert whole.type == "message" and whole.role == "assistant" and whole.model == MODEL
@@ -132,7 +138,7 @@ def test_create_whole_and_streamed_agree() -> None:
     assert whole.usage.input_tokens + whole.usage.cache_read_input_tokens > 0
     assert 0 < whole.usage.output_tokens <= 12
 
-    events = _events(max_tokens=12, messages=msgs, system="Answer briefly.")
+    events = _events("tiny", max_tokens=12, messages=msgs, system="Answer briefly.")
     _check_sequence(events)
     assert _blocks(events)[0]["text"] == whole.content[0].text  # greedy: the stream says what the whole answer says
     delta = events[-2][1]
@@ -320,6 +326,12 @@ _PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGA
 # --------------------------------------------------------------------------- LangChain's standard suite
 
 
+_TRAINED = {"test_tool_calling", "test_tool_calling_async", "test_tool_calling_with_no_arguments"}
+"""The suite's tests whose tool call a random model never ends (as ChatExLlama's suite's TRAINED): on the demo model's
+server. The others check the protocol (streaming, usage, stop, forced choice, tool histories, Anthropic's inputs), on
+a server over SmolLM2's tokenizer and a tiny random model (~20x faster)."""
+
+
 class TestChatAnthropicOnMessagesAPI(ChatModelIntegrationTests):
     """``ChatAnthropic(base_url=<our server>)``: LangChain's own suite against ``/v1/messages``, its streaming and
     tool-calling tests (the rest of the suite checks LangChain's side, run on this server by the ChatOpenAI and
@@ -349,6 +361,15 @@ class TestChatAnthropicOnMessagesAPI(ChatModelIntegrationTests):
         "run on this server by the ChatOpenAI and ChatExLlama suites",
     )
 
+    @pytest.fixture
+    def model(self, request: pytest.FixtureRequest) -> ChatAnthropic:
+        """The suite's ``model`` fixture, on the demo model's server for the tests in _TRAINED."""
+        params = self.chat_model_params
+        if request.node.originalname in _TRAINED:
+            params = {**params, "base_url": _server().url}
+        extra = getattr(request, "param", None) or {}
+        return self.chat_model_class(**{**self.standard_chat_model_params, **params, **extra})
+
     @property
     def chat_model_class(self) -> type[ChatAnthropic]:
         return ChatAnthropic
@@ -356,7 +377,7 @@ class TestChatAnthropicOnMessagesAPI(ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict:
         # 48 tokens: a whole tool call, a short answer; the suite's own 100 doubles the time of every test
-        return {"model": MODEL, "base_url": _server().url, "api_key": KEY, "temperature": 0, "max_tokens": 48}
+        return {"model": MODEL, "base_url": _server("tiny").url, "api_key": KEY, "temperature": 0, "max_tokens": 48}
 
     @property
     def has_tool_choice(self) -> bool:

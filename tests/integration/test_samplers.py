@@ -27,12 +27,20 @@ def hf_model(demo_dir: Path):
 
 
 def oracle(model, ids: list[int], presence: float = 0.0, frequency: float = 0.0, bias: dict | None = None) -> list[int]:
-    import torch
+    """The greedy loop by hand: the prompt read once, then a token a step over the KV cache (a loop that re-read the
+    whole sequence each step gave the same tokens at 2.3x the time)."""
+    import inspect
 
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # 5.2x renamed
     out: list[int] = []
     with torch.no_grad():
         for _ in range(NEW):
-            logits = model(torch.tensor([ids + out])).logits[0, -1].float()
+            feed = out[-1:] if out else ids
+            logits = model(torch.tensor([feed]), use_cache=True, **{name: cache}).logits[0, -1].float()
             for t, b in (bias or {}).items():
                 logits[t] += b
             for t in set(out):
