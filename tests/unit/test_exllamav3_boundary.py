@@ -165,7 +165,13 @@ OURS = {
         "seconds",
         "catch_ups",
         "best",
-    },  # buckets, arms
+        "catch_up",
+        "episode",
+        "explored_cost",
+        "exploring",
+        "measuring",
+        "switching",
+    },  # buckets, arms, their costs
     "fast/decode.py": {"ahead", "kept", "pinned"},  # DecodeGraphs, JobView
     "fast/graphs.py": {"graph", "replays", "exported"},  # Shape
     "fast/prefill.py": {"length", "table", "shape"},  # the held chunk
